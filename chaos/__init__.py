@@ -1,0 +1,1 @@
+"""Fault injectors for the chaos-testing harness."""

@@ -1,0 +1,1 @@
+"""Chaos-testing harness: learners, the central synchronizer, and the wire between them."""

@@ -1,0 +1,72 @@
+"""The `diloco-chaos` command line.
+
+    diloco-chaos run [SCENARIO.toml] [--algorithm ddp|diloco|decoupled] [--runs-dir DIR]
+    diloco-chaos scenarios        list the built-in scenarios
+
+Bad scenario values are reported (key and allowed range) and exit with code 2
+before any process starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from harness import scenario as scenario_mod
+from harness.progress import Progress, summary_table
+from harness.supervisor import RunFailed, run_scenario
+
+EXIT_BAD_CONFIG = 2
+EXIT_RUN_FAILED = 1
+
+
+def _load(args: argparse.Namespace) -> scenario_mod.Scenario:
+    sc = scenario_mod.load(args.scenario) if args.scenario else scenario_mod.builtin(args.builtin)
+    if args.algorithm:
+        sc = sc.replace(algorithm=args.algorithm)
+    if args.seed is not None:
+        sc = sc.replace(seed=args.seed)
+    return sc
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        sc = _load(args)
+    except scenario_mod.ScenarioError as e:
+        print(f"diloco-chaos: invalid scenario: {e}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    progress = None if args.quiet else Progress(sc.topology.learners)
+    try:
+        res = run_scenario(sc, args.runs_dir, progress)
+    except RunFailed as e:
+        print(f"diloco-chaos: run failed: {e}", file=sys.stderr)
+        return EXIT_RUN_FAILED
+    except KeyboardInterrupt:
+        print("diloco-chaos: interrupted; every process of the run was stopped", file=sys.stderr)
+        return 130
+    print(summary_table([res.report]))
+    print(f"run directory: {res.run_dir}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    parser = argparse.ArgumentParser(prog="diloco-chaos", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser("run", help="run a scenario with real processes (default: the built-in one)")
+    run.add_argument("scenario", nargs="?", help="scenario TOML file (default: built-in 'default')")
+    run.add_argument("--builtin", default="default", help="name of a built-in scenario")
+    run.add_argument("--algorithm", choices=["ddp", "diloco", "decoupled"], help="override the algorithm")
+    run.add_argument("--seed", type=int, help="override the seed")
+    run.add_argument("--runs-dir", default="runs", help="where run directories are created (default: runs)")
+    run.add_argument("--quiet", action="store_true", help="no live progress")
+    run.set_defaults(func=cmd_run)
+    sc = sub.add_parser("scenarios", help="list the built-in scenarios")
+    sc.set_defaults(func=lambda a: print("\n".join(scenario_mod.builtin_names())) or 0)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""Conversions between the trainers' dataclasses and wire messages.
+
+Kept apart from both sides so that `trainers/` never imports the wire format
+and the syncer and the learner link agree on one mapping.
+"""
+
+from __future__ import annotations
+
+from harness.wire import Message, MsgType
+from trainers.learner import FragmentPush, MergedFragment
+
+_PUSH_FIELDS = ("learner", "fragment", "base_version", "c_steps", "c_tokens", "first_step", "last_step",
+                "step_time_s", "final")
+
+
+def push_to_message(push: FragmentPush, round_id: int | None = None) -> Message:
+    """A push; `round_id` names the pull it answers (None: an unsolicited final push)."""
+    meta = {k: getattr(push, k) for k in _PUSH_FIELDS}
+    meta["round"] = round_id
+    return Message(MsgType.PUSH, meta, push.tensors)
+
+
+def push_round(msg: Message) -> int | None:
+    r = msg.meta.get("round")
+    return None if r is None else int(r)
+
+
+def message_to_push(msg: Message) -> FragmentPush:
+    """Raises KeyError / TypeError / ValueError on a malformed push (the caller rejects and counts it)."""
+    m = msg.meta
+    return FragmentPush(
+        learner=int(m["learner"]), fragment=int(m["fragment"]), base_version=int(m["base_version"]),
+        c_steps=int(m["c_steps"]), c_tokens=int(m["c_tokens"]), first_step=int(m["first_step"]),
+        last_step=int(m["last_step"]), step_time_s=float(m["step_time_s"]), tensors=dict(msg.tensors),
+        final=bool(m.get("final", False)),
+    )
+
+
+def merged_to_message(fragment: int, version: int, tensors: dict, pulled_step: int | None = None) -> Message:
+    meta = {"fragment": fragment, "version": version, "pulled_step": pulled_step}
+    return Message(MsgType.FRAGMENT, meta, tensors)
+
+
+def message_to_merged(msg: Message) -> MergedFragment:
+    pulled = msg.meta.get("pulled_step")
+    return MergedFragment(fragment=int(msg.meta["fragment"]), version=int(msg.meta["version"]),
+                          tensors=dict(msg.tensors), pulled_step=None if pulled is None else int(pulled))

@@ -1,0 +1,302 @@
+"""A learner host's TCP link to the synchronizer: the only path between learners.
+
+The training loop never blocks on it (Decoupled DiLoCo): `push` only queues,
+and a newer push of a fragment replaces an unsent older one; `poll` only
+drains what the reader thread already received. Two background threads do
+the I/O: the manager connects (with exponential backoff), authenticates
+(HMAC over the syncer's nonce with the run's secret) and reads frames; the
+writer sends queued frames and a heartbeat whenever the link has been idle
+for `heartbeat_s`. Any socket error, timeout or rejected frame closes the
+connection and the manager reconnects; on every (re)connect the syncer sends
+the current global fragments, which is how a rejoining learner pulls state.
+
+The synchronous baselines use `exchange_grads` / `exchange_params`, which do
+block, for at most `barrier_s`, and re-send their request after a reconnect.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import socket
+import threading
+import time
+from typing import Any
+
+from torch import Tensor
+
+from harness.codec import message_to_merged, push_to_message
+from harness.events import EventLog
+from harness.scenario import Timeouts
+from harness.wire import (
+    ConnectionClosed,
+    FrameError,
+    Message,
+    MsgType,
+    recv_message,
+    send_message,
+    sign_challenge,
+)
+from trainers.learner import FragmentPush, MergedFragment, Snapshot
+
+log = logging.getLogger(__name__)
+
+BACKOFF_MIN_S = 0.05
+BACKOFF_MAX_S = 1.0
+
+
+class LinkFatal(RuntimeError):
+    """The syncer refused this learner (bad secret): retrying cannot help."""
+
+
+class SyncerLink:
+    """Non-blocking (push/poll) and blocking (exchange_*) access to the syncer over one TCP link."""
+
+    def __init__(self, host: str, port: int, learner: int, secret: bytes, timeouts: Timeouts,
+                 max_frame_bytes: int, events: EventLog) -> None:
+        self.addr = (host, port)
+        self.learner = learner
+        self.secret = secret
+        self.t = timeouts
+        self.max_frame_bytes = max_frame_bytes
+        self.events = events
+        self._cv = threading.Condition()
+        self._outbox: collections.OrderedDict[Any, Message] = collections.OrderedDict()
+        self._inbox: list[MergedFragment] = []
+        self._replies: dict[tuple[str, int], dict[str, Tensor]] = {}
+        self._request: tuple[Any, Message] | None = None
+        self._snapshot: tuple[Snapshot, list[list[str]]] | None = None
+        self._wsock: socket.socket | None = None
+        self._rsock: socket.socket | None = None
+        self._closed = False
+        self.fatal: str | None = None
+        self.connects = 0
+        self.frames_rejected = 0
+        self._threads = [threading.Thread(target=self._manage, name=f"link{learner}-mgr", daemon=True),
+                         threading.Thread(target=self._write, name=f"link{learner}-wr", daemon=True)]
+
+    # -- public -----------------------------------------------------------------------------------
+    def start(self) -> SyncerLink:
+        for th in self._threads:
+            th.start()
+        return self
+
+    def wait_connected(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while self._wsock is None and self.fatal is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(left)
+        return self._wsock is not None
+
+    def publish(self, snapshot: Snapshot, partition: list[list[str]]) -> None:
+        """Keep the newest host-RAM snapshot for pulls and queue the step's metadata. Never blocks."""
+        with self._cv:
+            self._snapshot = (snapshot, partition)
+            self._outbox[("meta", 0)] = Message(MsgType.META, {"learner": self.learner, "step": snapshot.step,
+                                                                "step_time_s": snapshot.step_time_s})
+            self._cv.notify_all()
+
+    def push(self, push: FragmentPush) -> None:
+        """Queue a fragment push; replaces an unsent push of the same fragment. Never blocks."""
+        self._check_fatal()
+        with self._cv:
+            key = ("push", push.fragment)
+            if key in self._outbox:
+                self.events.log("push_superseded_locally", learner=self.learner, fragment=push.fragment)
+                del self._outbox[key]
+            self._outbox[key] = push_to_message(push)
+            self._cv.notify_all()
+
+    def poll(self) -> list[MergedFragment]:
+        with self._cv:
+            out, self._inbox = self._inbox, []
+        return out
+
+    def exchange_grads(self, step: int, tokens: int, grads: dict[str, Tensor]) -> dict[str, Tensor]:
+        msg = Message(MsgType.GRADS, {"learner": self.learner, "step": step, "tokens": tokens}, grads)
+        return self._exchange(("grads", step), msg)
+
+    def exchange_params(self, round_: int, step: int, tokens: int, params: dict[str, Tensor]) -> dict[str, Tensor]:
+        msg = Message(MsgType.PARAMS, {"learner": self.learner, "round": round_, "step": step, "tokens": tokens},
+                      params)
+        return self._exchange(("round", round_), msg)
+
+    def close(self, flush_timeout_s: float) -> None:
+        """Send what is queued (bounded), say BYE, and stop the threads."""
+        deadline = time.monotonic() + flush_timeout_s
+        with self._cv:
+            self._outbox[("bye", 0)] = Message(MsgType.BYE, {"learner": self.learner})
+            self._cv.notify_all()
+            while self._outbox and self.fatal is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.events.log("link_flush_timeout", learner=self.learner, unsent=len(self._outbox))
+                    break
+                self._cv.wait(left)
+            self._closed = True
+            self._cv.notify_all()
+        self._drop_connection("closed")
+        for th in self._threads:
+            th.join(timeout=max(0.1, deadline - time.monotonic()) + self.t.socket_op_s)
+
+    # -- internals --------------------------------------------------------------------------------
+    def _check_fatal(self) -> None:
+        if self.fatal is not None:
+            raise LinkFatal(self.fatal)
+
+    def _exchange(self, key: tuple[str, int], msg: Message) -> dict[str, Tensor]:
+        self._check_fatal()
+        deadline = time.monotonic() + self.t.barrier_s
+        with self._cv:
+            self._request = (key, msg)
+            self._outbox[key] = msg
+            self._cv.notify_all()
+            while key not in self._replies:
+                left = deadline - time.monotonic()
+                if left <= 0 or self.fatal is not None:
+                    self._request = None
+                    self._check_fatal()
+                    raise TimeoutError(f"learner {self.learner}: no syncer reply to {key} within "
+                                       f"timeouts.barrier_s = {self.t.barrier_s}s")
+                self._cv.wait(min(left, 1.0))
+            self._request = None
+            return self._replies.pop(key)
+
+    def _drop_connection(self, reason: str) -> None:
+        with self._cv:
+            socks = [s for s in (self._wsock, self._rsock) if s is not None]
+            had = self._wsock is not None
+            self._wsock = self._rsock = None
+            self._cv.notify_all()
+        for s in socks:
+            try:
+                s.close()
+            except OSError:
+                pass
+        if had:
+            self.events.log("link_down", learner=self.learner, reason=reason)
+
+    def _connect_once(self) -> socket.socket:
+        sock = socket.create_connection(self.addr, timeout=self.t.connect_s)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        deadline = time.monotonic() + self.t.connect_s
+        send_message(sock, Message(MsgType.HELLO, {"learner": self.learner, "proto": 1}), self.t.connect_s)
+        ch = recv_message(sock, 4096, max(0.01, deadline - time.monotonic()))
+        if ch.type is not MsgType.CHALLENGE:
+            raise ConnectionError(f"expected CHALLENGE, got {ch.type.name}")
+        sig = sign_challenge(self.secret, bytes.fromhex(ch.meta["nonce"]), self.learner)
+        send_message(sock, Message(MsgType.AUTH, {"learner": self.learner, "sig": sig}),
+                     max(0.01, deadline - time.monotonic()))
+        reply = recv_message(sock, 4096, max(0.01, deadline - time.monotonic()))
+        if reply.type is MsgType.REJECT:
+            raise LinkFatal(f"syncer rejected learner {self.learner}: {reply.meta.get('reason')}")
+        if reply.type is not MsgType.WELCOME:
+            raise ConnectionError(f"expected WELCOME, got {reply.type.name}")
+        return sock
+
+    def _manage(self) -> None:
+        backoff = BACKOFF_MIN_S
+        while not self._closed:
+            try:
+                sock = self._connect_once()
+            except LinkFatal as e:
+                with self._cv:
+                    self.fatal = str(e)
+                    self._cv.notify_all()
+                self.events.log("link_fatal", learner=self.learner, error=str(e))
+                return
+            except (OSError, FrameError, ConnectionClosed, ConnectionError, KeyError, ValueError) as e:
+                self.events.log("link_connect_failed", learner=self.learner, error=f"{type(e).__name__}: {e}",
+                                backoff_s=backoff)
+                with self._cv:
+                    self._cv.wait_for(lambda: self._closed, timeout=backoff)
+                backoff = min(BACKOFF_MAX_S, backoff * 2)
+                continue
+            backoff = BACKOFF_MIN_S
+            self.connects += 1
+            with self._cv:
+                self._rsock, self._wsock = sock, sock.dup()
+                if self._request is not None and self._request[0] not in self._outbox:
+                    self._outbox[self._request[0]] = self._request[1]
+                self._cv.notify_all()
+            self.events.log("link_up", learner=self.learner, connects=self.connects)
+            self._read(sock)
+
+    def _read(self, sock: socket.socket) -> None:
+        while not self._closed:
+            try:
+                msg = recv_message(sock, self.max_frame_bytes, self.t.liveness_s)
+            except FrameError as e:
+                self.frames_rejected += 1
+                self.events.log("frame_rejected", learner=self.learner, side="learner", kind=e.kind, error=str(e))
+                self._drop_connection(f"rejected frame: {e.kind}")
+                return
+            except (OSError, ConnectionClosed) as e:  # TimeoutError is an OSError
+                self._drop_connection(f"{type(e).__name__}: {e}")
+                return
+            if msg.type is MsgType.PULL:
+                self._answer_pull(int(msg.meta["fragment"]), int(msg.meta["round"]))
+            elif msg.type is MsgType.FRAGMENT:
+                merged = message_to_merged(msg)
+                with self._cv:
+                    self._inbox.append(merged)
+            elif msg.type in (MsgType.GRADS_AVG, MsgType.PARAMS_MERGED):
+                key = ("grads", int(msg.meta["step"])) if msg.type is MsgType.GRADS_AVG else \
+                    ("round", int(msg.meta["round"]))
+                with self._cv:
+                    self._replies[key] = msg.tensors
+                    self._cv.notify_all()
+
+    def _answer_pull(self, p: int, round_id: int) -> None:
+        """Answer a pull from the latest snapshot, without touching the training loop."""
+        with self._cv:
+            if self._snapshot is None:  # no step yet: decline, so the syncer does not wait for us
+                push = FragmentPush(self.learner, p, 0, 0, 0, 1, 0, 0.0, {})
+            else:
+                snap, partition = self._snapshot
+                push = snap.push_for(p, partition[p])
+            self._outbox[("push", p)] = push_to_message(push, round_id)
+            self._cv.notify_all()
+
+    def _write(self) -> None:
+        last_sent = time.monotonic()
+        while True:
+            with self._cv:
+                while not self._closed:
+                    if self._wsock is not None and self._outbox:
+                        break
+                    left = last_sent + self.t.heartbeat_s - time.monotonic()
+                    if self._wsock is not None and left <= 0:
+                        break
+                    self._cv.wait(max(0.001, left) if self._wsock is not None else None)
+                if self._closed and not self._outbox:
+                    return
+                sock = self._wsock
+                if sock is None:
+                    if self._closed:
+                        return
+                    continue
+                if self._outbox:
+                    key, msg = self._outbox.popitem(last=False)
+                else:
+                    key, msg = None, Message(MsgType.HEARTBEAT, {"learner": self.learner})
+            t0 = time.monotonic()
+            try:
+                n = send_message(sock, msg, self.t.socket_op_s)
+            except OSError as e:
+                if key is not None and key[0] != "bye":
+                    with self._cv:  # keep it for the next connection unless something newer replaced it
+                        self._outbox.setdefault(key, msg)
+                        self._outbox.move_to_end(key, last=False)
+                self._drop_connection(f"send failed: {type(e).__name__}: {e}")
+                continue
+            last_sent = time.monotonic()
+            if msg.type is MsgType.PUSH:
+                self.events.log("push_sent", learner=self.learner, fragment=msg.meta["fragment"], bytes=n,
+                                seconds=last_sent - t0, first_step=msg.meta["first_step"],
+                                last_step=msg.meta["last_step"])
+            with self._cv:
+                self._cv.notify_all()

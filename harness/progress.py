@@ -1,0 +1,55 @@
+"""Live progress for a person watching a run: per-learner step, syncer version, eval loss.
+
+Fed with the events the supervisor tails from the run's log; it keeps a tiny
+state and writes at most one line per `every_s` to its stream.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, TextIO
+
+
+class Progress:
+    def __init__(self, learners: int, stream: TextIO | None = None, every_s: float = 1.0) -> None:
+        self.steps = [0] * learners
+        self.merges = 0
+        self.loss: float | None = None
+        self.stream = stream or sys.stderr
+        self.every_s = every_s
+        self._t0 = time.monotonic()
+        self._last = 0.0
+
+    def __call__(self, events: list[dict[str, Any]]) -> None:
+        for e in events:
+            if e["ev"] == "step":
+                self.steps[e["learner"]] = e["step"]
+            elif e["ev"] == "merge":
+                self.merges = e["merges"]
+            elif e["ev"] == "eval":
+                self.loss = e["loss"]
+        now = time.monotonic()
+        if now - self._last >= self.every_s:
+            self._last = now
+            steps = " ".join(f"L{i}:{s:>4}" for i, s in enumerate(self.steps))
+            loss = f"{self.loss:.3f}" if self.loss is not None else "  -  "
+            self.stream.write(f"[{now - self._t0:6.1f}s] steps {steps} | syncer merges {self.merges:>5} | "
+                              f"eval loss {loss}\n")
+            self.stream.flush()
+
+
+def summary_table(reports: list[dict[str, Any]]) -> str:
+    """A fixed-width table comparing runs (one row per report)."""
+    head = ["algorithm", "learners", "final eval", "initial eval", "tokens merged", "tokens trained",
+            "merges", "longest gap s", "wall s"]
+    rows = [[r["algorithm"], f'{r["learners"]}x{r["chips_per_learner"]}', _f(r["final_eval_loss"]),
+             _f(r["initial_eval_loss"]), f'{r["tokens_merged"]:.0f}', str(r["tokens_trained"]),
+             str(r["merge_count"]), _f(r["longest_gap_s"]), _f(r["wall_s"], 1)] for r in reports]
+    widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=False)]
+    line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=False))  # noqa: E731
+    return "\n".join([line(head), line(["-" * w for w in widths]), *(line(r) for r in rows)])
+
+
+def _f(x: float | None, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"

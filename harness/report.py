@@ -1,0 +1,112 @@
+"""report.json: the run's summary, computed from the event log and the checkpoint alone.
+
+Definitions (see docs/metrics.md):
+* tokens_trained: tokens of every inner step any learner took.
+* tokens_merged: tokens whose contribution reached the global model. For
+  decoupled, each merge adds the participants' c_tokens divided by P (a
+  token contributes to all P fragments); for diloco and ddp, the tokens of
+  each completed round.
+* longest_gap_s: the longest interval, between the first and the last inner
+  step of the run, in which the global model did not advance (no merge).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.events import EVENTS_FILE, EventLog, read_events
+from harness.rundir import CHECKPOINT_FILE, CONFIG_FILE, read_json
+from harness.scenario import Scenario, from_dict
+from trainers.data import eval_batches, make_splits
+from trainers.model import build_model
+
+FINAL_EVAL_BATCH = 32
+
+
+def final_eval(run_dir: str | os.PathLike[str], sc: Scenario, events: EventLog) -> float | None:
+    """Eval loss of the final global checkpoint on the whole held-out split; logged as an event."""
+    path = Path(run_dir) / CHECKPOINT_FILE
+    if not path.exists():
+        return None
+    state = torch.load(path, weights_only=True)
+    model = build_model(sc.model, sc.seed)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(state["params"][n])
+        holdout = make_splits(sc.data, sc.topology.learners).holdout
+        batches = eval_batches(holdout, sc.model.seq_len, FINAL_EVAL_BATCH, 10**9)
+        total = sum(float(model.loss(x, y)) * len(x) for x, y in batches)
+        loss = total / sum(len(x) for x, _ in batches)
+    finite = all(bool(torch.isfinite(t).all()) for t in state["params"].values())
+    events.log("eval", kind="final", loss=loss, version=state["merges"], tokens_merged=state["tokens_merged"],
+               finite=finite)
+    return loss
+
+
+def longest_gap(merge_times: list[float], start: float, end: float) -> float:
+    """Longest interval within [start, end] containing no merge time."""
+    points = [start, *sorted(x for x in merge_times if start <= x <= end), end]
+    return max((b - a for a, b in zip(points, points[1:], strict=False)), default=0.0)
+
+
+def build_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    run_dir = Path(run_dir)
+    sc = from_dict(read_json(run_dir / CONFIG_FILE))
+    evs = read_events(run_dir / EVENTS_FILE)
+    start = next((e["t"] for e in evs if e["ev"] == "run_start"), evs[0]["t"] if evs else 0.0)
+    end = next((e["t"] for e in evs if e["ev"] == "run_end"), evs[-1]["t"] if evs else 0.0)
+    steps = [e for e in evs if e["ev"] == "step"]
+    merges = [e for e in evs if e["ev"] == "merge"]
+    per: dict[int, dict[str, Any]] = defaultdict(lambda: {"steps": 0, "tokens": 0, "first_t": None, "last_t": None})
+    for e in steps:
+        d = per[e["learner"]]
+        d["steps"] = max(d["steps"], e["step"])
+        d["tokens"] += e["tokens"]
+        d["first_t"] = e["t"] if d["first_t"] is None else d["first_t"]
+        d["last_t"] = e["t"]
+    per_learner = {}
+    for m, d in sorted(per.items()):
+        span = (d["last_t"] - d["first_t"]) if d["steps"] > 1 else 0.0
+        per_learner[str(m)] = {"steps": d["steps"], "tokens": d["tokens"],
+                               "steps_per_s": round((d["steps"] - 1) / span, 3) if span > 0 else None}
+    evals = [e for e in evs if e["ev"] == "eval"]
+    periodic = [{"t": round(e["t"] - start, 3), "version": e["version"], "tokens_merged": e["tokens_merged"],
+                 "loss": round(e["loss"], 5)} for e in evals if e.get("kind") == "periodic"]
+    final = next((e for e in evals if e.get("kind") == "final"), None)
+    train_start = steps[0]["t"] if steps else start
+    train_end = steps[-1]["t"] if steps else end
+    chip_starts = [e for e in evs if e["ev"] == "chip_start"]
+    groups = {e["group"] for e in evs if e["ev"] == "gloo_group"}
+    pushes = [e for e in evs if e["ev"] == "push"]
+    errors = [{"proc": e["proc"], "ev": e["ev"], "error": e.get("error")} for e in evs
+              if e["ev"] in ("chip_error", "syncer_error", "link_fatal")]
+    return {
+        "name": sc.name,
+        "algorithm": sc.algorithm,
+        "seed": sc.seed,
+        "learners": sc.topology.learners,
+        "chips_per_learner": sc.topology.chips_per_learner,
+        "wall_s": round(end - start, 3),
+        "train_s": round(train_end - train_start, 3),
+        "chip_pids": sorted({e["pid"] for e in chip_starts}),
+        "gloo_groups": sorted(groups),
+        "per_learner": per_learner,
+        "tokens_trained": sum(d["tokens"] for d in per_learner.values()),
+        "tokens_merged": round(merges[-1]["tokens_merged"], 1) if merges else 0,
+        "merge_count": len(merges),
+        "pushes": len(pushes),
+        "pushes_rejected": sum(1 for e in evs if e["ev"] == "push_rejected"),
+        "pushes_superseded": sum(1 for e in evs if e["ev"] == "push_superseded"),
+        "frames_rejected": sum(1 for e in evs if e["ev"] == "frame_rejected"),
+        "initial_eval_loss": periodic[0]["loss"] if periodic else None,
+        "final_eval_loss": round(final["loss"], 5) if final else None,
+        "global_model_finite": final.get("finite") if final else None,
+        "eval_curve": periodic,
+        "longest_gap_s": round(longest_gap([e["t"] for e in merges], train_start, train_end), 3),
+        "errors": errors,
+    }

@@ -1,0 +1,66 @@
+"""Run directories: one folder per run holding everything needed to understand or replay it.
+
+Layout:
+    config.json   the resolved, validated scenario (replay starts from it)
+    events.jsonl  the append-only event log of every process
+    global.pt     the global model checkpoint (written atomically)
+    report.json   the summary computed from the event log
+    processes.json pids of every process the run started (so tests can prove none survives)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CONFIG_FILE = "config.json"
+REPORT_FILE = "report.json"
+CHECKPOINT_FILE = "global.pt"
+PROCESSES_FILE = "processes.json"
+
+
+def make_run_dir(root: str | os.PathLike[str], name: str, algorithm: str) -> Path:
+    """A fresh, uniquely named directory under `root`."""
+    Path(root).mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path(tempfile.mkdtemp(prefix=f"{stamp}-{name}-{algorithm}-", dir=root))
+
+
+def _atomic_write(path: str | os.PathLike[str], write: Any) -> None:
+    """Write to a temp file in the same directory, fsync it, rename over `path`, fsync the directory."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> None:
+    _atomic_write(path, lambda f: torch.save(obj, f))
+
+
+def write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    _atomic_write(path, lambda f: f.write((json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()))
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    with open(path) as f:
+        return json.load(f)

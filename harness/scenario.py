@@ -1,0 +1,237 @@
+"""Scenario files: TOML in, one validated, frozen `Scenario` out.
+
+Validation happens here, before any process starts: unknown keys, wrong
+types, values out of range and cross-field rules (K <= M, the timeout
+hierarchy, a corpus that exists) all raise `ScenarioError` naming the key and
+what is allowed. The resolved scenario is written into every run directory,
+so a run can be replayed from its directory alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from trainers.config import ALGORITHMS, DilocoConfig, TrainConfig, bounded, choice
+from trainers.data import CORPUS_NAMES, DataConfig
+from trainers.model import ModelConfig
+
+_MODEL_RANGES = {
+    "seq_len": (8, 4096),
+    "d_model": (8, 4096),
+    "n_layers": (1, 64),
+    "n_heads": (1, 64),
+    "d_ff": (8, 16384),
+}
+_DATA_RANGES = {"holdout_fraction": (0.01, 0.5), "batch_size": (1, 4096)}
+
+
+class ScenarioError(ValueError):
+    """A scenario value is missing, unknown or out of range; the message names the key."""
+
+
+@dataclass(frozen=True)
+class Topology:
+    """How many learners and chips run, each a real process."""
+
+    learners: int = bounded(4, 1, 64)
+    """M: independent learners; each is its own Gloo group and has its own link to the syncer."""
+    chips_per_learner: int = bounded(2, 1, 64)
+    """C: chip processes per learner, data-parallel inside the learner (all-reduce every step)."""
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """One hierarchy of bounds; each level must be shorter than the one above it.
+
+    socket_op_s < heartbeat_s * 3 <= liveness_s < gloo_s < barrier_s < run_s.
+    A socket call fails before the link is declared dead; a dead link is
+    noticed before a Gloo collective gives up; a blocked baseline learner gives
+    up before the whole run's deadline kills everything.
+    """
+
+    connect_s: float = bounded(2.0, 0.05, 600.0)
+    """TCP connect plus handshake with the syncer."""
+    socket_op_s: float = bounded(2.0, 0.05, 600.0)
+    """One frame's send or receive on an established link."""
+    heartbeat_s: float = bounded(0.5, 0.01, 600.0)
+    """A learner host sends a heartbeat when its link has been idle this long."""
+    liveness_s: float = bounded(3.0, 0.05, 600.0)
+    """The syncer counts a learner as not alive after this long without a frame from it."""
+    gloo_s: float = bounded(10.0, 0.5, 3600.0)
+    """Timeout of every Gloo collective inside a learner (never Gloo's 30-minute default)."""
+    barrier_s: float = bounded(60.0, 1.0, 36000.0)
+    """How long a synchronous baseline learner waits for the syncer's result before failing."""
+    startup_s: float = bounded(60.0, 1.0, 3600.0)
+    """All processes must have started and joined their Gloo group within this."""
+    run_s: float = bounded(900.0, 1.0, 86400.0)
+    """Hard deadline of the whole run; past it every process is killed and the run fails."""
+    shutdown_s: float = bounded(5.0, 0.1, 600.0)
+    """Grace between SIGTERM and SIGKILL when the run's processes are stopped."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Eval loss of the global model, computed by the syncer off the learners' hot path."""
+
+    every_s: float = bounded(3.0, 0.1, 3600.0)
+    """Wall seconds between two periodic evaluations of the global model."""
+    batches: int = bounded(4, 1, 10_000)
+    """Held-out batches (of 16 sequences) per periodic evaluation; the final one uses them all."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Everything a run needs. Written, resolved, into the run directory as config.json."""
+
+    name: str = "default"
+    """Free-form name, used in the run directory's name."""
+    seed: int = bounded(0, 0, 2**31 - 1)
+    """Seeds model init, data order and every random choice of the harness."""
+    algorithm: str = choice("decoupled", ALGORITHMS)
+    """decoupled (Decoupled DiLoCo), diloco (synchronous DiLoCo) or ddp (synchronous data parallel)."""
+    topology: Topology = field(default_factory=Topology)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    diloco: DilocoConfig = field(default_factory=DilocoConfig)
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def replace(self, **changes: Any) -> Scenario:
+        """A copy with top-level fields changed, validated again."""
+        out = dataclasses.replace(self, **changes)
+        validate(out)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _check_value(key: str, f: dataclasses.Field, value: Any, default: Any) -> Any:
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ScenarioError(f"{key} = {value!r}: must be true or false")
+        return value
+    if isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ScenarioError(f"{key} = {value!r}: must be an integer")
+    elif isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ScenarioError(f"{key} = {value!r}: must be a number")
+        value = float(value)
+    elif isinstance(default, str):
+        if not isinstance(value, str):
+            raise ScenarioError(f"{key} = {value!r}: must be a string")
+    elif isinstance(default, tuple):
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise ScenarioError(f"{key} = {value!r}: must be a list of strings")
+        value = tuple(value)
+    return value
+
+
+def _build(cls: type, table: Any, prefix: str, ranges: dict[str, tuple[float, float]] | None = None) -> Any:
+    if not isinstance(table, dict):
+        raise ScenarioError(f"{prefix or 'scenario'}: must be a table")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(table) - set(fields))
+    if unknown:
+        where = f"[{prefix}]" if prefix else "the top level"
+        raise ScenarioError(
+            f"unknown key {prefix + '.' if prefix else ''}{unknown[0]} in {where}; allowed: {', '.join(fields)}"
+        )
+    kwargs: dict[str, Any] = {}
+    for name, value in table.items():
+        f = fields[name]
+        key = f"{prefix}.{name}" if prefix else name
+        if dataclasses.is_dataclass(f.type) or (f.default_factory is not dataclasses.MISSING):  # nested table
+            sub = f.default_factory()  # type: ignore[misc]
+            sub_ranges = {"model": _MODEL_RANGES, "data": _DATA_RANGES}.get(name)
+            kwargs[name] = _build(type(sub), value, key, sub_ranges)
+            continue
+        default = f.default
+        kwargs[name] = _check_value(key, f, value, default)
+    obj = cls(**kwargs)
+    _check_ranges(obj, prefix, ranges or {})
+    return obj
+
+
+def _check_ranges(obj: Any, prefix: str, extra: dict[str, tuple[float, float]]) -> None:
+    for f in dataclasses.fields(obj):
+        key = f"{prefix}.{f.name}" if prefix else f.name
+        value = getattr(obj, f.name)
+        lo_hi = f.metadata.get("range") or extra.get(f.name)
+        if lo_hi is not None and not (lo_hi[0] <= value <= lo_hi[1]):
+            raise ScenarioError(f"{key} = {value!r}: must be in [{lo_hi[0]}, {lo_hi[1]}]")
+        choices = f.metadata.get("choices")
+        if choices is not None and value not in choices:
+            raise ScenarioError(f"{key} = {value!r}: must be one of {', '.join(choices)}")
+
+
+def validate(sc: Scenario) -> None:
+    """Check ranges and the rules that tie fields together. Raises ScenarioError."""
+    _check_ranges(sc, "", {})
+    for name, sub_ranges in (("topology", {}), ("model", _MODEL_RANGES), ("data", _DATA_RANGES), ("train", {}),
+                             ("diloco", {}), ("timeouts", {}), ("eval", {})):
+        _check_ranges(getattr(sc, name), name, sub_ranges)
+    m = sc.topology.learners
+    if sc.diloco.min_quorum > m:
+        raise ScenarioError(
+            f"diloco.min_quorum = {sc.diloco.min_quorum}: must be in [1, topology.learners = {m}]"
+        )
+    if sc.model.d_model % sc.model.n_heads:
+        raise ScenarioError(f"model.n_heads = {sc.model.n_heads}: must divide model.d_model = {sc.model.d_model}")
+    n_tensors = 5 + 12 * sc.model.n_layers  # tensors of TinyGPT; the partition needs one per fragment
+    if sc.diloco.fragments > n_tensors:
+        raise ScenarioError(
+            f"diloco.fragments = {sc.diloco.fragments}: must be in [1, {n_tensors}] (tensors in the model)"
+        )
+    if sc.data.corpus not in CORPUS_NAMES and not os.path.isfile(sc.data.corpus):
+        raise ScenarioError(
+            f"data.corpus = {sc.data.corpus!r}: no such file; use one of {', '.join(CORPUS_NAMES)} or a text file path"
+        )
+    t = sc.timeouts
+    chain = [("timeouts.socket_op_s", t.socket_op_s), ("timeouts.liveness_s", t.liveness_s),
+             ("timeouts.gloo_s", t.gloo_s), ("timeouts.barrier_s", t.barrier_s), ("timeouts.run_s", t.run_s)]
+    for (lo_key, lo), (hi_key, hi) in zip(chain, chain[1:], strict=False):
+        if not lo < hi:
+            raise ScenarioError(f"{lo_key} = {lo}: must be below {hi_key} = {hi} (timeout hierarchy)")
+    if t.heartbeat_s * 3 > t.liveness_s:
+        raise ScenarioError(
+            f"timeouts.heartbeat_s = {t.heartbeat_s}: must be at most timeouts.liveness_s / 3 = {t.liveness_s / 3:g}"
+        )
+
+
+def from_dict(table: dict[str, Any]) -> Scenario:
+    """Build and validate a Scenario from a parsed TOML table."""
+    sc = _build(Scenario, table, "")
+    validate(sc)
+    return sc
+
+
+def load(path: str | os.PathLike[str]) -> Scenario:
+    """Read a TOML scenario file. Raises ScenarioError with the key for any bad value."""
+    p = Path(path)
+    if not p.is_file():
+        raise ScenarioError(f"scenario file {str(p)!r} does not exist")
+    try:
+        table = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ScenarioError(f"scenario file {str(p)!r} is not valid TOML: {e}") from e
+    return from_dict(table)
+
+
+def builtin(name: str = "default") -> Scenario:
+    """One of the scenarios shipped inside the package (harness/scenarios/NAME.toml)."""
+    text = resources.files("harness").joinpath("scenarios", f"{name}.toml").read_text()
+    return from_dict(tomllib.loads(text))
+
+
+def builtin_names() -> list[str]:
+    return sorted(p.name[:-5] for p in resources.files("harness").joinpath("scenarios").iterdir()
+                  if p.name.endswith(".toml"))

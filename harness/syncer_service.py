@@ -1,0 +1,468 @@
+"""The synchronizer process: sockets and threads around the trainers' syncer logic.
+
+Threads: one acceptor; per connection a reader (handshake, then frames into
+one inbox queue) and a writer (its own queue, heartbeats when idle); one
+evaluator (eval loss of a snapshot of the global model, off the merge path);
+and the main loop, the only thread that touches the algorithm's state. The
+main loop takes inbox items, feeds pushes / gradients / parameters to the
+algorithm's core, asks it to merge, and broadcasts results. Nothing it does
+waits on a socket: a slow or dead link only fills that connection's queue
+(bounded; the oldest fragment broadcasts are dropped first, they are
+superseded anyway) and is cut after `timeouts.liveness_s` of silence.
+
+A learner is *alive* while it has an authenticated connection that has not
+said BYE. Every frame that fails its checks is counted, logged and ends that
+connection; nothing from it reaches the merge.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from harness.codec import merged_to_message, message_to_push, push_round
+from harness.events import EventLog
+from harness.rundir import atomic_torch_save
+from harness.scenario import Scenario
+from harness.wire import (
+    ConnectionClosed,
+    FrameError,
+    Message,
+    MsgType,
+    new_nonce,
+    recv_message,
+    send_message,
+    verify_challenge,
+)
+from trainers.baselines import DdpSyncer, DilocoSyncer, SyncRound
+from trainers.data import eval_batches, make_splits
+from trainers.decoupled_syncer import DecoupledSyncer, MergeRecord, PushOutcome
+from trainers.model import build_model
+
+log = logging.getLogger(__name__)
+
+OUTQ_MAX = 256
+EVAL_SEQS = 16
+
+
+@dataclass
+class Conn:
+    """One learner connection: its socket, outbound queue and liveness."""
+
+    cid: int
+    sock: socket.socket
+    peer: str
+    learner: int | None = None
+    outq: queue.Queue = field(default_factory=lambda: queue.Queue(OUTQ_MAX))
+    closed: threading.Event = field(default_factory=threading.Event)
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+
+def max_frame_bytes(sc: Scenario) -> int:
+    """Largest legal frame: the whole model in float32 plus generous metadata room."""
+    m = build_model(sc.model, 0)
+    return sum(p.numel() for p in m.parameters()) * 4 + 1_000_000
+
+
+class SyncerService:
+    """Runs one algorithm's syncer core behind a TCP listener until told to stop."""
+
+    def __init__(self, sc: Scenario, run_dir: str, secret: bytes, events: EventLog) -> None:
+        self.sc = sc
+        self.run_dir = run_dir
+        self.secret = secret
+        self.events = events
+        self.t = sc.timeouts
+        self.max_frame = max_frame_bytes(sc)
+        m = sc.topology.learners
+        self.algorithm = sc.algorithm
+        if sc.algorithm == "decoupled":
+            self.core: Any = DecoupledSyncer(sc.model, sc.diloco, sc.seed, m)
+        elif sc.algorithm == "diloco":
+            self.core = DilocoSyncer(sc.model, sc.diloco, sc.seed, m)
+        else:
+            self.core = DdpSyncer(sc.model, sc.train, sc.seed, m)
+        self.inbox: queue.Queue = queue.Queue()
+        self.conns: dict[int, Conn] = {}
+        self.by_learner: dict[int, Conn] = {}
+        self.finished: set[int] = set()
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.frames_rejected = 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.2)
+        self.port = self.listener.getsockname()[1]
+        self._cids = itertools.count(1)
+        self._eval_q: queue.Queue = queue.Queue(maxsize=1)
+        splits = make_splits(sc.data, m)
+        self._eval_set = eval_batches(splits.holdout, sc.model.seq_len, EVAL_SEQS, sc.eval.batches)
+        self._eval_model = build_model(sc.model, sc.seed)
+        self.tokens_merged = 0
+
+    # -- state helpers ---------------------------------------------------------------------------
+    def global_params(self) -> dict[str, torch.Tensor]:
+        return self.core.params
+
+    def alive(self) -> frozenset[int]:
+        with self.lock:
+            return frozenset(m for m in self.by_learner if m not in self.finished)
+
+    def version(self) -> int:
+        return self.core.merges
+
+    # -- threads ---------------------------------------------------------------------------------
+    def _accept(self) -> None:
+        while not self.stop.is_set():
+            try:
+                sock, peer = self.listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = Conn(next(self._cids), sock, f"{peer[0]}:{peer[1]}")
+            with self.lock:
+                self.conns[conn.cid] = conn
+            threading.Thread(target=self._reader, args=(conn,), name=f"rd{conn.cid}", daemon=True).start()
+
+    def _handshake(self, conn: Conn) -> int:
+        deadline = time.monotonic() + self.t.connect_s
+        hello = recv_message(conn.sock, 4096, self.t.connect_s)
+        if hello.type is not MsgType.HELLO:
+            raise ConnectionError(f"expected HELLO, got {hello.type.name}")
+        learner = int(hello.meta["learner"])
+        nonce = new_nonce()
+        send_message(conn.sock, Message(MsgType.CHALLENGE, {"nonce": nonce.hex()}), self.t.socket_op_s)
+        auth = recv_message(conn.sock, 4096, max(0.01, deadline - time.monotonic()))
+        ok = (auth.type is MsgType.AUTH and int(auth.meta.get("learner", -1)) == learner
+              and 0 <= learner < self.sc.topology.learners
+              and verify_challenge(self.secret, nonce, learner, str(auth.meta.get("sig", ""))))
+        if not ok:
+            send_message(conn.sock, Message(MsgType.REJECT, {"reason": "bad credentials"}), self.t.socket_op_s)
+            raise PermissionError(f"learner {learner} failed authentication")
+        send_message(conn.sock, Message(MsgType.WELCOME, {"algorithm": self.algorithm}), self.t.socket_op_s)
+        return learner
+
+    def _reader(self, conn: Conn) -> None:
+        try:
+            learner = self._handshake(conn)
+        except (OSError, FrameError, ConnectionClosed, ConnectionError, KeyError, ValueError) as e:
+            self.events.log("auth_failed", peer=conn.peer, error=f"{type(e).__name__}: {e}")
+            self._close(conn, "handshake failed")
+            return
+        conn.learner = learner
+        self.inbox.put(("join", conn, None))
+        threading.Thread(target=self._writer, args=(conn,), name=f"wr{conn.cid}", daemon=True).start()
+        while not conn.closed.is_set():
+            try:
+                msg = recv_message(conn.sock, self.max_frame, self.t.liveness_s)
+            except FrameError as e:
+                self.frames_rejected += 1
+                self.events.log("frame_rejected", learner=learner, side="syncer", kind=e.kind, error=str(e))
+                self._close(conn, f"rejected frame: {e.kind}")
+                break
+            except (OSError, ConnectionClosed) as e:
+                self._close(conn, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
+                break
+            if msg.type is not MsgType.HEARTBEAT:
+                self.inbox.put(("msg", conn, msg))
+        self.inbox.put(("leave", conn, None))
+
+    def _writer(self, conn: Conn) -> None:
+        wsock = conn.sock.dup()
+        try:
+            while not conn.closed.is_set():
+                try:
+                    msg = conn.outq.get(timeout=self.t.heartbeat_s)
+                except queue.Empty:
+                    msg = Message(MsgType.HEARTBEAT, {})
+                if msg is None:
+                    break
+                try:
+                    conn.bytes_out += send_message(wsock, msg, self.t.socket_op_s)
+                except OSError as e:
+                    self._close(conn, f"send failed: {type(e).__name__}: {e}")
+                    break
+        finally:
+            wsock.close()
+
+    def _close(self, conn: Conn, reason: str) -> None:
+        if conn.closed.is_set():
+            return
+        conn.closed.set()
+        try:
+            conn.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        conn.sock.close()
+        self.events.log("conn_closed", learner=conn.learner, peer=conn.peer, reason=reason)
+
+    def _send(self, conn: Conn, msg: Message) -> None:
+        if conn.closed.is_set():
+            return
+        try:
+            conn.outq.put_nowait(msg)
+        except queue.Full:  # a stalled link: drop its oldest queued frame, keep the newest
+            try:
+                conn.outq.get_nowait()
+            except queue.Empty:
+                pass
+            self.events.log("send_dropped", learner=conn.learner, reason="outbound queue full")
+            conn.outq.put_nowait(msg)
+
+    def _evaluator(self) -> None:
+        while True:
+            item = self._eval_q.get()
+            if item is None:
+                return
+            version, tokens, params = item
+            loss = evaluate(self._eval_model, params, self._eval_set)
+            self.events.log("eval", version=version, tokens_merged=tokens, loss=loss, kind="periodic")
+
+    def _request_eval(self) -> None:
+        snap = {n: t.detach().clone() for n, t in self.global_params().items()}
+        try:
+            self._eval_q.put_nowait((self.version(), self.tokens_merged, snap))
+        except queue.Full:
+            pass
+
+    # -- main loop --------------------------------------------------------------------------------
+    def serve(self, stop_requested: Any) -> None:
+        """Run until every learner said BYE or `stop_requested.is_set()`; then drain and checkpoint."""
+        threads = [threading.Thread(target=self._accept, name="accept", daemon=True),
+                   threading.Thread(target=self._evaluator, name="eval", daemon=True)]
+        for th in threads:
+            th.start()
+        self.events.log("syncer_start", port=self.port, algorithm=self.algorithm,
+                        fragments=len(getattr(self.core, "partition", [])) or None)
+        self._request_eval()
+        next_eval = time.monotonic() + self.sc.eval.every_s
+        wake: float | None = None
+        m = self.sc.topology.learners
+        while True:
+            now = time.monotonic()
+            if len(self.finished) >= m or stop_requested.is_set():
+                break
+            timeout = 0.1 if wake is None else min(0.1, max(0.0, wake - now))
+            try:
+                kind, conn, msg = self.inbox.get(timeout=timeout)
+                self._handle(kind, conn, msg)
+                while True:  # take everything already queued before deciding merges
+                    kind, conn, msg = self.inbox.get_nowait()
+                    self._handle(kind, conn, msg)
+            except queue.Empty:
+                pass
+            if self.algorithm == "decoupled":
+                wake = self._merge_decoupled()
+            if time.monotonic() >= next_eval:
+                self._request_eval()
+                next_eval = time.monotonic() + self.sc.eval.every_s
+        self._finish()
+        while True:  # replace a pending snapshot by the stop marker; never block on a busy evaluator
+            try:
+                self._eval_q.put_nowait(None)
+                break
+            except queue.Full:
+                try:
+                    self._eval_q.get_nowait()
+                except queue.Empty:
+                    pass
+        threads[1].join(timeout=self.t.shutdown_s)
+
+    def _handle(self, kind: str, conn: Conn, msg: Message | None) -> None:
+        learner = conn.learner
+        assert learner is not None
+        if kind == "join":
+            with self.lock:
+                old = self.by_learner.get(learner)
+                self.by_learner[learner] = conn
+                self.finished.discard(learner)
+            if old is not None and old is not conn:
+                self._close(old, "replaced by a new connection")
+            self.events.log("learner_join", learner=learner, peer=conn.peer, alive=sorted(self.alive()))
+            if self.algorithm == "decoupled":  # the pull: current global fragments to a (re)joining learner
+                for p, version in enumerate(self.core.versions):
+                    self._send(conn, merged_to_message(p, version, self.core.fragment(p)))
+            return
+        if kind == "leave":
+            with self.lock:
+                if self.by_learner.get(learner) is conn:
+                    del self.by_learner[learner]
+            if self.algorithm == "decoupled":
+                self.core.forget(learner)
+            self.events.log("learner_leave", learner=learner, alive=sorted(self.alive()))
+            return
+        assert msg is not None
+        if msg.type is MsgType.BYE:
+            self.finished.add(learner)
+            self.events.log("learner_bye", learner=learner)
+        elif msg.type is MsgType.META and self.algorithm == "decoupled":
+            pulls = self.core.on_meta(learner, int(msg.meta["step"]), float(msg.meta["step_time_s"]),
+                                      time.monotonic(), self.alive())
+            for pull in pulls:
+                self._send_pull(pull)
+        elif msg.type is MsgType.PUSH and self.algorithm == "decoupled":
+            self._on_push(learner, msg)
+        elif msg.type is MsgType.GRADS and self.algorithm == "ddp":
+            res = self.core.on_grads(learner, int(msg.meta["step"]), int(msg.meta["tokens"]), msg.tensors)
+            self._on_sync_result(learner, res, MsgType.GRADS_AVG, "step", int(msg.meta["step"]))
+        elif msg.type is MsgType.PARAMS and self.algorithm == "diloco":
+            res = self.core.on_params(learner, int(msg.meta["round"]), int(msg.meta["step"]),
+                                      int(msg.meta["tokens"]), msg.tensors)
+            self._on_sync_result(learner, res, MsgType.PARAMS_MERGED, "round", int(msg.meta["round"]))
+        else:
+            self.events.log("unexpected_message", learner=learner, type=msg.type.name)
+
+    def _on_push(self, learner: int, msg: Message) -> None:
+        try:
+            push = message_to_push(msg)
+        except (KeyError, TypeError, ValueError) as e:
+            self.events.log("push_rejected", learner=learner, reason=f"malformed: {e}")
+            return
+        if push.learner != learner:
+            self.events.log("push_rejected", learner=learner, reason="learner id does not match the connection")
+            return
+        round_id = push_round(msg)
+        outcome, superseded = self.core.on_push(push, round_id, time.monotonic())
+        if outcome is PushOutcome.DECLINED:
+            return
+        self.events.log("push", learner=learner, fragment=push.fragment, round=round_id, c_steps=push.c_steps,
+                        c_tokens=push.c_tokens, first_step=push.first_step, last_step=push.last_step,
+                        base_version=push.base_version, outcome=outcome.value, final=push.final)
+        if outcome is PushOutcome.LATE:
+            self.events.log("push_superseded", learner=learner, fragment=push.fragment, reason="late",
+                            first_step=push.first_step, last_step=push.last_step)
+        elif outcome is not PushOutcome.ACCEPTED:
+            self.events.log("push_rejected", learner=learner, fragment=push.fragment, reason=outcome.value,
+                            first_step=push.first_step, last_step=push.last_step)
+        if superseded is not None:
+            self.events.log("push_superseded", learner=learner, fragment=push.fragment,
+                            first_step=superseded.first_step, last_step=superseded.last_step)
+
+    def _send_pull(self, pull: Any) -> None:
+        msg = Message(MsgType.PULL, {"fragment": pull.fragment, "round": pull.round_id})
+        with self.lock:
+            targets = [c for m, c in self.by_learner.items() if m in pull.learners]
+        for conn in targets:
+            self._send(conn, msg)
+        self.events.log("pull", fragment=pull.fragment, round=pull.round_id, learners=sorted(pull.learners),
+                        clock=self.core.clock)
+
+    def _merge_decoupled(self) -> float | None:
+        merges, wake, empty = self.core.poll(time.monotonic(), self.alive())
+        for rec in merges:
+            self._broadcast_merge(rec)
+        for p in empty:
+            self.events.log("round_empty", fragment=p)
+        return wake
+
+    def _broadcast_merge(self, rec: MergeRecord) -> None:
+        t0 = time.monotonic()
+        with self.lock:  # only the participants apply it; the others take part in the next round
+            targets = {m: self.by_learner[m] for m in rec.participants if m in self.by_learner}
+        for m, pulled in zip(rec.participants, rec.pulled_steps, strict=True):
+            if m in targets:
+                self._send(targets[m], merged_to_message(rec.fragment, rec.version, rec.tensors, pulled))
+        self.core.note_sync_time(time.monotonic() - rec.merged_at)
+        w = rec.weights
+        tokens = sum(rec.c_tokens) / len(self.core.partition)
+        self.tokens_merged += tokens
+        self.events.log(
+            "merge", fragment=rec.fragment, version=rec.version, merges=self.core.merges, round=rec.round_id,
+            participants=rec.participants, weights=[round(x, 6) for x in w], c_steps=rec.c_steps,
+            c_tokens=rec.c_tokens, step_ranges=rec.step_ranges, base_versions=rec.base_versions,
+            reason=rec.reason, grace_s=rec.grace_s, quorum_wait_s=(rec.quorum_at or rec.merged_at) - rec.started_at,
+            wait_s=rec.merged_at - rec.started_at, broadcast_s=time.monotonic() - t0,
+            tokens=tokens, tokens_merged=self.tokens_merged, outer_grad_norm=rec.outer_grad_norm,
+        )
+
+    def _on_sync_result(self, learner: int, res: SyncRound | None | bool, reply: MsgType, key: str,
+                        value: int) -> None:
+        if res is False:
+            self.events.log("sync_rejected", learner=learner, **{key: value}, reason="non-finite or malformed")
+            return
+        if res is None or res is True:
+            return
+        msg = Message(reply, {key: value}, res.tensors)
+        with self.lock:
+            targets = [self.by_learner[m] for m in res.participants if m in self.by_learner]
+        for conn in targets:
+            self._send(conn, msg)
+        self.tokens_merged += sum(res.tokens)
+        self.events.log("merge", fragment=None, version=self.core.merges, merges=self.core.merges,
+                        participants=res.participants, tokens=sum(res.tokens), c_tokens=res.tokens,
+                        tokens_merged=self.tokens_merged, step=res.step, **{key: value})
+
+    def _finish(self) -> None:
+        if self.algorithm == "decoupled":
+            for rec in self.core.drain(time.monotonic()):
+                self._broadcast_merge(rec)
+        self.save_checkpoint("global.pt")
+        self.events.log("syncer_done", merges=self.core.merges, tokens_merged=self.tokens_merged,
+                        frames_rejected=self.frames_rejected)
+        self.stop.set()
+        self.listener.close()
+        with self.lock:
+            conns = list(self.conns.values())
+        for conn in conns:
+            self._close(conn, "syncer finished")
+
+    def save_checkpoint(self, name: str) -> str:
+        path = os.path.join(self.run_dir, name)
+        state = {"params": self.global_params(), "merges": self.core.merges, "algorithm": self.algorithm,
+                 "tokens_merged": self.tokens_merged}
+        if self.algorithm == "decoupled":
+            state["versions"] = list(self.core.versions)
+            state["outer"] = self.core.outer.state_dict()
+        atomic_torch_save(state, path)
+        return path
+
+
+def evaluate(model: torch.nn.Module, params: dict[str, torch.Tensor], batches: list) -> float:
+    """Mean held-out loss of `params` loaded into `model` (a scratch copy)."""
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(params[n])
+        losses = [float(model.loss(x, y)) for x, y in batches]  # type: ignore[operator]
+    return sum(losses) / len(losses)
+
+
+@dataclass(frozen=True)
+class SyncerSpec:
+    """Everything the syncer process needs; picklable."""
+
+    run_dir: str
+    scenario: dict
+    secret_hex: str
+    parent_pid: int
+
+
+def syncer_main(spec: SyncerSpec, port_conn: Any, stop_requested: Any) -> None:
+    """Process entry: bind, report the port to the supervisor, serve until done."""
+    from harness import scenario as scenario_mod
+    from harness.events import EVENTS_FILE
+    from harness.procutil import become_run_process
+
+    become_run_process(spec.parent_pid)
+    sc = scenario_mod.from_dict(spec.scenario)
+    events = EventLog(os.path.join(spec.run_dir, EVENTS_FILE), "syncer")
+    svc = SyncerService(sc, spec.run_dir, bytes.fromhex(spec.secret_hex), events)
+    port_conn.send(svc.port)
+    port_conn.close()
+    try:
+        svc.serve(stop_requested)
+    except Exception as e:
+        events.log("syncer_error", error=f"{type(e).__name__}: {e}")
+        raise
+    finally:
+        events.close()

@@ -1,0 +1,433 @@
+"""Length-prefixed, checksummed framing of messages (JSON metadata + raw tensors) over TCP.
+
+Why: learners and the central synchronizer talk over plain TCP, often through a
+fault-injecting proxy that slices the byte stream into arbitrary pieces,
+truncates it, or resets the connection. The receiver must therefore never trust
+the stream: every frame carries a magic, a version, its message type, its exact
+payload length and a CRC-32 of the payload, and the receiver
+
+* refuses a frame whose announced length exceeds its limit *before* reading or
+  buffering any of the payload (a corrupted or hostile length cannot make it
+  allocate gigabytes),
+* reads exactly the announced number of bytes with ``recv_into`` into one
+  preallocated buffer, however the bytes are sliced on the way,
+* bounds the whole receive by one overall deadline (a peer that drips one byte
+  at a time cannot keep it waiting forever),
+* tells apart a clean close between frames (:class:`ConnectionClosed`), a close
+  inside a frame (:class:`Truncated`), and a rejected frame (the other
+  :class:`FrameError` subclasses, each with a short ``kind`` string for logs and
+  counters). A connection reset surfaces as the ``OSError`` the socket raised.
+
+After any :class:`FrameError` or ``TimeoutError`` raised by :func:`recv_message`
+the position in the byte stream is unknown; the caller must close the
+connection rather than try to read another frame from it.
+
+Frame layout (all integers big-endian)::
+
+    header  (16 bytes, HEADER = ">4sBBHII"):
+        magic b"DLCX" | version u8 (=1) | msg type u8 | flags u16 (=0, reserved)
+        | payload length u32 | crc32(payload) u32
+    payload:
+        meta_len u32 | meta JSON (utf-8, meta_len bytes) | tensor bytes
+
+The meta JSON is the message's ``meta`` dict plus the reserved key
+``"_tensors"``: a list of ``[name, dtype, shape, nbytes]``, one per tensor, in
+order; the tensor bytes are their raw contents concatenated in that order
+(C-contiguous, the host's native byte order: both ends are assumed to share it,
+as all little-endian hosts do). Sizes must add up exactly or the payload is
+rejected. Only float32, float16, bfloat16, int64, int32 and uint8 are carried.
+
+The module also holds the handshake helpers: the synchronizer sends a random
+nonce in CHALLENGE and a learner proves it knows the run's secret by answering
+with an HMAC-SHA256 over the nonce and its learner id.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import json
+import math
+import secrets
+import socket
+import struct
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = [
+    "HEADER",
+    "MAGIC",
+    "VERSION",
+    "BadChecksum",
+    "BadMagic",
+    "BadPayload",
+    "ConnectionClosed",
+    "FrameError",
+    "FrameTooLarge",
+    "Message",
+    "MsgType",
+    "Truncated",
+    "decode_payload",
+    "encode",
+    "new_nonce",
+    "new_secret",
+    "recv_message",
+    "send_message",
+    "sign_challenge",
+    "verify_challenge",
+]
+
+MAGIC = b"DLCX"
+VERSION = 1
+HEADER = struct.Struct(">4sBBHII")  # magic, version, msg type, flags, payload length, crc32(payload)
+_META_LEN = struct.Struct(">I")
+_U32_MAX = 0xFFFFFFFF
+_TENSORS_KEY = "_tensors"
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "uint8": torch.uint8,
+}
+_DTYPE_NAMES: dict[torch.dtype, str] = {dtype: name for name, dtype in _DTYPES.items()}
+
+
+class MsgType(enum.IntEnum):
+    """Message types; the value is the type byte in the frame header."""
+
+    HELLO = 1
+    CHALLENGE = 2
+    AUTH = 3
+    WELCOME = 4
+    REJECT = 5
+    PUSH = 10
+    FRAGMENT = 11
+    GRADS = 12
+    GRADS_AVG = 13
+    PARAMS = 14
+    PARAMS_MERGED = 15
+    PULL = 16
+    HEARTBEAT = 17
+    BYE = 18
+    ERROR = 19
+    META = 20
+
+
+_MSG_TYPE_VALUES = frozenset(int(t) for t in MsgType)
+
+
+@dataclass
+class Message:
+    """One protocol message: its type, JSON-serialisable metadata, and named tensors (order preserved)."""
+
+    type: MsgType
+    meta: dict[str, Any] = field(default_factory=dict)
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class FrameError(Exception):
+    """A received frame was rejected. ``kind`` is a short stable label for logs and counters."""
+
+    kind: str = "frame_error"
+
+
+class BadMagic(FrameError):
+    """The header does not start with the magic, or names a protocol version we do not speak."""
+
+    kind = "bad_magic"
+
+
+class BadChecksum(FrameError):
+    """The payload's CRC-32 does not match the header."""
+
+    kind = "bad_checksum"
+
+
+class FrameTooLarge(FrameError):
+    """The header announces a payload longer than the receiver accepts (the payload was not read)."""
+
+    kind = "frame_too_large"
+
+
+class Truncated(FrameError):
+    """The peer closed the connection in the middle of a frame."""
+
+    kind = "truncated"
+
+
+class BadPayload(FrameError):
+    """The frame is intact but its content is malformed (unknown type, bad JSON, sizes that do not add up)."""
+
+    kind = "bad_payload"
+
+
+class ConnectionClosed(Exception):
+    """The peer closed the connection cleanly, between frames."""
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def _tensor_entry(name: object, tensor: object) -> tuple[str, torch.Tensor, list[Any]]:
+    if not isinstance(name, str):
+        raise TypeError(f"tensor names must be str, got {type(name).__name__}")
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"tensor {name!r} is a {type(tensor).__name__}, not a torch.Tensor")
+    dtype_name = _DTYPE_NAMES.get(tensor.dtype)
+    if dtype_name is None:
+        raise ValueError(
+            f"tensor {name!r} has unsupported dtype {tensor.dtype}; supported: {sorted(_DTYPES)}"
+        )
+    flat = tensor.detach().to("cpu").contiguous()
+    nbytes = flat.numel() * flat.element_size()
+    return name, flat, [name, dtype_name, list(flat.shape), nbytes]
+
+
+def encode(msg: Message) -> bytes:
+    """Serialise ``msg`` into one whole frame (header + payload).
+
+    Raises ``ValueError`` for an unsupported dtype, a ``"_tensors"`` key in
+    ``meta`` (it is reserved), or a payload that does not fit the u32 length
+    field; ``TypeError`` for metadata that is not JSON-serialisable.
+    """
+    msg_type = int(msg.type)
+    if msg_type not in _MSG_TYPE_VALUES:
+        raise ValueError(f"unknown message type {msg.type!r}")
+    if _TENSORS_KEY in msg.meta:
+        raise ValueError(f"meta key {_TENSORS_KEY!r} is reserved for the wire format")
+    entries = [_tensor_entry(name, tensor) for name, tensor in msg.tensors.items()]
+    meta = dict(msg.meta)
+    meta[_TENSORS_KEY] = [entry for _, _, entry in entries]
+    meta_bytes = json.dumps(meta, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+    data_len = sum(entry[3] for _, _, entry in entries)
+    payload_len = _META_LEN.size + len(meta_bytes) + data_len
+    if payload_len > _U32_MAX:
+        raise ValueError(f"payload of {payload_len} bytes does not fit the u32 length field")
+
+    frame = bytearray(HEADER.size + payload_len)
+    offset = HEADER.size
+    _META_LEN.pack_into(frame, offset, len(meta_bytes))
+    offset += _META_LEN.size
+    frame[offset : offset + len(meta_bytes)] = meta_bytes
+    offset += len(meta_bytes)
+    for _, flat, entry in entries:
+        nbytes = entry[3]
+        if nbytes:
+            dst = torch.frombuffer(frame, dtype=torch.uint8, count=nbytes, offset=offset)
+            dst.copy_(flat.reshape(-1).view(torch.uint8))
+        offset += nbytes
+
+    crc = zlib.crc32(memoryview(frame)[HEADER.size :])
+    HEADER.pack_into(frame, 0, MAGIC, VERSION, msg_type, 0, payload_len, crc)
+    return bytes(frame)
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _parse_entry(raw: object, index: int) -> tuple[str, torch.dtype, list[int], int]:
+    if not isinstance(raw, list) or len(raw) != 4:
+        raise BadPayload(f"tensor entry {index} is not [name, dtype, shape, nbytes]")
+    name, dtype_name, shape, nbytes = raw
+    if not isinstance(name, str):
+        raise BadPayload(f"tensor entry {index}: name is not a string")
+    dtype = _DTYPES.get(dtype_name) if isinstance(dtype_name, str) else None
+    if dtype is None:
+        raise BadPayload(f"tensor {name!r}: unsupported dtype {dtype_name!r}")
+    if not isinstance(shape, list) or not all(_is_int(d) and 0 <= d < 2**63 for d in shape):
+        raise BadPayload(f"tensor {name!r}: shape {shape!r} is not a list of non-negative int64s")
+    if not _is_int(nbytes) or nbytes < 0:
+        raise BadPayload(f"tensor {name!r}: nbytes {nbytes!r} is not a non-negative int")
+    expected = math.prod(shape) * dtype.itemsize
+    if nbytes != expected:
+        raise BadPayload(f"tensor {name!r}: nbytes {nbytes} != {expected} implied by {dtype_name}{shape}")
+    return name, dtype, shape, nbytes
+
+
+def decode_payload(msg_type: int, payload: bytes) -> Message:
+    """Decode a frame's payload into a :class:`Message`; raises :class:`BadPayload` on malformed content.
+
+    ``payload`` may be any bytes-like object. The returned tensors own fresh
+    memory (they do not alias ``payload``).
+    """
+    if msg_type not in _MSG_TYPE_VALUES:
+        raise BadPayload(f"unknown message type {msg_type}")
+    # torch.frombuffer wants a writable buffer; the tensors are copied out anyway.
+    buf = payload if isinstance(payload, bytearray) else bytearray(payload)
+    if len(buf) < _META_LEN.size:
+        raise BadPayload(f"payload of {len(buf)} bytes is too short for the meta length")
+    (meta_len,) = _META_LEN.unpack_from(buf, 0)
+    data_start = _META_LEN.size + meta_len
+    if data_start > len(buf):
+        raise BadPayload(f"meta length {meta_len} overruns the {len(buf)}-byte payload")
+    try:
+        meta = json.loads(bytes(buf[_META_LEN.size : data_start]).decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
+        raise BadPayload(f"meta is not valid UTF-8 JSON: {exc}") from exc
+    if not isinstance(meta, dict):
+        raise BadPayload(f"meta is a JSON {type(meta).__name__}, not an object")
+    raw_entries = meta.pop(_TENSORS_KEY, None)
+    if not isinstance(raw_entries, list):
+        raise BadPayload(f"meta has no {_TENSORS_KEY!r} list")
+    entries = [_parse_entry(raw, i) for i, raw in enumerate(raw_entries)]
+    names = [entry[0] for entry in entries]
+    if len(set(names)) != len(names):
+        raise BadPayload("duplicate tensor names")
+    data_len = sum(entry[3] for entry in entries)
+    if data_start + data_len != len(buf):
+        raise BadPayload(
+            f"tensor sizes add up to {data_len} bytes but {len(buf) - data_start} bytes follow the meta"
+        )
+
+    tensors: dict[str, torch.Tensor] = {}
+    offset = data_start
+    for name, dtype, shape, nbytes in entries:
+        try:
+            if nbytes == 0:
+                tensor = torch.empty(shape, dtype=dtype)
+            else:
+                # Copy the bytes into a fresh (aligned) allocation, then reinterpret.
+                raw = torch.frombuffer(buf, dtype=torch.uint8, count=nbytes, offset=offset).clone()
+                tensor = raw.view(dtype).reshape(shape)
+        except (RuntimeError, ValueError, TypeError, OverflowError) as exc:
+            raise BadPayload(f"tensor {name!r}: cannot build {dtype}{shape}: {exc}") from exc
+        tensors[name] = tensor
+        offset += nbytes
+    return Message(MsgType(msg_type), meta, tensors)
+
+
+# --------------------------------------------------------------------------- sockets
+
+
+def send_message(sock: socket.socket, msg: Message, timeout_s: float) -> int:
+    """Send ``msg`` as one frame; the whole send is bounded by ``timeout_s``. Returns the bytes sent.
+
+    Raises ``TimeoutError`` if the frame could not be handed to the kernel in
+    time (then part of it may have been sent, and the connection should be
+    dropped) and ``OSError`` for socket errors such as a reset.
+
+    This sets the socket's timeout; a socket whose sends and receives run in
+    different threads shares that one setting between them.
+    """
+    frame = encode(msg)
+    if timeout_s <= 0:
+        raise TimeoutError("send_message: no time left")
+    sock.settimeout(timeout_s)  # since Python 3.5 this bounds the whole sendall, not each chunk
+    sock.sendall(frame)
+    return len(frame)
+
+
+def _recv_exact(sock: socket.socket, view: memoryview, deadline: float, what: str) -> int:
+    """Fill ``view`` from ``sock`` before ``deadline``; return the bytes read (short only on EOF)."""
+    got = 0
+    total = len(view)
+    while got < total:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"recv_message: timed out reading {what} ({got}/{total} bytes)")
+        sock.settimeout(remaining)
+        n = sock.recv_into(view[got:], total - got)
+        if n == 0:
+            return got
+        got += n
+    return got
+
+
+def recv_message(sock: socket.socket, max_frame_bytes: int, timeout_s: float) -> Message:
+    """Receive and decode exactly one frame, within ``timeout_s`` overall.
+
+    Raises :class:`ConnectionClosed` on EOF before the first header byte,
+    :class:`Truncated` on EOF inside the frame, :class:`BadMagic` /
+    :class:`BadPayload` (unknown type) / :class:`FrameTooLarge` (payload length
+    over ``max_frame_bytes``, refused before any payload byte is read) /
+    :class:`BadChecksum` / :class:`BadPayload` for rejected frames,
+    ``TimeoutError`` when the deadline passes, and ``OSError`` for socket errors.
+
+    This sets the socket's timeout; see :func:`send_message`.
+    """
+    deadline = time.monotonic() + timeout_s
+    header = bytearray(HEADER.size)
+    got = _recv_exact(sock, memoryview(header), deadline, "header")
+    if got == 0:
+        raise ConnectionClosed("peer closed the connection between frames")
+    if got < HEADER.size:
+        raise Truncated(f"connection closed after {got} of {HEADER.size} header bytes")
+
+    magic, version, msg_type, _flags, length, crc = HEADER.unpack(header)
+    if magic != MAGIC:
+        raise BadMagic(f"bad magic {bytes(magic)!r}, expected {MAGIC!r}")
+    if version != VERSION:
+        raise BadMagic(f"unsupported protocol version {version}, expected {VERSION}")
+    if msg_type not in _MSG_TYPE_VALUES:
+        raise BadPayload(f"unknown message type {msg_type}")
+    if length > max_frame_bytes:
+        raise FrameTooLarge(f"payload of {length} bytes exceeds the limit of {max_frame_bytes}")
+
+    payload = bytearray(length)
+    got = _recv_exact(sock, memoryview(payload), deadline, "payload")
+    if got < length:
+        raise Truncated(f"connection closed after {got} of {length} payload bytes")
+    if zlib.crc32(payload) != crc:
+        raise BadChecksum(f"payload crc32 {zlib.crc32(payload):#010x} != header {crc:#010x}")
+    return decode_payload(msg_type, payload)
+
+
+# --------------------------------------------------------------------------- handshake
+
+
+def new_secret() -> bytes:
+    """A fresh 32-byte run secret."""
+    return secrets.token_bytes(32)
+
+
+def new_nonce() -> bytes:
+    """A fresh 16-byte challenge nonce."""
+    return secrets.token_bytes(16)
+
+
+def _challenge_mac(secret: bytes, nonce: bytes, learner: int) -> str:
+    if not secret:
+        raise ValueError("the secret must not be empty")
+    if not _is_int(learner):
+        raise TypeError(f"learner id must be an int, got {type(learner).__name__}")
+    # Fixed-width learner id, so that nonce + id is unambiguous.
+    id_bytes = learner.to_bytes(8, "big", signed=True)
+    return hmac.new(secret, bytes(nonce) + id_bytes, hashlib.sha256).hexdigest()
+
+
+def sign_challenge(secret: bytes, nonce: bytes, learner: int) -> str:
+    """Hex HMAC-SHA256 under ``secret`` over ``nonce`` followed by the learner id (8 bytes, big-endian)."""
+    return _challenge_mac(secret, nonce, learner)
+
+
+def verify_challenge(secret: bytes, nonce: bytes, learner: int, signature: str) -> bool:
+    """Whether ``signature`` is :func:`sign_challenge` of these inputs (constant-time comparison).
+
+    ``learner`` and ``signature`` come from the peer, so anything malformed
+    (not an int, out of range, not an ASCII string) yields ``False`` rather
+    than an exception. An empty ``secret`` is a local misconfiguration and
+    raises ``ValueError``.
+    """
+    if not secret:
+        raise ValueError("the secret must not be empty")
+    if not isinstance(signature, str):
+        return False
+    try:
+        expected = _challenge_mac(secret, nonce, learner)
+        given = signature.encode("ascii")
+    except (TypeError, OverflowError, UnicodeEncodeError):
+        return False
+    return hmac.compare_digest(expected.encode("ascii"), given)

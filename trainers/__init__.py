@@ -1,0 +1,1 @@
+"""Training-side building blocks for the Decoupled DiLoCo chaos-testing harness."""

@@ -1,0 +1,113 @@
+"""The synchronizer's logic for the two synchronous baselines, without sockets.
+
+* `DdpSyncer` (data parallel): every inner step it waits for the gradients of
+  all M learners, averages them (weighted by tokens) and hands the average
+  back; it also applies the same AdamW step to its own replica, so the syncer
+  holds the global model for eval and checkpoints exactly as in the other
+  algorithms. One missing learner stalls everyone: that is the baseline.
+* `DilocoSyncer` (synchronous DiLoCo): every H steps it waits for all M
+  learners' full parameters, takes the plain mean of the outer gradients
+  Theta - theta_m, applies outer Nesterov SGD and hands the model back.
+
+Both reject non-finite inputs (the round then never completes, which is how a
+synchronous system fails).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from trainers.config import DilocoConfig, TrainConfig
+from trainers.learner import InnerOptimizer
+from trainers.merge import all_finite, weighted_mean
+from trainers.model import ModelConfig, build_model
+from trainers.outer_optimizer import NesterovOuterOptimizer, OuterOptConfig
+
+
+@dataclass
+class SyncRound:
+    """Result of a completed synchronous round."""
+
+    key: int
+    participants: list[int]
+    tokens: list[int]
+    step: int
+    tensors: dict[str, Tensor]
+
+
+class _Barrier:
+    """Collects one contribution per learner for each round key until all M are in."""
+
+    def __init__(self, num_learners: int) -> None:
+        self.num_learners = num_learners
+        self.pending: dict[int, dict[int, tuple[int, dict[str, Tensor]]]] = {}
+
+    def add(
+        self, key: int, learner: int, tokens: int, tensors: dict[str, Tensor]
+    ) -> dict[int, tuple[int, dict[str, Tensor]]] | None:
+        got = self.pending.setdefault(key, {})
+        got[learner] = (tokens, tensors)
+        if len(got) < self.num_learners:
+            return None
+        return self.pending.pop(key)
+
+
+class DdpSyncer:
+    """Gradient averaging barrier + a replica updated with the averaged gradient."""
+
+    def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig, seed: int, num_learners: int) -> None:
+        self.model = build_model(model_cfg, seed)
+        self.params = dict(self.model.named_parameters())
+        self.optimizer = InnerOptimizer(self.model, train_cfg)
+        self.barrier = _Barrier(num_learners)
+        self.merges = 0
+
+    def on_grads(self, learner: int, step: int, tokens: int, grads: dict[str, Tensor]) -> SyncRound | None | bool:
+        """False if rejected (non-finite / wrong names), None while waiting, the round when complete."""
+        if set(grads) != set(self.params) or not all_finite(grads.values()):
+            return False
+        done = self.barrier.add(step, learner, tokens, grads)
+        if done is None:
+            return None
+        learners = sorted(done)
+        toks = [done[m][0] for m in learners]
+        w = [t / sum(toks) for t in toks]
+        avg = {n: weighted_mean([done[m][1][n] for m in learners], w) for n in self.params}
+        for n, p in self.params.items():
+            p.grad = avg[n].clone()
+        self.optimizer.step(step)
+        self.merges += 1
+        return SyncRound(key=step, participants=learners, tokens=toks, step=step, tensors=avg)
+
+
+class DilocoSyncer:
+    """Full-model barrier every H steps + outer Nesterov on the mean outer gradient."""
+
+    def __init__(self, model_cfg: ModelConfig, cfg: DilocoConfig, seed: int, num_learners: int) -> None:
+        model = build_model(model_cfg, seed)
+        self.params: dict[str, Tensor] = {n: p.detach().clone() for n, p in model.named_parameters()}
+        self.outer = NesterovOuterOptimizer(OuterOptConfig(lr=cfg.outer_lr, momentum=cfg.outer_momentum))
+        self.barrier = _Barrier(num_learners)
+        self.merges = 0
+
+    def on_params(self, learner: int, round_: int, step: int, tokens: int,
+                  params: dict[str, Tensor]) -> SyncRound | None | bool:
+        if set(params) != set(self.params) or not all_finite(params.values()):
+            return False
+        done = self.barrier.add(round_, learner, tokens, params)
+        if done is None:
+            return None
+        learners = sorted(done)
+        w = [1.0 / len(learners)] * len(learners)
+        delta = {n: weighted_mean([self.params[n] - done[m][1][n] for m in learners], w) for n in self.params}
+        self.outer.step("model", self.params, delta)
+        self.merges += 1
+        return SyncRound(key=round_, participants=learners, tokens=[done[m][0] for m in learners], step=step,
+                         tensors={n: t.clone() for n, t in self.params.items()})
+
+
+def named_clone(params: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {n: t.detach().clone() for n, t in params.items()}
+

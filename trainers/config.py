@@ -1,0 +1,74 @@
+"""Training-side configuration: the inner loop, the algorithm and its knobs.
+
+Every field carries its allowed range in `metadata["range"]` (or its choices in
+`metadata["choices"]`) so that the scenario loader can reject a bad value
+before any process starts, naming the key and the range. Defaults follow the
+paper where it gives a value (P = H = 24, tau = 2, K = 1, RDA, token weights)
+and DiLoCo's lineage where it does not (outer lr 0.7, momentum 0.9); see
+docs/algorithm.md for every choice the paper leaves open.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+ALGORITHMS = ("decoupled", "diloco", "ddp")
+INF = math.inf
+
+
+def bounded(default: Any, lo: float, hi: float) -> Any:
+    """A dataclass field whose value must lie in [lo, hi]."""
+    return field(default=default, metadata={"range": (lo, hi)})
+
+
+def choice(default: str, choices: tuple[str, ...]) -> Any:
+    """A dataclass field whose value must be one of `choices`."""
+    return field(default=default, metadata={"choices": choices})
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The inner loop every learner runs (AdamW on its own shard)."""
+
+    steps: int = bounded(300, 1, 10_000_000)
+    """Inner steps each learner runs before it finishes."""
+    lr: float = bounded(3e-3, 0.0, 1.0)
+    """AdamW peak learning rate."""
+    warmup_steps: int = bounded(20, 0, 10_000_000)
+    """Linear warm-up of the inner learning rate, in inner steps."""
+    weight_decay: float = bounded(0.01, 0.0, 1.0)
+    """AdamW decoupled weight decay."""
+    grad_clip: float = bounded(1.0, 0.0, 1e6)
+    """Global gradient-norm clip per inner step (0 disables)."""
+
+
+@dataclass(frozen=True)
+class DilocoConfig:
+    """Decoupled DiLoCo's knobs (the synchronous `diloco` baseline uses sync_every and outer_*)."""
+
+    fragments: int = bounded(24, 1, 10_000)
+    """P: number of parameter fragments (greedy balanced bin-packing of tensors)."""
+    sync_every: int = bounded(24, 1, 1_000_000)
+    """H: inner steps between two syncs of the same fragment (also DiLoCo's round length)."""
+    overlap: int = bounded(2, 0, 1_000_000)
+    """tau: a merged fragment is applied tau steps after it was sent, or on arrival if later."""
+    min_quorum: int = bounded(1, 1, 1_000)
+    """K: learners that must report a fragment before it may be merged; at most topology.learners."""
+    grace_enabled: bool = True
+    """Whether the adaptive grace window is used after the quorum is reached."""
+    grace_gamma: float = bounded(0.5, 0.0, 1.0)
+    """gamma: safety margin on the slack tau*xi_step - xi_quorum - xi_sync."""
+    grace_cap_s: float = bounded(0.5, 0.0, 600.0)
+    """Upper clamp of the grace window, seconds (also used before xi_step is measured)."""
+    merge_rule: str = choice("rda", ("rda", "mean"))
+    """Merge of non-embedding tensors: Radial-Directional Averaging or a weighted mean."""
+    token_weighting: bool = True
+    """Weight learners by c_tokens**2 / c_steps; False weighs every participant equally."""
+    embedding_tensors: tuple[str, ...] = ("tok_emb.weight", "pos_emb.weight")
+    """Tensors merged by a plain weighted mean (the paper: embeddings lack near-orthogonality)."""
+    outer_lr: float = bounded(0.7, 0.0, 10.0)
+    """Outer SGD learning rate (DiLoCo's value; the paper publishes none)."""
+    outer_momentum: float = bounded(0.9, 0.0, 0.999)
+    """Outer Nesterov momentum."""

@@ -1,0 +1,250 @@
+"""The synchronizer's logic for Decoupled DiLoCo, without sockets or threads.
+
+It owns the global fragments Theta_p, their versions and the outer Nesterov
+optimizer (one momentum state per fragment), and it drives the fragment
+schedule, as in the paper: learners report metadata (their step) every step;
+the syncer's clock is the step of the K-th most advanced alive learner; when
+that clock reaches a step at which fragment p is due (fragments staggered
+over H steps), the syncer opens a *round* for p and pulls p from every alive
+learner. Each learner answers at once from its host-RAM snapshot, whatever
+step it is at, so a slower learner contributes fewer steps and the token
+weights c_tokens**2 / c_steps account for it; a learner that has nothing new
+(c_steps = 0) declines. `poll(now, alive)` asks the pure quorum / grace
+policy about every open round and merges those it allows: outer gradient
+Delta_m = Theta_p - theta_{m,p}, RDA on non-embedding tensors, weighted mean
+on embeddings, then the outer step.
+
+Every push ends in exactly one of: merged, rejected (with a reason), or
+superseded (a newer push of the same learner in the same round, or a late
+answer to a round that already merged).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from trainers.config import DilocoConfig
+from trainers.fragments import FragmentSchedule, partition_tensors
+from trainers.learner import FragmentPush
+from trainers.merge import all_finite, outer_gradient, token_weights
+from trainers.model import ModelConfig, build_model
+from trainers.outer_optimizer import NesterovOuterOptimizer, OuterOptConfig
+from trainers.syncer_policy import Action, EwmaEstimator, QuorumConfig, RoundState, StepTimeTracker, decide
+
+
+class PushOutcome(enum.Enum):
+    ACCEPTED = "accepted"
+    DECLINED = "declined"
+    LATE = "late"
+    REJECTED_NONFINITE = "rejected_nonfinite"
+    REJECTED_SHAPE = "rejected_shape"
+    REJECTED_FRAGMENT = "rejected_fragment"
+
+
+@dataclass
+class OpenRound:
+    """One pull of one fragment: who was asked, who answered."""
+
+    round_id: int
+    started_at: float
+    pulled: frozenset[int]
+    quorum_at: float | None = None
+    pushes: dict[int, FragmentPush] = field(default_factory=dict)
+    declined: set[int] = field(default_factory=set)
+
+
+@dataclass
+class MergeRecord:
+    """What one merge did; the service logs it and sends `tensors` to the participants."""
+
+    fragment: int
+    version: int
+    round_id: int
+    participants: list[int]
+    pulled_steps: list[int]
+    weights: list[float]
+    c_steps: list[int]
+    c_tokens: list[int]
+    step_ranges: list[tuple[int, int]]
+    base_versions: list[int]
+    reason: str
+    grace_s: float
+    started_at: float
+    quorum_at: float | None
+    merged_at: float
+    tensors: dict[str, Tensor]
+    outer_grad_norm: float
+
+
+@dataclass
+class Pull:
+    """A request the service sends to every learner in `learners`."""
+
+    fragment: int
+    round_id: int
+    learners: frozenset[int]
+
+
+class DecoupledSyncer:
+    """Global fragments, outer optimizer, the fragment clock and open rounds. Clock injected."""
+
+    def __init__(self, model_cfg: ModelConfig, cfg: DilocoConfig, seed: int, num_learners: int) -> None:
+        self.cfg = cfg
+        self.num_learners = num_learners
+        model = build_model(model_cfg, seed)
+        self.params: dict[str, Tensor] = {n: p.detach().clone() for n, p in model.named_parameters()}
+        self.partition = partition_tensors({n: t.numel() for n, t in self.params.items()}, cfg.fragments)
+        self.schedule = FragmentSchedule(cfg.fragments, cfg.sync_every, cfg.overlap)
+        self.versions = [0] * len(self.partition)
+        self.round_ids = [0] * len(self.partition)
+        self.rounds: list[OpenRound | None] = [None] * len(self.partition)
+        self.outer = NesterovOuterOptimizer(OuterOptConfig(lr=cfg.outer_lr, momentum=cfg.outer_momentum))
+        self.quorum = QuorumConfig(min_quorum=cfg.min_quorum, overlap=cfg.overlap, grace_gamma=cfg.grace_gamma,
+                                   grace_cap_s=cfg.grace_cap_s, grace_enabled=cfg.grace_enabled)
+        self.step_times = StepTimeTracker()
+        self.sync_time = EwmaEstimator(alpha=0.2)
+        self.reported_step: dict[int, int] = {}
+        self.clock = 0
+        self.merges = 0
+        self.skipped_due = 0
+
+    def fragment(self, p: int) -> dict[str, Tensor]:
+        return {n: self.params[n] for n in self.partition[p]}
+
+    # -- the clock ------------------------------------------------------------------------------
+    def on_meta(self, learner: int, step: int, step_time_s: float, now: float, alive: frozenset[int]) -> list[Pull]:
+        """A learner's per-step metadata. Returns the pulls to send (rounds opened by the clock)."""
+        self.reported_step[learner] = max(step, self.reported_step.get(learner, 0))
+        if step_time_s > 0:
+            self.step_times.update(learner, step_time_s)
+        steps = sorted((self.reported_step[m] for m in alive if m in self.reported_step), reverse=True)
+        if len(steps) < self.cfg.min_quorum:
+            return []
+        target = steps[self.cfg.min_quorum - 1]
+        pulls: list[Pull] = []
+        for s in range(self.clock + 1, target + 1):
+            for p in self.schedule.fragments_due(s):
+                if self.rounds[p] is not None:
+                    self.skipped_due += 1  # previous round of p still open: it will serve for this one too
+                    continue
+                self.round_ids[p] += 1
+                self.rounds[p] = OpenRound(self.round_ids[p], now, alive)
+                pulls.append(Pull(p, self.round_ids[p], alive))
+        self.clock = max(self.clock, target)
+        return pulls
+
+    def forget(self, learner: int) -> None:
+        """A learner left: keep its last step (it may come back) but stop waiting on it."""
+        self.step_times.forget(learner)
+
+    # -- answers --------------------------------------------------------------------------------
+    def on_push(self, push: FragmentPush, round_id: int | None, now: float) -> tuple[PushOutcome, FragmentPush | None]:
+        """Validate an answer to a pull (or a final unsolicited push, round_id None).
+
+        Returns (outcome, the push it superseded if any)."""
+        p = push.fragment
+        if not 0 <= p < len(self.partition):
+            return PushOutcome.REJECTED_FRAGMENT, None
+        rnd = self.rounds[p]
+        if round_id is None and push.final:  # end of a learner's run: join the open round or open one
+            if rnd is None:
+                self.round_ids[p] += 1
+                rnd = self.rounds[p] = OpenRound(self.round_ids[p], now, frozenset({push.learner}))
+            round_id = rnd.round_id
+        if rnd is None or rnd.round_id != round_id:
+            return PushOutcome.LATE, None
+        if push.c_steps <= 0 or push.c_tokens <= 0:
+            rnd.declined.add(push.learner)
+            return PushOutcome.DECLINED, None
+        expected = self.fragment(p)
+        if set(push.tensors) != set(expected) or any(push.tensors[n].shape != t.shape for n, t in expected.items()):
+            return PushOutcome.REJECTED_SHAPE, None
+        if not all_finite(push.tensors.values()):
+            return PushOutcome.REJECTED_NONFINITE, None
+        if push.step_time_s > 0:
+            self.step_times.update(push.learner, push.step_time_s)
+        superseded = rnd.pushes.get(push.learner)
+        rnd.pushes[push.learner] = push
+        if rnd.quorum_at is None and len(rnd.pushes) >= self.cfg.min_quorum:
+            rnd.quorum_at = now
+        return PushOutcome.ACCEPTED, superseded
+
+    def note_sync_time(self, seconds: float) -> None:
+        """Feed xi_sync: the measured time of one merge plus its broadcast."""
+        self.sync_time.update(seconds)
+
+    # -- decisions ------------------------------------------------------------------------------
+    def round_state(self, p: int, alive: frozenset[int]) -> RoundState | None:
+        rnd = self.rounds[p]
+        if rnd is None:
+            return None
+        reported = frozenset(rnd.pushes)
+        awaited = (alive & rnd.pulled) - rnd.declined
+        return RoundState(started_at=rnd.started_at, quorum_at=rnd.quorum_at, reported=reported, alive=awaited,
+                          step_time_s=self.step_times.estimate(reported), sync_time_s=self.sync_time.value or 0.0)
+
+    def poll(self, now: float, alive: frozenset[int]) -> tuple[list[MergeRecord], float | None, list[int]]:
+        """Merge every round the policy allows.
+
+        Returns (merges, earliest time to poll again, fragments whose round closed empty)."""
+        merges: list[MergeRecord] = []
+        empty: list[int] = []
+        wake: float | None = None
+        for p, rnd in enumerate(self.rounds):
+            if rnd is None:
+                continue
+            if not rnd.pushes and not ((alive & rnd.pulled) - rnd.declined):
+                self.rounds[p] = None  # everyone asked declined or left: nothing to merge
+                empty.append(p)
+                continue
+            state = self.round_state(p, alive)
+            assert state is not None
+            d = decide(now, state, self.quorum)
+            if d.action is Action.MERGE:
+                merges.append(self.merge(p, now, d.reason, d.grace_s))
+            elif d.wake_at is not None:
+                wake = d.wake_at if wake is None else min(wake, d.wake_at)
+        return merges, wake, empty
+
+    def drain(self, now: float) -> list[MergeRecord]:
+        """Merge every open round that has data, regardless of quorum (the run is ending)."""
+        out = []
+        for p, rnd in enumerate(self.rounds):
+            if rnd is not None and rnd.pushes:
+                out.append(self.merge(p, now, "drain at end of run", 0.0))
+            self.rounds[p] = None
+        return out
+
+    # -- the merge ------------------------------------------------------------------------------
+    def merge(self, p: int, now: float, reason: str, grace_s: float) -> MergeRecord:
+        rnd = self.rounds[p]
+        assert rnd is not None and rnd.pushes
+        learners = sorted(rnd.pushes)
+        pushes = [rnd.pushes[m] for m in learners]
+        if self.cfg.token_weighting:
+            weights = token_weights([(q.c_steps, q.c_tokens) for q in pushes])
+        else:
+            weights = [1.0 / len(pushes)] * len(pushes)
+        frag = self.fragment(p)
+        delta = outer_gradient(frag, [q.tensors for q in pushes], weights, self.cfg.embedding_tensors,
+                               self.cfg.merge_rule)
+        if not all_finite(delta.values()):  # unreachable while pushes are checked; kept as a last guard
+            raise FloatingPointError(f"non-finite outer gradient for fragment {p}")
+        self.outer.step(f"frag{p}", frag, delta)
+        self.versions[p] += 1
+        self.rounds[p] = None
+        self.merges += 1
+        norm = float(torch.sqrt(sum((d.double() ** 2).sum() for d in delta.values())))
+        return MergeRecord(
+            fragment=p, version=self.versions[p], round_id=rnd.round_id, participants=learners,
+            pulled_steps=[q.last_step for q in pushes], weights=weights,
+            c_steps=[q.c_steps for q in pushes], c_tokens=[q.c_tokens for q in pushes],
+            step_ranges=[(q.first_step, q.last_step) for q in pushes],
+            base_versions=[q.base_version for q in pushes], reason=reason, grace_s=grace_s,
+            started_at=rnd.started_at, quorum_at=rnd.quorum_at, merged_at=now,
+            tensors={n: t.clone() for n, t in frag.items()}, outer_grad_norm=norm,
+        )

@@ -1,0 +1,387 @@
+"""The learner's side of all three algorithms, independent of processes and sockets.
+
+A learner is C chips training data-parallel on one shard. `LearnerCore` holds
+one chip's replica, its AdamW inner optimizer and Decoupled DiLoCo's
+per-fragment bookkeeping (counters c_steps / c_tokens since the fragment was
+last received, versions, outstanding pushes, merged fragments waiting for
+their apply step). The three loops (`run_decoupled`, `run_diloco`, `run_ddp`)
+drive it; the harness injects the two things that are not pure logic:
+
+* a `Collective` for the chips of this learner (a Gloo group in a real run),
+* on the learner's host (rank 0) only, a link to the syncer.
+
+Every chip makes the same decisions because rank 0 decides and broadcasts
+them inside the learner (which fragments to apply at this step, and their
+values), so the replicas of one learner never diverge.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from trainers.config import DilocoConfig, TrainConfig
+from trainers.fragments import FragmentSchedule, partition_tensors
+from trainers.model import ModelConfig, TinyGPT, build_model
+
+
+class Collective(Protocol):
+    """Collectives among the chips of one learner. Every call is bounded by the group's timeout."""
+
+    rank: int
+    size: int
+
+    def allreduce_mean_(self, flat: Tensor) -> None: ...
+    def broadcast_(self, flat: Tensor, src: int = 0) -> None: ...
+
+
+class SoloCollective:
+    """The collective of a one-chip learner: nothing to exchange."""
+
+    rank = 0
+    size = 1
+
+    def allreduce_mean_(self, flat: Tensor) -> None:
+        return None
+
+    def broadcast_(self, flat: Tensor, src: int = 0) -> None:
+        return None
+
+
+@dataclass
+class FragmentPush:
+    """One learner's copy of one fragment, offered to the syncer (never waited on)."""
+
+    learner: int
+    fragment: int
+    base_version: int
+    c_steps: int
+    c_tokens: int
+    first_step: int
+    last_step: int
+    step_time_s: float
+    tensors: dict[str, Tensor]
+    final: bool = False
+
+
+@dataclass
+class MergedFragment:
+    """A global fragment from the syncer: the answer to our pulled copy, or the current value on (re)join."""
+
+    fragment: int
+    version: int
+    tensors: dict[str, Tensor]
+    pulled_step: int | None = None
+    """The step at which our copy was pulled for this merge (None: not a merge we took part in)."""
+
+
+@dataclass
+class Snapshot:
+    """The host-RAM copy of the learner after a step, from which the link answers pulls at once."""
+
+    learner: int
+    step: int
+    step_time_s: float
+    tensors: dict[str, Tensor]
+    counters: list[tuple[int, int, int, int]]
+    """Per fragment: (version, c_steps, c_tokens, first_step)."""
+
+    def push_for(self, p: int, names: list[str], final: bool = False) -> FragmentPush:
+        version, c_steps, c_tokens, first = self.counters[p]
+        tensors = {n: self.tensors[n] for n in names} if c_steps > 0 else {}
+        return FragmentPush(learner=self.learner, fragment=p, base_version=version, c_steps=c_steps,
+                            c_tokens=c_tokens, first_step=first, last_step=self.step, step_time_s=self.step_time_s,
+                            tensors=tensors, final=final)
+
+
+class DecoupledLink(Protocol):
+    """The host's non-blocking link to the syncer (Decoupled DiLoCo)."""
+
+    def publish(self, snapshot: Snapshot, partition: list[list[str]]) -> None: ...
+    def push(self, push: FragmentPush) -> None: ...
+    def poll(self) -> list[MergedFragment]: ...
+
+
+class SyncLink(Protocol):
+    """The host's blocking link to the syncer (the synchronous baselines). Raises TimeoutError."""
+
+    def exchange_grads(self, step: int, tokens: int, grads: dict[str, Tensor]) -> dict[str, Tensor]: ...
+    def exchange_params(self, round_: int, step: int, tokens: int, params: dict[str, Tensor]) -> dict[str, Tensor]: ...
+
+
+def flatten(tensors: list[Tensor]) -> Tensor:
+    return torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0)
+
+
+def unflatten_into(flat: Tensor, tensors: list[Tensor]) -> None:
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[offset : offset + n].view_as(t))
+        offset += n
+
+
+def inner_lr(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up to cfg.lr over cfg.warmup_steps, then constant."""
+    if cfg.warmup_steps and step <= cfg.warmup_steps:
+        return cfg.lr * step / cfg.warmup_steps
+    return cfg.lr
+
+
+class InnerOptimizer:
+    """AdamW with the warm-up schedule and gradient clipping; shared by learners and the ddp syncer."""
+
+    def __init__(self, model: TinyGPT, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+        self.params = [p for p in model.parameters()]
+        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    def step(self, step: int) -> None:
+        if self.cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
+        for g in self.opt.param_groups:
+            g["lr"] = inner_lr(step, self.cfg)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=False)
+
+
+@dataclass
+class FragmentState:
+    """Decoupled DiLoCo's per-fragment bookkeeping on one learner."""
+
+    version: int = 0
+    c_steps: int = 0
+    c_tokens: int = 0
+    first_step: int = 1
+    pending: MergedFragment | None = None
+    pending_apply_at: int = 0
+
+
+@dataclass
+class LearnerCore:
+    """One chip's replica of a learner, with its inner optimizer and fragment bookkeeping."""
+
+    learner: int
+    model_cfg: ModelConfig
+    train_cfg: TrainConfig
+    diloco_cfg: DilocoConfig
+    seed: int
+    collective: Collective = field(default_factory=SoloCollective)
+    step: int = 0
+    step_time_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.model = build_model(self.model_cfg, self.seed)
+        self.named = dict(self.model.named_parameters())
+        self.optimizer = InnerOptimizer(self.model, self.train_cfg)
+        sizes = {n: p.numel() for n, p in self.named.items()}
+        self.partition = partition_tensors(sizes, self.diloco_cfg.fragments)
+        self.schedule = FragmentSchedule(self.diloco_cfg.fragments, self.diloco_cfg.sync_every, self.diloco_cfg.overlap)
+        self.frags = [FragmentState() for _ in self.partition]
+
+    # -- the inner step -------------------------------------------------------------------------
+    def forward_backward(self, x: Tensor, y: Tensor) -> float:
+        loss = self.model.loss(x, y)
+        loss.backward()
+        return float(loss.detach())
+
+    def grads(self) -> list[Tensor]:
+        return [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.named.values()]
+
+    def allreduce_grads(self) -> None:
+        if self.collective.size == 1:
+            return
+        grads = self.grads()
+        flat = flatten(grads)
+        self.collective.allreduce_mean_(flat)
+        unflatten_into(flat, grads)
+
+    def inner_step(self, x: Tensor, y: Tensor) -> tuple[float, int]:
+        """One AdamW step on this learner's batch (all chips). Returns (loss, learner tokens)."""
+        t0 = time.perf_counter()
+        loss = self.forward_backward(x, y)
+        self.allreduce_grads()
+        self.step += 1
+        self.optimizer.step(self.step)
+        tokens = x.numel() * self.collective.size
+        for st in self.frags:
+            st.c_steps += 1
+            st.c_tokens += tokens
+        dt = time.perf_counter() - t0
+        self.step_time_s = dt if self.step_time_s == 0 else 0.8 * self.step_time_s + 0.2 * dt
+        return loss, tokens
+
+    # -- fragments ------------------------------------------------------------------------------
+    def fragment_tensors(self, p: int) -> dict[str, Tensor]:
+        return {n: self.named[n].detach().clone() for n in self.partition[p]}
+
+    def snapshot(self) -> Snapshot:
+        """Copy the replica and the counters to host RAM (the syncer pulls from this copy)."""
+        return Snapshot(
+            learner=self.learner, step=self.step, step_time_s=self.step_time_s,
+            tensors={n: p.detach().clone() for n, p in self.named.items()},
+            counters=[(st.version, st.c_steps, st.c_tokens, st.first_step) for st in self.frags],
+        )
+
+    def receive(self, merged: MergedFragment) -> bool:
+        """Host: stash a merged fragment until its apply step. False if it is not newer than ours."""
+        st = self.frags[merged.fragment]
+        newest = st.pending.version if st.pending is not None else st.version
+        if merged.version <= newest:
+            return False
+        st.pending = merged
+        pulled = merged.pulled_step
+        st.pending_apply_at = max(self.step + 1, pulled + self.schedule.overlap if pulled is not None else 0)
+        return True
+
+    def due_applies(self) -> list[int]:
+        """Host: fragments whose merged value must be applied after the current step."""
+        return [p for p, st in enumerate(self.frags) if st.pending is not None and st.pending_apply_at <= self.step]
+
+    def apply_fragment(self, p: int, version: int, flat: Tensor) -> None:
+        """Overwrite fragment p with the global value and reset its counters (all chips)."""
+        with torch.no_grad():
+            unflatten_into(flat, [self.named[n] for n in self.partition[p]])
+        st = self.frags[p]
+        st.version = version
+        st.c_steps = 0
+        st.c_tokens = 0
+        st.first_step = self.step + 1
+        st.pending = None
+
+    def finite(self) -> bool:
+        return all(bool(torch.isfinite(p).all()) for p in self.named.values())
+
+
+BatchFn = Callable[[int], tuple[Tensor, Tensor]]
+StepHook = Callable[[int, float, int], None]
+"""Called on the host after every inner step with (step, loss, learner tokens)."""
+
+
+def _sync_applies(core: LearnerCore, link: DecoupledLink | None) -> list[tuple[int, int]]:
+    """Decide on rank 0 which merged fragments to apply now, and share values with every chip."""
+    coll = core.collective
+    n_frag = len(core.partition)
+    control = torch.zeros(1 + 2 * n_frag, dtype=torch.int64)
+    if coll.rank == 0:
+        assert link is not None
+        for merged in link.poll():
+            core.receive(merged)
+        due = core.due_applies()
+        control[0] = len(due)
+        for i, p in enumerate(due):
+            control[1 + 2 * i] = p
+            control[2 + 2 * i] = core.frags[p].pending.version  # type: ignore[union-attr]
+    if coll.size > 1:
+        coll.broadcast_(control)
+    applied = []
+    for i in range(int(control[0])):
+        p, version = int(control[1 + 2 * i]), int(control[2 + 2 * i])
+        if coll.rank == 0:
+            pending = core.frags[p].pending
+            assert pending is not None
+            flat = flatten([pending.tensors[n] for n in core.partition[p]])
+        else:
+            flat = torch.empty(sum(core.named[n].numel() for n in core.partition[p]))
+        if coll.size > 1:
+            coll.broadcast_(flat)
+        core.apply_fragment(p, version, flat)
+        applied.append((p, version))
+    return applied
+
+
+ApplyHook = Callable[[int, list[tuple[int, int]]], None]
+
+
+def run_decoupled(
+    core: LearnerCore, batch: BatchFn, link: DecoupledLink | None, on_step: StepHook,
+    on_apply: ApplyHook | None = None, should_stop: Callable[[], bool] = lambda: False,
+) -> None:
+    """Decoupled DiLoCo: train, apply merged fragments when due, publish a snapshot for the syncer's pulls.
+
+    Never waits for the syncer: the link answers pulls from the latest snapshot in its own thread. At the
+    end, every fragment with progress not yet merged is pushed unsolicited (final) so the syncer can drain it.
+    """
+    is_host = core.collective.rank == 0
+    while core.step < core.train_cfg.steps and not should_stop():
+        x, y = batch(core.step + 1)
+        loss, tokens = core.inner_step(x, y)
+        if is_host:
+            on_step(core.step, loss, tokens)
+        applied = _sync_applies(core, link)
+        if applied and on_apply is not None and is_host:
+            on_apply(core.step, applied)
+        if is_host:
+            assert link is not None
+            link.publish(core.snapshot(), core.partition)
+    if is_host:
+        assert link is not None
+        snap = core.snapshot()
+        for p, names in enumerate(core.partition):
+            if core.frags[p].c_steps > 0:
+                link.push(snap.push_for(p, names, final=True))
+
+
+def run_diloco(core: LearnerCore, batch: BatchFn, link: SyncLink | None, on_step: StepHook,
+               on_round: Callable[[int, int], None] | None = None) -> None:
+    """Synchronous DiLoCo: every H steps send all parameters, block until the merged model returns."""
+    is_host = core.collective.rank == 0
+    names = list(core.named)
+    round_ = 0
+    tokens_since = 0
+    while core.step < core.train_cfg.steps:
+        x, y = batch(core.step + 1)
+        loss, tokens = core.inner_step(x, y)
+        tokens_since += tokens
+        if is_host:
+            on_step(core.step, loss, tokens)
+        if core.step % core.diloco_cfg.sync_every and core.step < core.train_cfg.steps:
+            continue
+        round_ += 1
+        if is_host:
+            assert link is not None
+            params = {n: p.detach().clone() for n, p in core.named.items()}
+            merged = link.exchange_params(round_, core.step, tokens_since, params)
+            flat = flatten([merged[n] for n in names])
+        else:
+            flat = torch.empty(sum(p.numel() for p in core.named.values()))
+        core.collective.broadcast_(flat)
+        with torch.no_grad():
+            unflatten_into(flat, list(core.named.values()))
+        tokens_since = 0
+        if is_host and on_round is not None:
+            on_round(round_, core.step)
+
+
+def run_ddp(core: LearnerCore, batch: BatchFn, link: SyncLink | None, on_step: StepHook) -> None:
+    """Synchronous data parallel: every step's gradient is averaged over all learners via the syncer."""
+    is_host = core.collective.rank == 0
+    names = list(core.named)
+    while core.step < core.train_cfg.steps:
+        step = core.step + 1
+        x, y = batch(step)
+        loss = core.forward_backward(x, y)
+        core.allreduce_grads()
+        tokens = x.numel() * core.collective.size
+        if is_host:
+            assert link is not None
+            avg = link.exchange_grads(step, tokens, dict(zip(names, core.grads(), strict=True)))
+            flat = flatten([avg[n] for n in names])
+        else:
+            flat = torch.empty(sum(p.numel() for p in core.named.values()))
+        core.collective.broadcast_(flat)
+        unflatten_into(flat, core.grads())
+        core.step = step
+        core.optimizer.step(step)
+        if is_host:
+            on_step(step, loss, tokens)
+
+
+def params_finite(tensors: Mapping[str, Tensor]) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in tensors.values())
+
