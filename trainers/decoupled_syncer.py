@@ -128,8 +128,18 @@ class DecoupledSyncer:
         pulls: list[Pull] = []
         for s in range(self.clock + 1, target + 1):
             for p in self.schedule.fragments_due(s):
-                if self.rounds[p] is not None:
-                    self.skipped_due += 1  # previous round of p still open: it will serve for this one too
+                rnd = self.rounds[p]
+                if rnd is not None:
+                    # The previous round of p is still open (below quorum): it serves for this due step
+                    # too, and every alive learner that has not pushed to it is asked (again): a learner
+                    # that left and came back lost its pull, and one that declined (nothing trained yet)
+                    # may have trained since; without asking again the round could never close.
+                    self.skipped_due += 1
+                    ask = alive - set(rnd.pushes)
+                    if ask:
+                        rnd.declined -= ask
+                        rnd.pulled = rnd.pulled | ask
+                        pulls.append(Pull(p, rnd.round_id, frozenset(ask)))
                     continue
                 self.round_ids[p] += 1
                 self.rounds[p] = OpenRound(self.round_ids[p], now, alive)

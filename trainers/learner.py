@@ -174,6 +174,8 @@ class LearnerCore:
     collective: Collective = field(default_factory=SoloCollective)
     step: int = 0
     step_time_s: float = 0.0
+    timing: dict[str, float] = field(default_factory=dict)
+    """Seconds spent per phase of the loop (compute, allreduce, apply, publish): where a step's time goes."""
 
     def __post_init__(self) -> None:
         self.model = build_model(self.model_cfg, self.seed)
@@ -205,9 +207,13 @@ class LearnerCore:
         """One AdamW step on this learner's batch (all chips). Returns (loss, learner tokens)."""
         t0 = time.perf_counter()
         loss = self.forward_backward(x, y)
+        t1 = time.perf_counter()
         self.allreduce_grads()
+        t2 = time.perf_counter()
         self.step += 1
         self.optimizer.step(self.step)
+        self._add("allreduce", t2 - t1)
+        self._add("compute", time.perf_counter() - t2 + t1 - t0)
         tokens = x.numel() * self.collective.size
         for st in self.frags:
             st.c_steps += 1
@@ -215,6 +221,9 @@ class LearnerCore:
         dt = time.perf_counter() - t0
         self.step_time_s = dt if self.step_time_s == 0 else 0.8 * self.step_time_s + 0.2 * dt
         return loss, tokens
+
+    def _add(self, phase: str, seconds: float) -> None:
+        self.timing[phase] = self.timing.get(phase, 0.0) + seconds
 
     # -- fragments ------------------------------------------------------------------------------
     def fragment_tensors(self, p: int) -> dict[str, Tensor]:
@@ -311,14 +320,17 @@ def run_decoupled(
     while core.step < core.train_cfg.steps and not should_stop():
         x, y = batch(core.step + 1)
         loss, tokens = core.inner_step(x, y)
+        t0 = time.perf_counter()
+        applied = _sync_applies(core, link)
+        t1 = time.perf_counter()
         if is_host:
             on_step(core.step, loss, tokens)
-        applied = _sync_applies(core, link)
-        if applied and on_apply is not None and is_host:
-            on_apply(core.step, applied)
-        if is_host:
+            if applied and on_apply is not None:
+                on_apply(core.step, applied)
             assert link is not None
             link.publish(core.snapshot(), core.partition)
+        core._add("apply", t1 - t0)
+        core._add("publish", time.perf_counter() - t1)
     if is_host:
         assert link is not None
         snap = core.snapshot()
