@@ -19,8 +19,9 @@ through the link's current toxic chain (ordered by creation, like Toxiproxy's ch
 writes it out.  Toxics act per chunk (never per byte).  Adding, updating or removing a toxic
 re-links live connections immediately: a toxic sleeping on a chunk is interrupted and the
 chunk continues down the chain, as Toxiproxy's ``InterruptToxic`` does.  All state lives on
-one event loop, so no locks are needed; ``EmbeddedToxiproxy`` runs that loop in a daemon
-thread, ``main()`` runs it in the foreground.
+one event loop (no thread locks; one asyncio lock serialises API calls, as Toxiproxy's
+collection mutexes do); ``EmbeddedToxiproxy`` runs that loop in a daemon thread, ``main()``
+runs it in the foreground.
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ LINK_BUFFER_BYTES = 4 * 1024 * 1024
 UPSTREAM_CONNECT_TIMEOUT_S = 10.0
 #: Largest HTTP request body the API accepts.
 MAX_BODY_BYTES = 16 * 1024 * 1024
+#: Seconds an API connection may sit idle between requests (Go's server uses 60 s).
+API_IDLE_TIMEOUT_S = 60.0
+#: Seconds allowed to read one request's headers and body (Go's server uses 15 s).
+API_READ_TIMEOUT_S = 15.0
 
 _DIRECTIONS = ("upstream", "downstream")
 _INT_LIMITS = {"int64": (-(2**63), 2**63 - 1), "int": (-(2**63), 2**63 - 1)}
@@ -253,6 +258,8 @@ def _float32_json(value: float) -> int | float:
 
 def _split_hostport(address: str) -> tuple[str, int]:
     """Split ``host:port`` / ``[v6]:port`` / ``:port`` like Go's ``net.SplitHostPort``."""
+    if not address:
+        return "", 0  # Go's net.Listen("tcp", ""): all interfaces, any port
     if address.startswith("["):
         end = address.find("]")
         if end < 0 or not address[end + 1 :].startswith(":"):
@@ -264,6 +271,8 @@ def _split_hostport(address: str) -> tuple[str, int]:
             raise ValueError(f"address {address}: missing port in address")
         if ":" in host:
             raise ValueError(f"address {address}: too many colons in address")
+    if not port_text:
+        return host, 0  # "127.0.0.1:" means an ephemeral port, as in Go
     if not port_text.isdigit() or int(port_text) > 65535:
         raise ValueError(f"address {address}: invalid port")
     return host, int(port_text)
@@ -817,6 +826,9 @@ class _Proxy:
             LOG.warning("proxy.dial_failed name=%s upstream=%s error=%r", self.name, self.upstream, exc)
             writer.close()
             return
+        except asyncio.CancelledError:  # shutdown mid-dial; top of a handler task, nothing to propagate
+            writer.close()
+            return
         if epoch != self._epoch or not self.enabled:
             writer.close()
             upstream[1].close()
@@ -924,6 +936,8 @@ class _Core:
                 pass
         except (ConnectionError, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
             pass
+        except asyncio.CancelledError:  # shutdown; 3.11's stream callback would log a re-raise
+            pass
         finally:
             self._api_writers.discard(writer)
             if task is not None:
@@ -931,16 +945,39 @@ class _Core:
             writer.close()
 
     async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        """Serve one request; return whether the connection stays open."""
-        line = await reader.readline()
-        while line in (b"\r\n", b"\n"):
-            line = await reader.readline()
-        if not line:
+        """Serve one request; return whether the connection stays open.
+
+        Reading is time-bounded like Go's http.Server (idle / read timeouts); running the
+        handler is not, so an API call is never cancelled half-way through a change."""
+        try:
+            line = await asyncio.wait_for(self._read_request_line(reader), API_IDLE_TIMEOUT_S)
+            if not line:
+                return False
+            request = await asyncio.wait_for(self._read_request(line, reader, writer), API_READ_TIMEOUT_S)
+        except TimeoutError:
             return False
+        if isinstance(request, _Response):
+            await self._send(writer, request, False)
+            return False
+        method, target, headers, body, keep_alive = request
+        response = await self._dispatch(method, target, headers, body)
+        LOG.debug("api.request method=%s path=%s status=%d", method, target, response.status)
+        await self._send(writer, response, keep_alive)
+        return keep_alive
+
+    @staticmethod
+    async def _read_request_line(reader: asyncio.StreamReader) -> bytes:
+        line = await reader.readline()
+        while line in (b"\r\n", b"\n"):  # tolerate stray CRLFs between requests (RFC 9112)
+            line = await reader.readline()
+        return line
+
+    async def _read_request(
+        self, line: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> _Response | tuple[str, str, dict[str, str], bytes, bool]:
         parts = line.decode("latin-1").split()
         if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            await self._send(writer, _Response(400, b"400 Bad Request", "text/plain; charset=utf-8"), False)
-            return False
+            return _Response(400, b"400 Bad Request", "text/plain; charset=utf-8")
         method, target, version = parts
         headers: dict[str, str] = {}
         while True:
@@ -955,12 +992,8 @@ class _Core:
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         body = await self._read_body(reader, headers)
         if body is None:
-            await self._send(writer, _Response(413, b"", None), False)
-            return False
-        response = await self._dispatch(method, target, headers, body)
-        LOG.debug("api.request method=%s path=%s status=%d", method, target, response.status)
-        await self._send(writer, response, keep_alive)
-        return keep_alive
+            return _Response(413, b"", None)
+        return method, target, headers, body, keep_alive
 
     @staticmethod
     async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str]) -> bytes | None:

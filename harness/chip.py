@@ -17,7 +17,7 @@ import torch.distributed as dist
 from harness import scenario as scenario_mod
 from harness.events import EVENTS_FILE, EventLog
 from harness.link import SyncerLink
-from harness.procutil import become_run_process
+from harness.procutil import become_run_process, cpu_seconds
 from harness.syncer_service import max_frame_bytes
 from trainers.data import make_splits, train_batch
 from trainers.learner import LearnerCore, run_ddp, run_decoupled, run_diloco
@@ -96,7 +96,8 @@ def chip_main(spec: ChipSpec) -> None:
         else:
             run_ddp(core, batch, link, on_step)
         if spec.rank == 0:
-            events.log("learner_done", learner=spec.learner, steps=core.step, finite=core.finite())
+            events.log("learner_done", learner=spec.learner, steps=core.step, finite=core.finite(),
+                       timing={k: round(v, 4) for k, v in core.timing.items()}, cpu_s=cpu_seconds())
     except Exception as e:
         events.log("chip_error", learner=spec.learner, rank=spec.rank, error=f"{type(e).__name__}: {e}")
         raise

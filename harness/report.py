@@ -67,8 +67,8 @@ def build_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         d = per[e["learner"]]
         d["steps"] = max(d["steps"], e["step"])
         d["tokens"] += e["tokens"]
-        d["first_t"] = e["t"] if d["first_t"] is None else d["first_t"]
-        d["last_t"] = e["t"]
+        d["first_t"] = e["t"] if d["first_t"] is None else min(d["first_t"], e["t"])
+        d["last_t"] = e["t"] if d["last_t"] is None else max(d["last_t"], e["t"])
     per_learner = {}
     for m, d in sorted(per.items()):
         span = (d["last_t"] - d["first_t"]) if d["steps"] > 1 else 0.0
@@ -78,8 +78,9 @@ def build_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     periodic = [{"t": round(e["t"] - start, 3), "version": e["version"], "tokens_merged": e["tokens_merged"],
                  "loss": round(e["loss"], 5)} for e in evals if e.get("kind") == "periodic"]
     final = next((e for e in evals if e.get("kind") == "final"), None)
-    train_start = steps[0]["t"] if steps else start
-    train_end = steps[-1]["t"] if steps else end
+    # Several processes append to one log, so file order is not time order: take extremes.
+    train_start = min((e["t"] for e in steps), default=start)
+    train_end = max((e["t"] for e in steps), default=end)
     chip_starts = [e for e in evs if e["ev"] == "chip_start"]
     groups = {e["group"] for e in evs if e["ev"] == "gloo_group"}
     pushes = [e for e in evs if e["ev"] == "push"]

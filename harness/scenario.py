@@ -49,8 +49,8 @@ class Topology:
 class Timeouts:
     """One hierarchy of bounds; each level must be shorter than the one above it.
 
-    socket_op_s < heartbeat_s * 3 <= liveness_s < gloo_s < barrier_s < run_s.
-    A socket call fails before the link is declared dead; a dead link is
+    socket_op_s < liveness_s < gloo_s < barrier_s < run_s, and heartbeat_s * 3 <= liveness_s
+    (validated before any process starts). A socket call fails before the link is declared dead; a dead link is
     noticed before a Gloo collective gives up; a blocked baseline learner gives
     up before the whole run's deadline kills everything.
     """

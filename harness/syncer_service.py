@@ -31,6 +31,7 @@ import torch
 
 from harness.codec import merged_to_message, message_to_push, push_round
 from harness.events import EventLog
+from harness.procutil import cpu_seconds
 from harness.rundir import atomic_torch_save
 from harness.scenario import Scenario
 from harness.wire import (
@@ -401,7 +402,7 @@ class SyncerService:
         self.tokens_merged += sum(res.tokens)
         self.events.log("merge", fragment=None, version=self.core.merges, merges=self.core.merges,
                         participants=res.participants, tokens=sum(res.tokens), c_tokens=res.tokens,
-                        tokens_merged=self.tokens_merged, step=res.step, **{key: value})
+                        tokens_merged=self.tokens_merged, step=res.step, round=value if key == "round" else None)
 
     def _finish(self) -> None:
         if self.algorithm == "decoupled":
@@ -409,7 +410,7 @@ class SyncerService:
                 self._broadcast_merge(rec)
         self.save_checkpoint("global.pt")
         self.events.log("syncer_done", merges=self.core.merges, tokens_merged=self.tokens_merged,
-                        frames_rejected=self.frames_rejected)
+                        frames_rejected=self.frames_rejected, cpu_s=cpu_seconds())
         self.stop.set()
         self.listener.close()
         with self.lock:

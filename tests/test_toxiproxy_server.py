@@ -333,6 +333,10 @@ def test_toxic_crud(tp: Toxiproxy, proxy: Proxy, server: EmbeddedToxiproxy) -> N
     with pytest.raises(ProxyExists) as err:
         proxy.add_toxic(type="latency", attributes={"latency": 1})
     assert _error_body(err.value) == {"error": "toxic already exists", "status": 409}
+    made = APIConsumer.post(f"/proxies/{proxy.name}/toxics", json={"type": "slow_close"})
+    assert made.status_code == 200  # Toxiproxy answers 200, not 201, for a new toxic
+    assert made.json()["name"] == "slow_close_downstream" and made.json()["attributes"] == {"delay": 0}
+    assert proxy.destroy_toxic("slow_close_downstream") is True
     # toxiproxy-python cannot update a toxic; its APIConsumer can POST to the toxic URL.
     change = {"attributes": {"jitter": 5}, "toxicity": 0.25}
     updated = APIConsumer.post(f"/proxies/{proxy.name}/toxics/latency_downstream", json=change)
