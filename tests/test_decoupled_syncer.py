@@ -1,0 +1,430 @@
+"""Tests for trainers.decoupled_syncer: the fragment clock, push validation, quorum/grace polling and merges.
+
+Everything runs on plain float clocks; no sockets, threads or sleeps.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from trainers.config import DilocoConfig
+from trainers.decoupled_syncer import DecoupledSyncer, PushOutcome
+from trainers.learner import FragmentPush
+from trainers.model import ModelConfig
+
+MODEL = ModelConfig(seq_len=8, d_model=16, n_layers=1, n_heads=2, d_ff=32)
+P = 4  # fragments; with H = 4, fragment s % 4 is due after step s
+
+
+def make(min_quorum: int = 1, learners: int = 2, **kw) -> DecoupledSyncer:
+    cfg = DilocoConfig(fragments=P, sync_every=4, overlap=2, min_quorum=min_quorum, grace_gamma=0.5,
+                       grace_cap_s=0.5, **kw)
+    return DecoupledSyncer(MODEL, cfg, seed=3, num_learners=learners)
+
+
+def alive(*ids: int) -> frozenset[int]:
+    return frozenset(ids)
+
+
+def snapshot_params(s: DecoupledSyncer) -> dict[str, torch.Tensor]:
+    return {n: t.clone() for n, t in s.params.items()}
+
+
+def push(s: DecoupledSyncer, learner: int, p: int, c_steps: int = 4, c_tokens: int = 64, shift: float = 0.01,
+         final: bool = False, step_time_s: float = 0.0) -> FragmentPush:
+    """A push whose tensors are the global fragment shifted by `shift` (a nonzero outer gradient)."""
+    tensors = {n: t.clone() + shift for n, t in s.fragment(p).items()} if c_steps > 0 else {}
+    return FragmentPush(learner=learner, fragment=p, base_version=s.versions[p], c_steps=c_steps, c_tokens=c_tokens,
+                        first_step=1, last_step=c_steps, step_time_s=step_time_s, tensors=tensors, final=final)
+
+
+def open_round(s: DecoupledSyncer, p: int, now: float = 10.0, who: frozenset[int] = alive(0, 1)) -> int:
+    """Learner 0 reports step p (opening rounds for fragments 1..p); returns fragment p's round id."""
+    assert 1 <= p <= 3
+    pulls = s.on_meta(0, p, 0.0, now, who)
+    mine = [q for q in pulls if q.fragment == p]
+    assert len(mine) == 1
+    return mine[0].round_id
+
+
+# -- the clock ----------------------------------------------------------------------------------
+
+
+def test_k1_clock_follows_the_most_advanced_learner() -> None:
+    s = make(min_quorum=1)
+    pulls = s.on_meta(0, 2, 0.0, 1.0, alive(0, 1))
+    assert [(q.fragment, q.round_id, q.learners) for q in pulls] == [(1, 1, alive(0, 1)), (2, 1, alive(0, 1))]
+    assert s.clock == 2
+    assert s.rounds[1] is not None and s.rounds[2] is not None
+    assert s.rounds[0] is None and s.rounds[3] is None
+    # the slower learner reporting an older step opens nothing
+    assert s.on_meta(1, 1, 0.0, 1.1, alive(0, 1)) == []
+    assert s.clock == 2
+
+
+def test_k2_clock_follows_the_second_most_advanced_learner() -> None:
+    s = make(min_quorum=2)
+    assert s.on_meta(0, 3, 0.0, 1.0, alive(0, 1)) == []  # only one learner reported: no K-th learner yet
+    assert s.clock == 0
+    pulls = s.on_meta(1, 1, 0.0, 1.1, alive(0, 1))
+    assert [q.fragment for q in pulls] == [1]  # the 2nd most advanced learner is at step 1
+    assert s.clock == 1
+    pulls = s.on_meta(1, 3, 0.0, 1.2, alive(0, 1))
+    assert [q.fragment for q in pulls] == [2, 3]
+    assert s.clock == 3
+
+
+def test_k2_clock_ignores_learners_that_are_not_alive() -> None:
+    s = make(min_quorum=2)
+    s.on_meta(0, 3, 0.0, 1.0, alive(0, 1))
+    s.on_meta(1, 3, 0.0, 1.0, alive(0))  # learner 1 reports but is not counted alive
+    assert s.clock == 0
+    assert all(r is None for r in s.rounds)
+
+
+def test_open_round_is_not_reopened_and_counts_skipped_due() -> None:
+    s = make(min_quorum=1)
+    first = s.on_meta(0, 1, 0.0, 1.0, alive(0, 1))
+    assert [(q.fragment, q.round_id) for q in first] == [(1, 1)]
+    # steps 2..5: fragments 2, 3, 0 open; fragment 1 is due again at step 5 but its round is still open:
+    # it is not reopened, but the learners that have not answered are asked again for the same round
+    pulls = s.on_meta(0, 5, 0.0, 2.0, alive(0, 1))
+    assert [(q.fragment, q.round_id) for q in pulls] == [(2, 1), (3, 1), (0, 1), (1, 1)]
+    assert pulls[-1].learners == frozenset({0, 1})
+    assert s.skipped_due == 1
+    assert s.rounds[1] is not None and s.rounds[1].round_id == 1
+    assert s.rounds[1].started_at == 1.0
+    assert s.round_ids[1] == 1
+
+
+# -- pushes -------------------------------------------------------------------------------------
+
+
+def test_push_to_wrong_or_old_round_is_late() -> None:
+    s = make()
+    rid = open_round(s, 1)
+    assert s.on_push(push(s, 0, 1), rid + 7, 10.1) == (PushOutcome.LATE, None)
+    assert s.on_push(push(s, 0, 1), None, 10.1) == (PushOutcome.LATE, None)  # unsolicited but not final
+    assert s.on_push(push(s, 1, 2), 1, 10.1) == (PushOutcome.LATE, None)  # fragment 2 has no open round
+    # round 1 merges; an answer to it arriving afterwards is late
+    assert s.on_push(push(s, 0, 1), rid, 10.1)[0] is PushOutcome.ACCEPTED
+    assert s.on_push(push(s, 1, 1), rid, 10.2)[0] is PushOutcome.ACCEPTED
+    merges, _, _ = s.poll(10.2, alive(0, 1))
+    assert [m.fragment for m in merges] == [1]
+    assert s.on_push(push(s, 1, 1), rid, 10.3) == (PushOutcome.LATE, None)
+
+
+def test_push_to_superseded_round_id_is_late_after_reopen() -> None:
+    s = make()
+    old = open_round(s, 1)
+    s.on_push(push(s, 0, 1), old, 10.1)
+    s.on_push(push(s, 1, 1), old, 10.1)
+    assert len(s.poll(10.1, alive(0, 1))[0]) == 1
+    new = s.on_meta(0, 5, 0.0, 11.0, alive(0, 1))
+    assert [(q.fragment, q.round_id) for q in new if q.fragment == 1] == [(1, old + 1)]
+    assert s.on_push(push(s, 1, 1), old, 11.1) == (PushOutcome.LATE, None)
+    assert s.rounds[1] is not None and s.rounds[1].pushes == {}
+
+
+def test_unknown_fragment_is_rejected() -> None:
+    s = make()
+    bad = push(s, 0, 1)
+    bad.fragment = P
+    assert s.on_push(bad, 1, 1.0) == (PushOutcome.REJECTED_FRAGMENT, None)
+
+
+def test_decline_removes_learner_from_awaited_set() -> None:
+    s = make()
+    rid = open_round(s, 1)
+    assert s.on_push(push(s, 1, 1, c_steps=0, c_tokens=0), rid, 10.0) == (PushOutcome.DECLINED, None)
+    st = s.round_state(1, alive(0, 1))
+    assert st is not None and st.alive == alive(0)
+    assert s.on_push(push(s, 0, 1), rid, 10.1)[0] is PushOutcome.ACCEPTED
+    merges, wake, _ = s.poll(10.1, alive(0, 1))  # nobody else to wait for: no grace window
+    assert wake is None
+    assert len(merges) == 1 and merges[0].participants == [0]
+    assert "all 1 alive learners reported" in merges[0].reason
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_nonfinite_push_is_rejected_and_never_merged(bad: float) -> None:
+    s = make()
+    before = snapshot_params(s)
+    rid = open_round(s, 1, who=alive(0))
+    q = push(s, 0, 1)
+    name = next(iter(q.tensors))
+    q.tensors[name].view(-1)[0] = bad
+    assert s.on_push(q, rid, 10.1) == (PushOutcome.REJECTED_NONFINITE, None)
+    assert s.rounds[1] is not None and s.rounds[1].pushes == {}
+    merges, _, empty = s.poll(100.0, alive(0))
+    assert merges == [] and empty == []
+    assert s.drain(200.0) == []
+    assert s.versions[1] == 0 and s.merges == 0
+    for n, t in s.params.items():
+        assert torch.isfinite(t).all(), n
+        assert torch.equal(t, before[n]), n
+
+
+def test_wrong_shape_or_names_are_rejected() -> None:
+    s = make()
+    rid = open_round(s, 1)
+    q = push(s, 0, 1)
+    name = next(iter(q.tensors))
+    q.tensors[name] = torch.zeros(q.tensors[name].numel() + 1)
+    assert s.on_push(q, rid, 10.1) == (PushOutcome.REJECTED_SHAPE, None)
+    q = push(s, 0, 1)
+    q.tensors.pop(name)
+    assert s.on_push(q, rid, 10.1) == (PushOutcome.REJECTED_SHAPE, None)
+    q = push(s, 0, 1)
+    q.tensors["not.a.tensor"] = torch.zeros(1)
+    assert s.on_push(q, rid, 10.1) == (PushOutcome.REJECTED_SHAPE, None)
+    q = push(s, 0, 1)
+    q.tensors = {n: t.clone() for n, t in s.fragment(2).items()}  # another fragment's tensors
+    assert s.on_push(q, rid, 10.1) == (PushOutcome.REJECTED_SHAPE, None)
+    assert s.rounds[1] is not None and s.rounds[1].pushes == {}
+
+
+def test_second_push_from_same_learner_supersedes_first() -> None:
+    s = make()
+    rid = open_round(s, 1, who=alive(0))
+    a = push(s, 0, 1, c_steps=2, c_tokens=32, shift=0.5)
+    b = push(s, 0, 1, c_steps=3, c_tokens=48, shift=0.01)
+    assert s.on_push(a, rid, 10.1) == (PushOutcome.ACCEPTED, None)
+    outcome, superseded = s.on_push(b, rid, 10.2)
+    assert outcome is PushOutcome.ACCEPTED and superseded is a
+    assert s.rounds[1] is not None and s.rounds[1].pushes == {0: b}
+    assert s.rounds[1].quorum_at == 10.1  # the quorum time is the first time K pushes were in
+    merges, _, _ = s.poll(10.2, alive(0))
+    assert len(merges) == 1 and merges[0].c_steps == [3] and merges[0].c_tokens == [48]
+
+
+# -- poll, quorum and grace ---------------------------------------------------------------------
+
+
+def test_poll_merges_once_all_awaited_learners_reported() -> None:
+    s = make()
+    rid = open_round(s, 2)
+    s.on_push(push(s, 0, 2), rid, 10.1)
+    s.on_push(push(s, 1, 2), rid, 10.2)
+    merges, wake, empty = s.poll(10.2, alive(0, 1))
+    assert wake is None and empty == []
+    assert len(merges) == 1
+    rec = merges[0]
+    assert (rec.fragment, rec.version, rec.round_id, rec.participants) == (2, 1, rid, [0, 1])
+    assert "all 2 alive learners reported" in rec.reason
+    assert rec.started_at == 10.0 and rec.quorum_at == 10.1 and rec.merged_at == 10.2
+    assert s.rounds[2] is None and s.versions[2] == 1 and s.merges == 1
+    for n, t in rec.tensors.items():
+        assert torch.equal(t, s.params[n])
+    assert s.poll(10.3, alive(0, 1)) == ([], None, [])  # merged exactly once
+
+
+def test_poll_waits_in_grace_window_then_merges_at_wake() -> None:
+    s = make()
+    rid = open_round(s, 1)
+    s.on_push(push(s, 0, 1), rid, 10.1)
+    before = snapshot_params(s)
+    merges, wake, empty = s.poll(10.2, alive(0, 1))
+    assert merges == [] and empty == []
+    assert wake == pytest.approx(10.1 + 0.5)  # no step-time estimate yet: the grace window is the cap
+    assert s.versions[1] == 0
+    for n, t in s.params.items():
+        assert torch.equal(t, before[n])
+    merges, wake2, _ = s.poll(wake - 1e-6, alive(0, 1))
+    assert merges == [] and wake2 == pytest.approx(wake)
+    merges, wake3, _ = s.poll(wake, alive(0, 1))
+    assert wake3 is None
+    assert len(merges) == 1 and merges[0].participants == [0]
+    assert "grace expired" in merges[0].reason
+    assert merges[0].grace_s == pytest.approx(0.5)
+
+
+def test_grace_window_adapts_to_measured_step_time() -> None:
+    s = make()
+    s.on_meta(0, 1, 0.2, 10.0, alive(0, 1))  # opens fragment 1; learner 0 steps in 0.2 s
+    s.on_push(push(s, 0, 1), 1, 10.1)
+    _, wake, _ = s.poll(10.1, alive(0, 1))
+    # grace = gamma * (tau * xi_step - xi_quorum - xi_sync) = 0.5 * (2 * 0.2 - 0.1 - 0) = 0.15
+    assert wake == pytest.approx(10.1 + 0.15)
+
+
+def test_k2_waits_without_deadline_below_quorum() -> None:
+    s = make(min_quorum=2)
+    s.on_meta(1, 1, 0.0, 9.0, alive(0, 1))
+    rid = open_round(s, 1)
+    s.on_push(push(s, 0, 1), rid, 10.1)
+    assert s.poll(50.0, alive(0, 1)) == ([], None, [])
+    s.on_push(push(s, 1, 1), rid, 10.2)
+    assert s.rounds[1] is not None and s.rounds[1].quorum_at == 10.2
+    merges, _, _ = s.poll(10.2, alive(0, 1))
+    assert len(merges) == 1 and merges[0].participants == [0, 1]
+
+
+def test_merge_of_unchanged_copy_keeps_fragment_and_bumps_version() -> None:
+    s = make()
+    before = snapshot_params(s)
+    rid = open_round(s, 3, who=alive(0))
+    s.on_push(push(s, 0, 3, shift=0.0), rid, 10.1)
+    merges, _, _ = s.poll(10.1, alive(0))
+    assert len(merges) == 1
+    rec = merges[0]
+    assert rec.version == 1 and s.versions[3] == 1 and s.merges == 1
+    assert rec.outer_grad_norm == 0.0
+    for n, t in s.params.items():
+        assert torch.equal(t, before[n]), n
+
+
+def test_merge_moves_fragment_and_only_that_fragment() -> None:
+    s = make()
+    before = snapshot_params(s)
+    rid = open_round(s, 3, who=alive(0))
+    s.on_push(push(s, 0, 3, shift=0.01), rid, 10.1)
+    (rec,) = s.poll(10.1, alive(0))[0]
+    assert rec.outer_grad_norm > 0
+    inside = set(s.partition[3])
+    for n, t in s.params.items():
+        if n in inside:
+            assert not torch.equal(t, before[n]), n
+            # single learner, first outer step: Theta - lr*(1+mu)*Delta, Delta = Theta - theta = -0.01
+            # (RDA of one vector is the vector itself)
+            assert_close(t, before[n] + 0.7 * 1.9 * 0.01, rtol=1e-5, atol=1e-6)
+        else:
+            assert torch.equal(t, before[n]), n
+
+
+def test_merge_record_token_weights() -> None:
+    s = make()
+    rid = open_round(s, 1)
+    s.on_push(push(s, 0, 1, c_steps=2, c_tokens=64), rid, 10.1)
+    s.on_push(push(s, 1, 1, c_steps=4, c_tokens=96), rid, 10.1)
+    (rec,) = s.poll(10.1, alive(0, 1))[0]
+    raw = [64**2 / 2, 96**2 / 4]
+    assert rec.weights == pytest.approx([r / sum(raw) for r in raw])
+    assert rec.c_steps == [2, 4] and rec.c_tokens == [64, 96]
+    assert sum(rec.weights) == pytest.approx(1.0)
+
+
+def test_merge_record_equal_weights_without_token_weighting() -> None:
+    s = make(token_weighting=False)
+    rid = open_round(s, 1)
+    s.on_push(push(s, 0, 1, c_steps=2, c_tokens=64), rid, 10.1)
+    s.on_push(push(s, 1, 1, c_steps=4, c_tokens=96), rid, 10.1)
+    (rec,) = s.poll(10.1, alive(0, 1))[0]
+    assert rec.weights == pytest.approx([0.5, 0.5])
+
+
+def test_round_where_everyone_declined_closes_empty() -> None:
+    s = make()
+    before = snapshot_params(s)
+    rid = open_round(s, 2)
+    s.on_push(push(s, 0, 2, c_steps=0, c_tokens=0), rid, 10.1)
+    s.on_push(push(s, 1, 2, c_steps=0, c_tokens=0), rid, 10.1)
+    merges, wake, empty = s.poll(10.1, alive(0, 1))
+    assert merges == [] and wake is None and empty == [2]
+    assert s.rounds[2] is None and s.versions[2] == 0 and s.merges == 0
+    for n, t in s.params.items():
+        assert torch.equal(t, before[n])
+    # the fragment can be pulled again at its next due step
+    pulls = s.on_meta(0, 6, 0.0, 11.0, alive(0, 1))
+    assert (2, rid + 1) in [(q.fragment, q.round_id) for q in pulls]
+
+
+def test_round_whose_learners_all_left_closes_empty() -> None:
+    s = make()
+    open_round(s, 2)  # metadata for step 2 opens fragments 1 and 2
+    assert s.poll(10.1, alive()) == ([], None, [1, 2])
+    assert s.rounds[1] is None and s.rounds[2] is None
+
+
+def test_drain_merges_rounds_with_data_and_closes_all() -> None:
+    s = make()
+    s.on_meta(0, 2, 0.0, 10.0, alive(0, 1))  # opens fragments 1 and 2
+    s.on_push(push(s, 0, 1), 1, 10.1)  # fragment 1 waits for learner 1 in the grace window
+    assert s.poll(10.1, alive(0, 1))[0] == []
+    recs = s.drain(10.2)
+    assert [(r.fragment, r.participants, r.reason) for r in recs] == [(1, [0], "drain at end of run")]
+    assert all(r is None for r in s.rounds)
+    assert s.versions == [0, 1, 0, 0] and s.merges == 1
+
+
+def test_final_push_without_round_opens_one() -> None:
+    s = make()
+    q = push(s, 1, 3, final=True)
+    assert s.on_push(q, None, 20.0) == (PushOutcome.ACCEPTED, None)
+    rnd = s.rounds[3]
+    assert rnd is not None and rnd.pulled == alive(1) and rnd.round_id == 1 and rnd.pushes == {1: q}
+    merges, _, _ = s.poll(20.0, alive(0, 1))  # only the pusher is awaited
+    assert len(merges) == 1 and merges[0].participants == [1] and merges[0].round_id == 1
+    assert s.versions[3] == 1
+
+
+def test_final_push_joins_the_open_round() -> None:
+    s = make()
+    rid = open_round(s, 1)
+    assert s.on_push(push(s, 0, 1), rid, 10.1)[0] is PushOutcome.ACCEPTED
+    assert s.on_push(push(s, 1, 1, final=True), None, 10.2) == (PushOutcome.ACCEPTED, None)
+    assert s.round_ids[1] == rid  # no new round
+    merges, _, _ = s.poll(10.2, alive(0, 1))
+    assert len(merges) == 1 and merges[0].participants == [0, 1] and merges[0].round_id == rid
+
+
+def test_final_push_with_no_progress_declines_and_round_closes_empty() -> None:
+    s = make()
+    assert s.on_push(push(s, 0, 2, c_steps=0, c_tokens=0, final=True), None, 5.0) == (PushOutcome.DECLINED, None)
+    assert s.poll(5.0, alive(0, 1)) == ([], None, [2])
+    assert s.versions[2] == 0
+
+
+def test_k2_round_stuck_below_quorum_is_pulled_again_when_fragment_is_due() -> None:
+    """K = M = 2: learner 1 drops out of fragment 1's round and comes back.
+
+    Its pull was lost with it, so the open round can never reach K pushes by itself. When fragment 1
+    is due again (step 5) the returned learner must be asked for it again, so that the fragment can
+    merge before the end of the run; otherwise every later due step is skipped and fragment 1 is frozen.
+    """
+    s = make(min_quorum=2)
+    s.on_meta(1, 1, 0.0, 9.0, alive(0, 1))
+    rid = open_round(s, 1)
+    assert s.on_push(push(s, 0, 1), rid, 10.1)[0] is PushOutcome.ACCEPTED
+    assert s.poll(10.2, alive(0)) == ([], None, [])  # learner 1 is gone: below quorum, nothing to do
+    # learner 1 is back and both train on past fragment 1's next due step (5) and the one after (9)
+    repulls = []
+    for step in range(2, 10):
+        for m in (0, 1):
+            repulls += [q for q in s.on_meta(m, step, 0.0, 10.0 + step, alive(0, 1)) if q.fragment == 1]
+    assert any(1 in q.learners for q in repulls), (
+        f"fragment 1 never pulled again from the returned learner (skipped_due={s.skipped_due})")
+    latest = max(q.round_id for q in repulls)
+    for m in (0, 1):
+        assert s.on_push(push(s, m, 1), latest, 30.0)[0] is PushOutcome.ACCEPTED
+    s.poll(30.0, alive(0, 1))
+    assert s.versions[1] == 1
+
+
+def test_k2_round_with_a_declined_learner_is_pulled_again_when_fragment_is_due() -> None:
+    """K = M = 2: learner 1 had nothing new for fragment 1 when pulled (c_steps 0) and declined.
+
+    Learner 0's push alone can never make the quorum of 2. By fragment 1's next due step (5) learner 1
+    has trained 4 more steps, so it must be asked again; otherwise fragment 1 is frozen for the run.
+    """
+    s = make(min_quorum=2)
+    s.on_meta(1, 1, 0.0, 9.0, alive(0, 1))
+    rid = open_round(s, 1)
+    assert s.on_push(push(s, 1, 1, c_steps=0, c_tokens=0), rid, 10.0)[0] is PushOutcome.DECLINED
+    assert s.on_push(push(s, 0, 1), rid, 10.1)[0] is PushOutcome.ACCEPTED
+    assert s.poll(10.2, alive(0, 1)) == ([], None, [])
+    repulls = []
+    for step in range(2, 10):
+        for m in (0, 1):
+            repulls += [q for q in s.on_meta(m, step, 0.0, 10.0 + step, alive(0, 1)) if q.fragment == 1]
+    assert any(1 in q.learners for q in repulls), (
+        f"fragment 1 never pulled again from the learner that declined (skipped_due={s.skipped_due})")
+    latest = max(q.round_id for q in repulls)
+    for m in (0, 1):
+        assert s.on_push(push(s, m, 1), latest, 30.0)[0] is PushOutcome.ACCEPTED
+    s.poll(30.0, alive(0, 1))
+    assert s.versions[1] == 1

@@ -1,0 +1,58 @@
+"""End-to-end runs with real processes: a tiny 2 learners x 2 chips run of each algorithm."""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+from conftest import tiny
+
+from harness.events import read_events
+from harness.rundir import CHECKPOINT_FILE, CONFIG_FILE, REPORT_FILE, read_json
+from harness.supervisor import run_scenario
+
+
+def assert_no_survivors(pids: list[int]) -> None:
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], f"processes of the run still alive: {alive}"
+
+
+def test_decoupled_2x2_end_to_end(runs_dir):
+    sc = tiny("decoupled", steps=80)
+    res = run_scenario(sc, runs_dir)
+    rep = res.report
+    for name in (CONFIG_FILE, REPORT_FILE, CHECKPOINT_FILE, "events.jsonl"):
+        assert (res.run_dir / name).exists(), name
+    assert read_json(res.run_dir / CONFIG_FILE)["algorithm"] == "decoupled"
+    # real processes: 4 distinct chip pids in 2 Gloo groups, none left afterwards
+    assert len(rep["chip_pids"]) == 4
+    assert rep["gloo_groups"] == ["learner0/gen0", "learner1/gen0"]
+    assert_no_survivors(res.pids + rep["chip_pids"])
+    # every learner ran all its steps, the syncer merged, the model learned
+    assert {m: d["steps"] for m, d in rep["per_learner"].items()} == {"0": 80, "1": 80}
+    assert rep["tokens_trained"] == 2 * 80 * 2 * sc.data.batch_size * sc.model.seq_len
+    assert rep["merge_count"] >= 80 // sc.diloco.sync_every
+    assert 0 < rep["tokens_merged"] <= rep["tokens_trained"]
+    assert rep["initial_eval_loss"] == pytest.approx(5.55, abs=0.1)
+    assert rep["final_eval_loss"] < rep["initial_eval_loss"] - 1.5, rep["final_eval_loss"]
+    assert rep["global_model_finite"] is True
+    assert rep["errors"] == [] and rep["pushes_rejected"] == 0 and rep["frames_rejected"] == 0
+    # the event log tells the algorithm's story: pulls, pushes with step ranges, weighted merges, applies
+    evs = read_events(res.run_dir / "events.jsonl")
+    kinds = {e["ev"] for e in evs}
+    assert {"pull", "push", "merge", "apply", "step", "learner_join", "eval"} <= kinds
+    merges = [e for e in evs if e["ev"] == "merge"]
+    assert all(abs(sum(e["weights"]) - 1) < 1e-5 for e in merges)
+    assert all(len(e["step_ranges"]) == len(e["participants"]) for e in merges)
+
+
+@pytest.mark.parametrize("algorithm", ["ddp", "diloco"])
+def test_baselines_2x1_converge(runs_dir, algorithm):
+    res = run_scenario(tiny(algorithm, chips=1, steps=60), runs_dir)
+    rep = res.report
+    assert rep["algorithm"] == algorithm
+    assert {m: d["steps"] for m, d in rep["per_learner"].items()} == {"0": 60, "1": 60}
+    expected_rounds = 60 if algorithm == "ddp" else 60 // 4
+    assert rep["merge_count"] == expected_rounds
+    assert rep["tokens_merged"] == rep["tokens_trained"]  # synchronous: every token reaches the model
+    assert rep["final_eval_loss"] < rep["initial_eval_loss"] - 1.5
+    assert_no_survivors(res.pids + rep["chip_pids"])
