@@ -2,6 +2,8 @@
 
     diloco-chaos run [SCENARIO.toml] [--algorithm ddp|diloco|decoupled] [--runs-dir DIR]
     diloco-chaos scenarios        list the built-in scenarios
+    diloco-chaos toxiproxy-server [--host H] [--port P] [--seed N] [--log-level L]
+                                  run the embedded Toxiproxy-compatible server until SIGINT/SIGTERM
 
 Bad scenario values are reported (key and allowed range) and exit with code 2
 before any process starts.
@@ -50,6 +52,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_toxiproxy_server(args: argparse.Namespace) -> int:
+    from chaos import toxiproxy_server
+
+    # main() below calls logging.basicConfig, a no-op once ours above has run: set the level here.
+    logging.getLogger().setLevel(args.log_level)
+    return toxiproxy_server.main(["--host", args.host, "--port", str(args.port), "--seed", str(args.seed),
+                                  "--log-level", args.log_level])
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     parser = argparse.ArgumentParser(prog="diloco-chaos", description=__doc__.split("\n")[0])
@@ -64,6 +75,13 @@ def main(argv: list[str] | None = None) -> int:
     run.set_defaults(func=cmd_run)
     sc = sub.add_parser("scenarios", help="list the built-in scenarios")
     sc.set_defaults(func=lambda a: print("\n".join(scenario_mod.builtin_names())) or 0)
+    tps = sub.add_parser("toxiproxy-server", help="run the embedded Toxiproxy-compatible server (foreground)")
+    tps.add_argument("--host", default="127.0.0.1", help="API listen host (default 127.0.0.1)")
+    tps.add_argument("--port", type=int, default=8474, help="API listen port (default 8474)")
+    tps.add_argument("--seed", type=int, default=0, help="seed for jitter/toxicity/slicer randomness (default 0)")
+    tps.add_argument("--log-level", default="INFO", type=str.upper,
+                     choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], help="logging level (default INFO)")
+    tps.set_defaults(func=cmd_toxiproxy_server)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

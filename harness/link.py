@@ -5,8 +5,10 @@ and a newer push of a fragment replaces an unsent older one; `poll` only
 drains what the reader thread already received. Two background threads do
 the I/O: the manager connects (with exponential backoff), authenticates
 (HMAC over the syncer's nonce with the run's secret) and reads frames; the
-writer sends queued frames and a heartbeat whenever the link has been idle
-for `heartbeat_s`. Any socket error, timeout or rejected frame closes the
+writer sends queued frames and, every `heartbeat_s` whatever else is queued,
+a PING stamped with its send time; the syncer echoes it as a PONG, which
+gives the link's round-trip time as this learner sees it (an `rtt` event)
+and doubles as the heartbeat. Any socket error, timeout or rejected frame closes the
 connection and the manager reconnects; on every (re)connect the syncer sends
 the current global fragments, which is how a rejoining learner pulls state.
 
@@ -72,6 +74,7 @@ class SyncerLink:
         self.fatal: str | None = None
         self.connects = 0
         self.frames_rejected = 0
+        self._ping_seq = 0
         self._threads = [threading.Thread(target=self._manage, name=f"link{learner}-mgr", daemon=True),
                          threading.Thread(target=self._write, name=f"link{learner}-wr", daemon=True)]
 
@@ -239,6 +242,10 @@ class SyncerLink:
                 return
             if msg.type is MsgType.PULL:
                 self._answer_pull(int(msg.meta["fragment"]), int(msg.meta["round"]))
+            elif msg.type is MsgType.PONG:
+                if int(msg.meta.get("learner", -1)) == self.learner:
+                    rtt = time.monotonic() - float(msg.meta["t"])
+                    self.events.log("rtt", learner=self.learner, seq=int(msg.meta["seq"]), ms=round(rtt * 1e3, 3))
             elif msg.type is MsgType.FRAGMENT:
                 merged = message_to_merged(msg)
                 with self._cv:
@@ -262,13 +269,13 @@ class SyncerLink:
             self._cv.notify_all()
 
     def _write(self) -> None:
-        last_sent = time.monotonic()
+        last_ping = time.monotonic()
         while True:
             with self._cv:
                 while not self._closed:
                     if self._wsock is not None and self._outbox:
                         break
-                    left = last_sent + self.t.heartbeat_s - time.monotonic()
+                    left = last_ping + self.t.heartbeat_s - time.monotonic()
                     if self._wsock is not None and left <= 0:
                         break
                     self._cv.wait(max(0.001, left) if self._wsock is not None else None)
@@ -279,10 +286,13 @@ class SyncerLink:
                     if self._closed:
                         return
                     continue
-                if self._outbox:
+                if self._closed or time.monotonic() - last_ping < self.t.heartbeat_s:
                     key, msg = self._outbox.popitem(last=False)
-                else:
-                    key, msg = None, Message(MsgType.HEARTBEAT, {"learner": self.learner})
+                else:  # a ping goes first: stamped now, so its round trip excludes our own queue
+                    self._ping_seq += 1
+                    last_ping = time.monotonic()
+                    key, msg = None, Message(MsgType.PING, {"learner": self.learner, "seq": self._ping_seq,
+                                                            "t": last_ping})
             t0 = time.monotonic()
             try:
                 n = send_message(sock, msg, self.t.socket_op_s)

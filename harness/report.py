@@ -13,6 +13,7 @@ Definitions (see docs/metrics.md):
 from __future__ import annotations
 
 import os
+import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -70,10 +71,12 @@ def build_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         d["first_t"] = e["t"] if d["first_t"] is None else min(d["first_t"], e["t"])
         d["last_t"] = e["t"] if d["last_t"] is None else max(d["last_t"], e["t"])
     per_learner = {}
+    links = link_figures(evs)
     for m, d in sorted(per.items()):
         span = (d["last_t"] - d["first_t"]) if d["steps"] > 1 else 0.0
         per_learner[str(m)] = {"steps": d["steps"], "tokens": d["tokens"],
-                               "steps_per_s": round((d["steps"] - 1) / span, 3) if span > 0 else None}
+                               "steps_per_s": round((d["steps"] - 1) / span, 3) if span > 0 else None,
+                               "link": links.get(m, {})}
     evals = [e for e in evs if e["ev"] == "eval"]
     periodic = [{"t": round(e["t"] - start, 3), "version": e["version"], "tokens_merged": e["tokens_merged"],
                  "loss": round(e["loss"], 5)} for e in evals if e.get("kind") == "periodic"]
@@ -110,4 +113,56 @@ def build_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         "eval_curve": periodic,
         "longest_gap_s": round(longest_gap([e["t"] for e in merges], train_start, train_end), 3),
         "errors": errors,
+        "links": next(({"backend": e["backend"], "version": e["version"]} for e in evs if e["ev"] == "links_ready"),
+                      {"backend": "off"}),
+        "faults": fault_timeline(evs, start),
     }
+
+
+def link_figures(evs: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Per learner: push throughput as the syncer received it, round trip as the learner measured it.
+
+    push_KBps = bytes of data frames that arrived after their frame's header / seconds from each header to
+    the frame's last byte, over all the learner's connections (KB = 1000 bytes, Toxiproxy's unit); None when
+    frames arrived whole (an unthrottled loopback link: too fast to measure this way).
+    rtt_ms: PING->PONG as the learner measured it, median and min.
+    """
+    out: dict[int, dict[str, Any]] = defaultdict(dict)
+    stats: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
+    for e in evs:
+        if e["ev"] == "link_stats" and e.get("learner") is not None:
+            acc = stats[e["learner"]]
+            acc[0] += e["data_bytes"]
+            acc[1] += e["data_rx_s"]
+            acc[2] += e["data_frames"]
+            acc[3] += e.get("data_late_bytes", 0)
+    for m, (nbytes, secs, frames, late) in stats.items():
+        out[m]["push_bytes"] = int(nbytes)
+        out[m]["push_frames"] = int(frames)
+        out[m]["push_KBps"] = round(late / secs / 1000, 3) if secs > 0.01 else None
+    rtts: dict[int, list[float]] = defaultdict(list)
+    for e in evs:
+        if e["ev"] == "rtt":
+            rtts[e["learner"]].append(e["ms"])
+    for m, xs in rtts.items():
+        out[m]["rtt_ms_median"] = round(statistics.median(xs), 3)
+        out[m]["rtt_ms_min"] = round(min(xs), 3)
+        out[m]["rtt_samples"] = len(xs)
+    for m in {e["learner"] for e in evs if e["ev"] == "link_up"}:
+        ups = sum(1 for e in evs if e["ev"] == "link_up" and e["learner"] == m)
+        out[m]["reconnects"] = max(0, ups - 1)
+        out[m]["link_downs"] = sum(1 for e in evs if e["ev"] == "link_down" and e["learner"] == m)
+    return dict(out)
+
+
+def fault_timeline(evs: list[dict[str, Any]], start: float) -> list[dict[str, Any]]:
+    """Each scheduled fault: what, when it started and ended (seconds since run start), and why."""
+    out: dict[int, dict[str, Any]] = {}
+    for e in evs:
+        if e["ev"] == "fault_start":
+            out[e["index"]] = {"index": e["index"], "describe": e["describe"], "start_s": round(e["t"] - start, 3),
+                               "start_reason": e["reason"], "start_progress": e["progress"], "end_s": None}
+        elif e["ev"] == "fault_end" and e["index"] in out:
+            out[e["index"]].update(end_s=round(e["t"] - start, 3), end_reason=e["reason"],
+                                   end_progress=e["progress"])
+    return [out[i] for i in sorted(out)]

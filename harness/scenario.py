@@ -17,6 +17,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from chaos.schedule import LINK_ACTIONS, FaultSpec, ScheduleError, parse_fault
+from chaos.toxiproxy_backend import PROXY_MODES
 from trainers.config import ALGORITHMS, DilocoConfig, TrainConfig, bounded, choice
 from trainers.data import CORPUS_NAMES, DataConfig
 from trainers.model import ModelConfig
@@ -76,6 +78,19 @@ class Timeouts:
 
 
 @dataclass(frozen=True)
+class LinksConfig:
+    """The learner<->syncer links: one Toxiproxy proxy per learner, so any of them can be degraded."""
+
+    proxy: str = choice("auto", PROXY_MODES)
+    """auto: TOXIPROXY_URL, else toxiproxy-server on PATH, else the embedded server; embedded: always the
+    embedded server; off: learners connect to the syncer directly (no link faults possible)."""
+    http_timeout_s: float = bounded(5.0, 0.1, 600.0)
+    """Timeout of every call to the Toxiproxy HTTP API (toxiproxy-python sets none of its own)."""
+    step_time_s: float = bounded(0.15, 0.001, 3600.0)
+    """Inner-step time WAN profiles are scaled to (0.15 s: the default scenario on 2 cores)."""
+
+
+@dataclass(frozen=True)
 class EvalConfig:
     """Eval loss of the global model, computed by the syncer off the learners' hot path."""
 
@@ -102,9 +117,19 @@ class Scenario:
     diloco: DilocoConfig = field(default_factory=DilocoConfig)
     timeouts: Timeouts = field(default_factory=Timeouts)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    links: LinksConfig = field(default_factory=LinksConfig)
+    faults: tuple[FaultSpec, ...] = ()
+    """Scheduled faults, `[[faults]]` tables (chaos/schedule.py): action, learner, at, until, parameters."""
 
     def replace(self, **changes: Any) -> Scenario:
-        """A copy with top-level fields changed, validated again."""
+        """A copy with top-level fields changed, validated again. `faults` may be given as tables."""
+        if "faults" in changes:
+            learners = changes.get("topology", self.topology).learners
+            try:
+                changes["faults"] = tuple(parse_fault(f, f"faults[{i}]", learners)
+                                          for i, f in enumerate(changes["faults"]))
+            except ScheduleError as e:
+                raise ScenarioError(str(e)) from None
         out = dataclasses.replace(self, **changes)
         validate(out)
         return out
@@ -149,6 +174,11 @@ def _build(cls: type, table: Any, prefix: str, ranges: dict[str, tuple[float, fl
     for name, value in table.items():
         f = fields[name]
         key = f"{prefix}.{name}" if prefix else name
+        if cls is Scenario and name == "faults":
+            if not isinstance(value, (list, tuple)):
+                raise ScenarioError(f"faults = {value!r}: must be an array of tables ([[faults]])")
+            kwargs[name] = tuple(_fault(v, i, table) for i, v in enumerate(value))
+            continue
         if dataclasses.is_dataclass(f.type) or (f.default_factory is not dataclasses.MISSING):  # nested table
             sub = f.default_factory()  # type: ignore[misc]
             sub_ranges = {"model": _MODEL_RANGES, "data": _DATA_RANGES}.get(name)
@@ -159,6 +189,15 @@ def _build(cls: type, table: Any, prefix: str, ranges: dict[str, tuple[float, fl
     obj = cls(**kwargs)
     _check_ranges(obj, prefix, ranges or {})
     return obj
+
+
+def _fault(raw: Any, i: int, table: dict[str, Any]) -> FaultSpec:
+    learners = table.get("topology", {}).get("learners", Topology().learners)
+    learners = learners if isinstance(learners, int) and learners > 0 else Topology().learners
+    try:
+        return parse_fault(raw, f"faults[{i}]", learners)
+    except ScheduleError as e:
+        raise ScenarioError(str(e)) from None
 
 
 def _check_ranges(obj: Any, prefix: str, extra: dict[str, tuple[float, float]]) -> None:
@@ -177,9 +216,16 @@ def validate(sc: Scenario) -> None:
     """Check ranges and the rules that tie fields together. Raises ScenarioError."""
     _check_ranges(sc, "", {})
     for name, sub_ranges in (("topology", {}), ("model", _MODEL_RANGES), ("data", _DATA_RANGES), ("train", {}),
-                             ("diloco", {}), ("timeouts", {}), ("eval", {})):
+                             ("diloco", {}), ("timeouts", {}), ("eval", {}), ("links", {})):
         _check_ranges(getattr(sc, name), name, sub_ranges)
     m = sc.topology.learners
+    for i, f in enumerate(sc.faults):
+        try:
+            parse_fault(f, f"faults[{i}]", m)
+        except ScheduleError as e:
+            raise ScenarioError(str(e)) from None
+    if sc.links.proxy == "off" and any(f.action in LINK_ACTIONS for f in sc.faults):
+        raise ScenarioError("links.proxy = 'off': link faults need proxies; use auto or embedded")
     if sc.diloco.min_quorum > m:
         raise ScenarioError(
             f"diloco.min_quorum = {sc.diloco.min_quorum}: must be in [1, topology.learners = {m}]"

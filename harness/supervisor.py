@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from harness.chip import ChipSpec, chip_main
 from harness.events import EVENTS_FILE, EventLog, EventTail
+from harness.fault_runner import FaultRunner
 from harness.rundir import CONFIG_FILE, PROCESSES_FILE, REPORT_FILE, make_run_dir, write_json
 from harness.scenario import Scenario, validate
 from harness.syncer_service import SyncerSpec, syncer_main
@@ -35,6 +36,10 @@ from harness.wire import new_secret
 
 log = logging.getLogger(__name__)
 
+POLL_S = 0.25
+"""How often the supervisor reads new events and checks its processes."""
+FAULT_POLL_S = 0.05
+"""The same while a scheduled fault waits for its trigger: a fault fires within this of its step."""
 PRELOAD = ["torch", "torch.distributed", "harness.chip", "harness.syncer_service"]
 _ctx: Any = None
 
@@ -46,6 +51,14 @@ def context() -> Any:
         _ctx = mp.get_context("forkserver")
         _ctx.set_forkserver_preload(PRELOAD)
     return _ctx
+
+
+def fragment_bytes(sc: Scenario) -> int:
+    """Average bytes of one fragment on the wire (float32), for scaling WAN profiles."""
+    from trainers.model import build_model
+
+    n = sum(p.numel() for p in build_model(sc.model, 0).parameters())
+    return n * 4 // (sc.diloco.fragments if sc.algorithm == "decoupled" else 1)
 
 
 class RunFailed(RuntimeError):
@@ -82,6 +95,8 @@ class Supervisor:
         self.events = EventLog(self.run_dir / EVENTS_FILE, "supervisor")
         self.secret = new_secret()
         self.store: Any = None
+        self.links: Any = None
+        self.faults: FaultRunner | None = None
 
     def _start(self, name: str, target: Any, args: tuple) -> None:
         p = context().Process(target=target, args=args, name=name, daemon=False)
@@ -109,17 +124,28 @@ class Supervisor:
             if not parent.poll(t.startup_s):
                 raise RunFailed(f"syncer did not report its port within timeouts.startup_s = {t.startup_s}s")
             port = parent.recv()
+            ports = {m: port for m in range(sc.topology.learners)}
+            if sc.links.proxy != "off":
+                from harness.link_proxies import RunLinks
+
+                self.links = RunLinks.open(sc, port, self.events, fragment_bytes(sc))
+                ports = self.links.ports
+            self.faults = FaultRunner(sc.faults, self.links.chaos if self.links else None, self.events)
             for m in range(sc.topology.learners):
                 for r in range(sc.topology.chips_per_learner):
                     cs = ChipSpec(str(self.run_dir), sc.to_dict(), m, r, sc.topology.chips_per_learner, 0,
-                                  self.store.port, port, self.secret.hex(), os.getpid())
+                                  self.store.port, ports[m], self.secret.hex(), os.getpid())
                     self._start(f"learner{m}.chip{r}", chip_main, (cs,))
             self._watch(stop, t0)
         except (KeyboardInterrupt, _Terminate) as e:
             self.events.log("run_interrupted", reason=type(e).__name__)
             raise
         finally:
+            if self.faults is not None:
+                self.faults.stop_all(time.monotonic() - t0)
             self._stop_all()
+            if self.links is not None:
+                self.links.close(t.shutdown_s)
             if old_term is not None:
                 signal.signal(signal.SIGTERM, old_term)
             self.events.log("run_end", wall_s=time.monotonic() - t0)
@@ -136,9 +162,13 @@ class Supervisor:
         tail = EventTail(self.run_dir / EVENTS_FILE)
         chips = {n: p for n, p in self.procs.items() if n != "syncer"}
         syncer = self.procs["syncer"]
+        faults = self.faults
         while True:
+            new = tail.poll()
             if self.on_events is not None:
-                self.on_events(tail.poll())
+                self.on_events(new)
+            if faults is not None:
+                faults.tick(new, time.monotonic() - t0)
             if time.monotonic() - t0 > t.run_s:
                 raise RunFailed(f"run exceeded timeouts.run_s = {t.run_s}s")
             failed = {n: p.exitcode for n, p in chips.items() if p.exitcode not in (None, 0)}
@@ -154,7 +184,8 @@ class Supervisor:
                 if self.on_events is not None:
                     self.on_events(tail.poll())
                 return
-            _wait_any([p for p in [*chips.values(), syncer] if p.exitcode is None], 0.25)
+            poll_s = FAULT_POLL_S if faults is not None and faults.pending() else POLL_S
+            _wait_any([p for p in [*chips.values(), syncer] if p.exitcode is None], poll_s)
 
     def _stop_all(self) -> None:
         """SIGTERM every live process of the run, then SIGKILL what remains after shutdown_s."""

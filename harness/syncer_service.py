@@ -35,6 +35,7 @@ from harness.procutil import cpu_seconds
 from harness.rundir import atomic_torch_save
 from harness.scenario import Scenario
 from harness.wire import (
+    HEADER,
     ConnectionClosed,
     FrameError,
     Message,
@@ -55,6 +56,9 @@ OUTQ_MAX = 256
 EVAL_SEQS = 16
 
 
+DATA_FRAMES = frozenset({MsgType.PUSH, MsgType.GRADS, MsgType.PARAMS})
+
+
 @dataclass
 class Conn:
     """One learner connection: its socket, outbound queue and liveness."""
@@ -67,6 +71,12 @@ class Conn:
     closed: threading.Event = field(default_factory=threading.Event)
     bytes_in: int = 0
     bytes_out: int = 0
+    data_frames: int = 0
+    data_bytes: int = 0
+    data_late_bytes: int = 0
+    data_rx_s: float = 0.0
+    opened_at: float = field(default_factory=time.monotonic)
+    stats_logged: bool = False
 
 
 def max_frame_bytes(sc: Scenario) -> int:
@@ -164,9 +174,10 @@ class SyncerService:
         conn.learner = learner
         self.inbox.put(("join", conn, None))
         threading.Thread(target=self._writer, args=(conn,), name=f"wr{conn.cid}", daemon=True).start()
+        timing: dict[str, float] = {}
         while not conn.closed.is_set():
             try:
-                msg = recv_message(conn.sock, self.max_frame, self.t.liveness_s)
+                msg = recv_message(conn.sock, self.max_frame, self.t.liveness_s, timing)
             except FrameError as e:
                 self.frames_rejected += 1
                 self.events.log("frame_rejected", learner=learner, side="syncer", kind=e.kind, error=str(e))
@@ -175,9 +186,32 @@ class SyncerService:
             except (OSError, ConnectionClosed) as e:
                 self._close(conn, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
                 break
+            conn.bytes_in += int(timing["bytes"])
+            if msg.type is MsgType.PING:
+                self._send(conn, Message(MsgType.PONG, msg.meta))
+                continue
+            if msg.type in DATA_FRAMES:  # what the link's bandwidth is measured on, as the syncer receives it
+                conn.data_frames += 1
+                conn.data_bytes += int(timing["bytes"])
+                late = int(timing["bytes"]) - HEADER.size - int(timing["ready_bytes"])
+                if late > 0:  # bytes that arrived after the header: what the link's rate is measured on
+                    conn.data_late_bytes += late
+                    conn.data_rx_s += timing["end_t"] - timing["header_t"]
             if msg.type is not MsgType.HEARTBEAT:
                 self.inbox.put(("msg", conn, msg))
+        self._log_link_stats(conn)
         self.inbox.put(("leave", conn, None))
+
+    def _log_link_stats(self, conn: Conn) -> None:
+        """Once per connection: what crossed it, and how long its data frames took to arrive."""
+        with self.lock:
+            if conn.stats_logged or conn.learner is None:
+                return
+            conn.stats_logged = True
+        self.events.log("link_stats", learner=conn.learner, peer=conn.peer,
+                        seconds=round(time.monotonic() - conn.opened_at, 6), bytes_in=conn.bytes_in,
+                        bytes_out=conn.bytes_out, data_frames=conn.data_frames, data_bytes=conn.data_bytes,
+                        data_late_bytes=conn.data_late_bytes, data_rx_s=round(conn.data_rx_s, 6))
 
     def _writer(self, conn: Conn) -> None:
         wsock = conn.sock.dup()
@@ -417,6 +451,7 @@ class SyncerService:
             conns = list(self.conns.values())
         for conn in conns:
             self._close(conn, "syncer finished")
+            self._log_link_stats(conn)
 
     def save_checkpoint(self, name: str) -> str:
         path = os.path.join(self.run_dir, name)

@@ -45,6 +45,7 @@ with an HMAC-SHA256 over the nonce and its learner id.
 from __future__ import annotations
 
 import enum
+import fcntl
 import hashlib
 import hmac
 import json
@@ -52,6 +53,7 @@ import math
 import secrets
 import socket
 import struct
+import termios
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -119,6 +121,8 @@ class MsgType(enum.IntEnum):
     BYE = 18
     ERROR = 19
     META = 20
+    PING = 21
+    PONG = 22
 
 
 _MSG_TYPE_VALUES = frozenset(int(t) for t in MsgType)
@@ -330,6 +334,15 @@ def send_message(sock: socket.socket, msg: Message, timeout_s: float) -> int:
     return len(frame)
 
 
+def _readable_bytes(sock: socket.socket) -> int:
+    """Bytes waiting in the socket's receive buffer (Linux FIONREAD); 0 where unsupported."""
+    try:
+        buf = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    except OSError:
+        return 0
+    return int(struct.unpack("i", buf)[0])
+
+
 def _recv_exact(sock: socket.socket, view: memoryview, deadline: float, what: str) -> int:
     """Fill ``view`` from ``sock`` before ``deadline``; return the bytes read (short only on EOF)."""
     got = 0
@@ -346,7 +359,8 @@ def _recv_exact(sock: socket.socket, view: memoryview, deadline: float, what: st
     return got
 
 
-def recv_message(sock: socket.socket, max_frame_bytes: int, timeout_s: float) -> Message:
+def recv_message(sock: socket.socket, max_frame_bytes: int, timeout_s: float,
+                 timing: dict[str, float] | None = None) -> Message:
     """Receive and decode exactly one frame, within ``timeout_s`` overall.
 
     Raises :class:`ConnectionClosed` on EOF before the first header byte,
@@ -355,6 +369,13 @@ def recv_message(sock: socket.socket, max_frame_bytes: int, timeout_s: float) ->
     over ``max_frame_bytes``, refused before any payload byte is read) /
     :class:`BadChecksum` / :class:`BadPayload` for rejected frames,
     ``TimeoutError`` when the deadline passes, and ``OSError`` for socket errors.
+
+    If ``timing`` is given, it receives ``header_t`` (monotonic time the header
+    had arrived), ``ready_bytes`` (bytes already waiting in the socket then),
+    ``end_t`` (the whole frame had arrived) and ``bytes`` (frame size). The
+    link's rate as the receiver saw it is then (bytes - header - ready_bytes)
+    / (end_t - header_t): only bytes that arrived after the header count,
+    so a throttled link delivering in pieces is measured exactly.
 
     This sets the socket's timeout; see :func:`send_message`.
     """
@@ -366,6 +387,9 @@ def recv_message(sock: socket.socket, max_frame_bytes: int, timeout_s: float) ->
     if got < HEADER.size:
         raise Truncated(f"connection closed after {got} of {HEADER.size} header bytes")
 
+    if timing is not None:
+        timing["header_t"] = time.monotonic()
+        timing["ready_bytes"] = _readable_bytes(sock)
     magic, version, msg_type, _flags, length, crc = HEADER.unpack(header)
     if magic != MAGIC:
         raise BadMagic(f"bad magic {bytes(magic)!r}, expected {MAGIC!r}")
@@ -380,6 +404,9 @@ def recv_message(sock: socket.socket, max_frame_bytes: int, timeout_s: float) ->
     got = _recv_exact(sock, memoryview(payload), deadline, "payload")
     if got < length:
         raise Truncated(f"connection closed after {got} of {length} payload bytes")
+    if timing is not None:
+        timing["end_t"] = time.monotonic()
+        timing["bytes"] = HEADER.size + length
     if zlib.crc32(payload) != crc:
         raise BadChecksum(f"payload crc32 {zlib.crc32(payload):#010x} != header {crc:#010x}")
     return decode_payload(msg_type, payload)

@@ -40,6 +40,8 @@ steps = {steps}
 [diloco]
 fragments = 4
 sync_every = 4
+[links]
+proxy = "embedded"
 """
     )
     return path
@@ -53,7 +55,8 @@ def run_pids(runs: Path) -> list[int] | None:
     events = [json.loads(x) for x in dirs[0].read_text().splitlines() if x.endswith("}")]
     started = [e["child_pid"] for e in events if e["ev"] == "process_start"]
     stepped = {e["learner"] for e in events if e["ev"] == "step"}
-    return started if len(started) == 5 and stepped == {0, 1} else None
+    # syncer, the embedded Toxiproxy server and 2 x 2 chips
+    return started if len(started) == 6 and stepped == {0, 1} else None
 
 
 def assert_all_gone(pids: list[int], timeout: float = 15.0) -> None:

@@ -88,8 +88,8 @@ def test_build_report_on_handmade_run(tmp_path: Path) -> None:
     assert r["chip_pids"] == [201, 202]
     assert r["gloo_groups"] == ["learner0", "learner1"]
     assert r["per_learner"] == {
-        "0": {"steps": 5, "tokens": 160, "steps_per_s": 1.0},
-        "1": {"steps": 3, "tokens": 144, "steps_per_s": 0.5},
+        "0": {"steps": 5, "tokens": 160, "steps_per_s": 1.0, "link": {}},
+        "1": {"steps": 3, "tokens": 144, "steps_per_s": 0.5, "link": {}},
     }
     assert r["tokens_trained"] == 304
     assert r["merge_count"] == 3
@@ -116,7 +116,7 @@ def test_build_report_without_merges_or_evals(tmp_path: Path) -> None:
     assert r["merge_count"] == 0 and r["tokens_merged"] == 0
     assert r["longest_gap_s"] == pytest.approx(2.0)  # first step 11 to last step 13, nothing merged
     assert r["initial_eval_loss"] is None and r["final_eval_loss"] is None and r["global_model_finite"] is None
-    assert r["per_learner"] == {"0": {"steps": 3, "tokens": 24, "steps_per_s": 1.0}}
+    assert r["per_learner"] == {"0": {"steps": 3, "tokens": 24, "steps_per_s": 1.0, "link": {}}}
     assert r["errors"] == [{"proc": "learner0.chip0", "ev": "chip_error", "error": "boom"}]
 
 
@@ -180,3 +180,32 @@ def test_event_tail_returns_only_new_lines(tmp_path: Path) -> None:
         f.write(b': 1}\n{"ev": "e"}\n')
     assert [(e["ev"], e.get("x")) for e in tail.poll()] == [("d", 1), ("e", None)]
     assert tail.poll() == []
+
+
+def test_link_figures_measure_late_bytes_and_round_trips() -> None:
+    from harness.report import fault_timeline, link_figures
+
+    evs = [
+        {"ev": "link_up", "learner": 1, "t": 0.0}, {"ev": "link_down", "learner": 1, "t": 1.0},
+        {"ev": "link_up", "learner": 1, "t": 2.0},
+        # two connections of learner 1: 300 KB arrived after their headers, over 1.5 s in all
+        {"ev": "link_stats", "learner": 1, "t": 1.0, "data_bytes": 120_000, "data_late_bytes": 100_000,
+         "data_rx_s": 0.5, "data_frames": 2},
+        {"ev": "link_stats", "learner": 1, "t": 3.0, "data_bytes": 250_000, "data_late_bytes": 200_000,
+         "data_rx_s": 1.0, "data_frames": 3},
+        # learner 0: frames arrived whole, nothing to time
+        {"ev": "link_stats", "learner": 0, "t": 3.0, "data_bytes": 9_000, "data_late_bytes": 0,
+         "data_rx_s": 0.0, "data_frames": 3},
+        *({"ev": "rtt", "learner": 0, "ms": ms} for ms in (3.0, 1.0, 9.0)),
+        {"ev": "fault_start", "index": 0, "t": 11.0, "describe": "partition(learner 1)", "reason": "r1",
+         "progress": {"merges": 3}},
+        {"ev": "fault_end", "index": 0, "t": 12.5, "describe": "partition(learner 1)", "reason": "r2",
+         "progress": {"merges": 9}},
+    ]
+    figs = link_figures(evs)
+    assert figs[1]["push_KBps"] == 200.0 and figs[1]["push_bytes"] == 370_000 and figs[1]["push_frames"] == 5
+    assert figs[1]["reconnects"] == 1 and figs[1]["link_downs"] == 1
+    assert figs[0]["push_KBps"] is None and figs[0]["push_bytes"] == 9_000
+    assert (figs[0]["rtt_ms_median"], figs[0]["rtt_ms_min"], figs[0]["rtt_samples"]) == (3.0, 1.0, 3)
+    (f,) = fault_timeline(evs, start=10.0)
+    assert (f["start_s"], f["end_s"], f["start_reason"], f["end_reason"]) == (1.0, 2.5, "r1", "r2")

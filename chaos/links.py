@@ -1,0 +1,269 @@
+"""Link chaos: degrade, partition, flap, reset or slice one learner's link, through its Toxiproxy proxy.
+
+Every learner reaches the syncer only through its proxy `learner-<i>`, so a
+toxic on that proxy is a fault on that learner's WAN link and nowhere else.
+Each call returns a `LinkFault`: a scope that is removed by `clear()`, by
+leaving its `with` block, or by `LinkChaos.clear_all()` (which the supervisor
+calls at the end of every run, failed or not).
+
+Deterministic by construction: every toxic we send has toxicity 1.0 and no
+Toxiproxy-side randomness (Toxiproxy's `-seed` has had no effect since 2.9).
+Jitter is drawn by the harness from the run's seed and applied by updating
+the latency toxic every `JITTER_PERIOD_S`; the sequence of values is fixed
+by the seed, only their timing is wall-clock.
+
+Units: `latency_ms` and `jitter_ms` are round-trip figures, applied half on
+each direction; `bandwidth_kbps` is kilobits per second on each direction,
+sent to Toxiproxy as `rate` = kbps / 8 KB/s (Toxiproxy's KB is 1000 bytes
+and its rate is per connection, which is per learner here: one connection
+per link).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from chaos.schedule import FaultSpec
+from chaos.toxiproxy_client import ToxiproxyClient, ToxiproxyError
+from chaos.wan_profiles import WAN_PROFILES
+
+log = logging.getLogger(__name__)
+
+JITTER_PERIOD_S = 0.2
+"""How often a jittered latency toxic gets a new seeded value."""
+STREAMS = ("upstream", "downstream")
+
+
+def _no_event(ev: str, /, **fields: Any) -> None:
+    pass
+
+
+def proxy_name(learner: int) -> str:
+    return f"learner-{learner}"
+
+
+@dataclass
+class LinkFault:
+    """One active fault on one learner's link; `clear()` (idempotent) removes it."""
+
+    kind: str
+    learner: int
+    toxics: list[tuple[str, str]] = field(default_factory=list)
+    disabled: bool = False
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+    owner: LinkChaos | None = None
+    cleared: bool = False
+
+    def clear(self) -> None:
+        if self.owner is not None:
+            self.owner._clear(self)
+
+    def __enter__(self) -> LinkFault:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.clear()
+
+
+class LinkChaos:
+    """Faults on learner links; every fault it made is removed by `clear_all()`."""
+
+    def __init__(self, client: ToxiproxyClient, learners: int, seed: int = 0,
+                 on_event: Callable[..., None] | None = None, fragment_bytes: int = 0, step_s: float = 0.1) -> None:
+        self.client = client
+        self.learners = learners
+        self.seed = seed
+        self.on_event = on_event or _no_event
+        self.fragment_bytes = fragment_bytes
+        self.step_s = step_s
+        self._lock = threading.Lock()
+        self._active: list[LinkFault] = []
+        self._ids = itertools.count(1)
+
+    # -- the chaos API ---------------------------------------------------------------------------
+    def degrade(self, learner: int, latency_ms: float = 0.0, jitter_ms: float = 0.0,
+                bandwidth_kbps: float | None = None, profile: str | None = None) -> LinkFault:
+        """Add round-trip latency (+- seeded jitter) and/or cap the bandwidth of one learner's link."""
+        if profile is not None:
+            base = WAN_PROFILES[profile].resolve(self.fragment_bytes, self.step_s)
+            latency_ms = latency_ms or base["latency_ms"]
+            jitter_ms = jitter_ms or base["jitter_ms"]
+            bandwidth_kbps = bandwidth_kbps if bandwidth_kbps is not None else base["bandwidth_kbps"]
+        fault = self._new("degrade", learner)
+        n = fault.toxics
+        if latency_ms > 0 or jitter_ms > 0:
+            for stream in STREAMS:
+                n.append(self._add(learner, "latency", stream, latency=round(latency_ms / 2)))
+            if jitter_ms > 0:
+                fault.thread = threading.Thread(target=self._jitter, args=(fault, latency_ms, jitter_ms),
+                                                name=f"jitter-{learner}", daemon=True)
+                fault.thread.start()
+        if bandwidth_kbps is not None:
+            rate = max(1, round(bandwidth_kbps / 8))
+            for stream in STREAMS:
+                n.append(self._add(learner, "bandwidth", stream, rate=rate))
+        return self._register(fault, latency_ms=latency_ms, jitter_ms=jitter_ms, bandwidth_kbps=bandwidth_kbps)
+
+    def partition(self, learner: int, mode: str = "blackhole") -> LinkFault:
+        """Cut one learner off. blackhole: connections stay open but nothing passes (a timeout toxic with
+        timeout 0 on both directions), like a dead WAN path; refuse: the proxy is disabled, which closes live
+        connections and refuses new ones, like a host that is gone."""
+        fault = self._new("partition", learner)
+        self._cut(fault, mode)
+        return self._register(fault, mode=mode)
+
+    def heal(self, learner: int) -> None:
+        """End every partition and flap on one learner's link (degradations stay)."""
+        with self._lock:
+            faults = [f for f in self._active if f.learner == learner and f.kind in ("partition", "flap")]
+        for f in faults:
+            f.clear()
+
+    def flap(self, learner: int, period_s: float, duty: float, mode: str = "blackhole") -> LinkFault:
+        """Partition and heal one learner's link periodically: down for duty * period_s of every period."""
+        fault = self._new("flap", learner)
+        fault.thread = threading.Thread(target=self._flap, args=(fault, period_s, duty, mode),
+                                        name=f"flap-{learner}", daemon=True)
+        fault.thread.start()
+        return self._register(fault, period_s=period_s, duty=duty)
+
+    def reset_peer(self, learner: int, timeout_ms: int = 0) -> LinkFault:
+        """While active, every connection of the link is reset (RST) timeout_ms after data arrives."""
+        fault = self._new("reset_peer", learner)
+        fault.toxics.append(self._add(learner, "reset_peer", "upstream", timeout=timeout_ms))
+        return self._register(fault, timeout_ms=timeout_ms)
+
+    def reset_connections(self, learner: int) -> None:
+        """One shot: drop the link's live connections now (disable then enable the proxy)."""
+        name = proxy_name(learner)
+        self.client.set_enabled(name, False)
+        self.client.set_enabled(name, True)
+        self.on_event("link_connections_dropped", learner=learner)
+
+    def corrupt_by_slicing(self, learner: int, average_size: int = 64, size_variation: int = 32,
+                           delay_us: int = 200, limit_bytes: int | None = None) -> LinkFault:
+        """Deliver the learner's bytes in small delayed slices (frames arrive in many pieces), and with
+        limit_bytes also cut each connection after that many bytes (a frame cut short)."""
+        fault = self._new("slice", learner)
+        for stream in STREAMS:
+            fault.toxics.append(self._add(learner, "slicer", stream, average_size=average_size,
+                                          size_variation=size_variation, delay=delay_us))
+        if limit_bytes is not None:
+            fault.toxics.append(self._add(learner, "limit_data", "upstream", bytes=limit_bytes))
+        return self._register(fault, average_size=average_size, size_variation=size_variation,
+                              delay_us=delay_us, limit_bytes=limit_bytes)
+
+    def limit_data(self, learner: int, nbytes: int) -> LinkFault:
+        """Close each of the link's connections after nbytes from the learner (a frame cut short)."""
+        fault = self._new("limit_data", learner)
+        fault.toxics.append(self._add(learner, "limit_data", "upstream", bytes=nbytes))
+        return self._register(fault, bytes=nbytes)
+
+    def apply(self, spec: FaultSpec) -> LinkFault:
+        """Start the fault a schedule entry describes."""
+        p = spec.params()
+        if spec.action == "degrade":
+            return self.degrade(spec.learner, latency_ms=p.get("latency_ms", 0.0), jitter_ms=p.get("jitter_ms", 0.0),
+                                bandwidth_kbps=p.get("bandwidth_kbps"), profile=p.get("profile"))
+        if spec.action == "partition":
+            return self.partition(spec.learner, p.get("mode", "blackhole"))
+        if spec.action == "flap":
+            return self.flap(spec.learner, p["period_s"], p["duty"])
+        if spec.action == "reset_peer":
+            return self.reset_peer(spec.learner, p.get("timeout_ms", 0))
+        if spec.action == "slice":
+            return self.corrupt_by_slicing(spec.learner, **{k: v for k, v in p.items()})
+        if spec.action == "limit_data":
+            return self.limit_data(spec.learner, p["bytes"])
+        raise ValueError(f"not a link action: {spec.action}")
+
+    def active(self) -> list[LinkFault]:
+        with self._lock:
+            return list(self._active)
+
+    def clear_all(self) -> None:
+        """Remove every fault this object made; errors are logged, never raised (runs at teardown)."""
+        for f in self.active():
+            try:
+                f.clear()
+            except ToxiproxyError as e:
+                log.warning("could not clear %s on learner %d: %s", f.kind, f.learner, e)
+
+    # -- internals -------------------------------------------------------------------------------
+    def _new(self, kind: str, learner: int) -> LinkFault:
+        if not 0 <= learner < self.learners:
+            raise ValueError(f"learner = {learner}: must be in [0, {self.learners - 1}]")
+        return LinkFault(kind, learner, owner=self)
+
+    def _register(self, fault: LinkFault, **params: Any) -> LinkFault:
+        with self._lock:
+            self._active.append(fault)
+        self.on_event("link_fault_on", learner=fault.learner, kind=fault.kind,
+                      **{k: v for k, v in params.items() if v is not None})
+        return fault
+
+    def _add(self, learner: int, type_: str, stream: str, **attributes: int) -> tuple[str, str]:
+        name = f"{type_}-{stream}-{next(self._ids)}"
+        self.client.add_toxic(proxy_name(learner), name, type_, stream=stream, toxicity=1.0, **attributes)
+        return proxy_name(learner), name
+
+    def _cut(self, fault: LinkFault, mode: str) -> None:
+        if mode == "refuse":
+            self.client.set_enabled(proxy_name(fault.learner), False)
+            fault.disabled = True
+        else:
+            for stream in STREAMS:
+                fault.toxics.append(self._add(fault.learner, "timeout", stream, timeout=0))
+
+    def _uncut(self, fault: LinkFault) -> None:
+        toxics, fault.toxics = fault.toxics, []
+        for proxy, name in toxics:
+            self.client.remove_toxic(proxy, name, missing_ok=True)
+        if fault.disabled:
+            self.client.set_enabled(proxy_name(fault.learner), True)
+            fault.disabled = False
+
+    def _clear(self, fault: LinkFault) -> None:
+        with self._lock:
+            if fault.cleared:
+                return
+            fault.cleared = True
+            if fault in self._active:
+                self._active.remove(fault)
+        fault.stop.set()
+        if fault.thread is not None:
+            fault.thread.join(timeout=self.client.timeout_s * 4)
+        self._uncut(fault)
+        self.on_event("link_fault_off", learner=fault.learner, kind=fault.kind)
+
+    def _jitter(self, fault: LinkFault, latency_ms: float, jitter_ms: float) -> None:
+        rng = random.Random(f"{self.seed}/jitter/{fault.learner}")
+        names = [n for _, n in fault.toxics if n.startswith("latency-")]
+        while not fault.stop.wait(JITTER_PERIOD_S):
+            value = max(0.0, latency_ms + rng.uniform(-jitter_ms, jitter_ms))
+            try:
+                for name in names:
+                    self.client.update_toxic(proxy_name(fault.learner), name, latency=round(value / 2))
+            except ToxiproxyError as e:
+                if not fault.stop.is_set():
+                    log.warning("jitter update on learner %d failed: %s", fault.learner, e)
+
+    def _flap(self, fault: LinkFault, period_s: float, duty: float, mode: str) -> None:
+        down_s, up_s = period_s * duty, period_s * (1 - duty)
+        cut = LinkFault("flap-down", fault.learner, owner=None)
+        while not fault.stop.is_set():
+            try:
+                self._cut(cut, mode)
+                self.on_event("link_flap", learner=fault.learner, down=True)
+                fault.stop.wait(down_s)
+            finally:
+                self._uncut(cut)
+            self.on_event("link_flap", learner=fault.learner, down=False)
+            fault.stop.wait(up_s)

@@ -1,0 +1,305 @@
+"""Fault schedules: what to break, when (by training progress or time), and until when.
+
+A scenario's `[[faults]]` entries become `FaultSpec`s, validated with the rest
+of the scenario before any process starts. While the run goes, the
+supervisor feeds every event it reads into a `FaultSchedule`, whose `decide`
+is a pure function of (progress, clock): it says which faults start and which
+end now, each with the reason, and counts how often each fired so tests can
+assert on it (the model is torchft's EventInjector: faults keyed by target and
+step, with fire counters).
+
+Triggers are by training progress wherever the behaviour is the point, so a
+schedule means the same thing on a fast and a slow machine:
+  * ``step``: learner ``learner``'s inner step (or, without ``learner``, the most
+    advanced learner's) has reached the value;
+  * ``merges``: the syncer has completed this many merges;
+  * ``time_s``: seconds since the run started (only where time is the point,
+    e.g. a partition in a synchronous baseline, where progress itself stops);
+  * ``after_s`` (only in ``until``): seconds after the fault started.
+Progress is observed from the event log, so a fault fires within one
+supervisor poll (<= 50 ms) of the trigger; the `fault_start` event records
+the actual progress at that moment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+LINK_ACTIONS = ("degrade", "partition", "flap", "reset_peer", "slice", "limit_data")
+"""Actions on one learner's link, carried out through its Toxiproxy proxy (chaos/links.py)."""
+
+ACTIONS = LINK_ACTIONS
+
+# action -> the parameter fields it accepts (all others must stay unset)
+ACTION_PARAMS: dict[str, tuple[str, ...]] = {
+    "degrade": ("profile", "latency_ms", "jitter_ms", "bandwidth_kbps"),
+    "partition": ("mode",),
+    "flap": ("period_s", "duty"),
+    "reset_peer": ("timeout_ms",),
+    "slice": ("average_size", "size_variation", "delay_us"),
+    "limit_data": ("bytes",),
+}
+
+
+class ScheduleError(ValueError):
+    """A fault entry is invalid; the message names the key (faults[i].key) and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """A moment in a run. Exactly one of step, merges, time_s, after_s is set."""
+
+    step: int | None = None
+    """Inner step reached by `learner` (or by the most advanced learner when `learner` is unset)."""
+    learner: int | None = None
+    """Whose step counts for `step`; unset means the most advanced learner."""
+    merges: int | None = None
+    """Syncer merge count reached."""
+    time_s: float | None = None
+    """Seconds since the run started."""
+    after_s: float | None = None
+    """Seconds after the fault started (only valid in `until`)."""
+
+    def describe(self) -> str:
+        if self.step is not None:
+            who = f"learner {self.learner}" if self.learner is not None else "the most advanced learner"
+            return f"{who} reached step {self.step}"
+        if self.merges is not None:
+            return f"syncer reached {self.merges} merges"
+        if self.time_s is not None:
+            return f"{self.time_s:g} s since run start"
+        return f"{self.after_s:g} s after the fault started"
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """One scheduled fault. `action` decides which of the parameter fields apply."""
+
+    action: str
+    """One of ACTIONS: degrade, partition, flap, reset_peer, slice, limit_data."""
+    learner: int
+    """The learner whose link (or process, for process actions) the fault hits."""
+    at: Trigger = field(default_factory=lambda: Trigger(time_s=0.0))
+    """When the fault starts (default: at run start)."""
+    until: Trigger | None = None
+    """When it ends; unset means it lasts to the end of the run (and is removed then)."""
+    profile: str | None = None
+    """degrade: a named WAN profile (chaos/links.py WAN_PROFILES); explicit fields override it."""
+    latency_ms: float | None = None
+    """degrade: added round-trip time in ms (half on each direction)."""
+    jitter_ms: float | None = None
+    """degrade: +- this much (round trip) drawn by the harness from the run's seed."""
+    bandwidth_kbps: float | None = None
+    """degrade: link rate in kilobits/s, each direction (Toxiproxy's `rate` is KB/s: kbps / 8)."""
+    mode: str | None = None
+    """partition: 'blackhole' (connections open, nothing passes; default) or 'refuse' (proxy disabled)."""
+    period_s: float | None = None
+    """flap: seconds of one down+up cycle."""
+    duty: float | None = None
+    """flap: fraction of each period the link is down, in (0, 1)."""
+    timeout_ms: int | None = None
+    """reset_peer: connections are reset this many ms after data arrives (0 = at once)."""
+    average_size: int | None = None
+    """slice: average bytes per slice."""
+    size_variation: int | None = None
+    """slice: +- bytes of slice size variation."""
+    delay_us: int | None = None
+    """slice: microseconds between slices."""
+    bytes: int | None = None
+    """limit_data: connections are closed after this many bytes (per direction)."""
+
+    def params(self) -> dict[str, Any]:
+        """The action's parameters that are set."""
+        return {k: getattr(self, k) for k in ACTION_PARAMS[self.action] if getattr(self, k) is not None}
+
+    def describe(self) -> str:
+        ps = ", ".join(f"{k}={v}" for k, v in self.params().items())
+        return f"{self.action}(learner {self.learner}{', ' + ps if ps else ''})"
+
+
+_RANGES: dict[str, tuple[float, float]] = {
+    "latency_ms": (0.0, 60_000.0),
+    "jitter_ms": (0.0, 60_000.0),
+    "bandwidth_kbps": (8.0, 100_000_000.0),
+    "period_s": (0.05, 3600.0),
+    "duty": (0.01, 0.99),
+    "timeout_ms": (0, 3_600_000),
+    "average_size": (1, 1 << 24),
+    "size_variation": (0, 1 << 24),
+    "delay_us": (0, 10_000_000),
+    "bytes": (0, 1 << 40),
+}
+_MODES = ("blackhole", "refuse")
+
+
+def _trigger(raw: Any, key: str, learners: int, is_until: bool) -> Trigger:
+    if not isinstance(raw, dict):
+        raise ScheduleError(f"{key} = {raw!r}: must be a table like {{ step = 100 }}")
+    raw = {k: v for k, v in raw.items() if v is not None}
+    allowed = ("step", "learner", "merges", "time_s") + (("after_s",) if is_until else ())
+    unknown = sorted(set(raw) - set(allowed))
+    if unknown:
+        raise ScheduleError(f"unknown key {key}.{unknown[0]}; allowed: {', '.join(allowed)}")
+    kinds = [k for k in ("step", "merges", "time_s", "after_s") if k in raw]
+    if len(kinds) != 1:
+        raise ScheduleError(f"{key}: set exactly one of {', '.join(k for k in allowed if k != 'learner')}")
+    for k, v in raw.items():
+        if k in ("step", "learner", "merges"):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ScheduleError(f"{key}.{k} = {v!r}: must be an integer >= 0")
+        elif isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ScheduleError(f"{key}.{k} = {v!r}: must be a number >= 0")
+    if "learner" in raw:
+        if "step" not in raw:
+            raise ScheduleError(f"{key}.learner: only valid together with {key}.step")
+        if raw["learner"] >= learners:
+            raise ScheduleError(f"{key}.learner = {raw['learner']}: must be in [0, {learners - 1}]")
+    return Trigger(**{k: (float(v) if k in ("time_s", "after_s") else v) for k, v in raw.items()})
+
+
+def parse_fault(raw: Any, key: str, learners: int) -> FaultSpec:
+    """Validate one `[[faults]]` table (as parsed from TOML or JSON) into a FaultSpec."""
+    if isinstance(raw, FaultSpec):
+        raw = dataclasses.asdict(raw)
+    if not isinstance(raw, dict):
+        raise ScheduleError(f"{key}: must be a table")
+    raw = {k: v for k, v in raw.items() if v is not None}
+    fields = [f.name for f in dataclasses.fields(FaultSpec)]
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ScheduleError(f"unknown key {key}.{unknown[0]}; allowed: {', '.join(fields)}")
+    action = raw.get("action")
+    if action not in ACTIONS:
+        raise ScheduleError(f"{key}.action = {action!r}: must be one of {', '.join(ACTIONS)}")
+    learner = raw.get("learner")
+    if isinstance(learner, bool) or not isinstance(learner, int) or not 0 <= learner < learners:
+        raise ScheduleError(f"{key}.learner = {learner!r}: must be in [0, {learners - 1}]")
+    allowed = ACTION_PARAMS[action]
+    kwargs: dict[str, Any] = {"action": action, "learner": learner}
+    for k, v in raw.items():
+        if k in ("action", "learner"):
+            continue
+        if k == "at":
+            kwargs["at"] = _trigger(v, f"{key}.at", learners, is_until=False)
+            continue
+        if k == "until":
+            kwargs["until"] = _trigger(v, f"{key}.until", learners, is_until=True)
+            continue
+        if k not in allowed:
+            raise ScheduleError(f"{key}.{k}: not a parameter of {action}; it takes {', '.join(allowed)}")
+        if k == "mode":
+            if v not in _MODES:
+                raise ScheduleError(f"{key}.mode = {v!r}: must be one of {', '.join(_MODES)}")
+        elif k == "profile":
+            from chaos.wan_profiles import WAN_PROFILES
+
+            if v not in WAN_PROFILES:
+                raise ScheduleError(f"{key}.profile = {v!r}: must be one of {', '.join(WAN_PROFILES)}")
+        else:
+            lo, hi = _RANGES[k]
+            integral = isinstance(lo, int)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or (integral and not isinstance(v, int)):
+                raise ScheduleError(f"{key}.{k} = {v!r}: must be {'an integer' if integral else 'a number'}")
+            if not (lo <= v <= hi):
+                raise ScheduleError(f"{key}.{k} = {v!r}: must be in [{lo}, {hi}]")
+            v = v if integral else float(v)
+        kwargs[k] = v
+    spec = FaultSpec(**kwargs)
+    if action == "degrade" and not spec.params():
+        raise ScheduleError(f"{key}: degrade needs profile, latency_ms, jitter_ms or bandwidth_kbps")
+    if action == "flap" and (spec.period_s is None or spec.duty is None):
+        raise ScheduleError(f"{key}: flap needs period_s and duty")
+    if action == "limit_data" and spec.bytes is None:
+        raise ScheduleError(f"{key}: limit_data needs bytes")
+    return spec
+
+
+@dataclass
+class Progress:
+    """What the run has done so far, as seen in its event log."""
+
+    steps: dict[int, int] = field(default_factory=dict)
+    """Highest inner step seen per learner."""
+    merges: int = 0
+    """Syncer merges seen."""
+
+    def observe(self, events: list[dict[str, Any]]) -> None:
+        for e in events:
+            ev = e.get("ev")
+            if ev == "step":
+                m = int(e["learner"])
+                self.steps[m] = max(self.steps.get(m, 0), int(e["step"]))
+            elif ev == "merge":
+                self.merges = max(self.merges, int(e.get("merges", self.merges + 1)))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"steps": {str(k): v for k, v in sorted(self.steps.items())}, "merges": self.merges}
+
+
+def reached(trig: Trigger, progress: Progress, elapsed_s: float, started_at_s: float | None) -> bool:
+    """Whether a trigger has been reached (pure). `started_at_s`: when the fault started (for after_s)."""
+    if trig.step is not None:
+        if trig.learner is not None:
+            return progress.steps.get(trig.learner, 0) >= trig.step
+        return max(progress.steps.values(), default=0) >= trig.step
+    if trig.merges is not None:
+        return progress.merges >= trig.merges
+    if trig.time_s is not None:
+        return elapsed_s >= trig.time_s
+    assert trig.after_s is not None
+    return started_at_s is not None and elapsed_s - started_at_s >= trig.after_s
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One decision of the schedule: start or stop fault `index`, and why."""
+
+    index: int
+    start: bool
+    reason: str
+
+
+class FaultSchedule:
+    """Which faults are due, given progress and time; counts starts and stops per fault."""
+
+    def __init__(self, faults: tuple[FaultSpec, ...] | list[FaultSpec]) -> None:
+        self.faults = list(faults)
+        self.progress = Progress()
+        self.started_at: list[float | None] = [None] * len(self.faults)
+        self.fired = [0] * len(self.faults)
+        self.cleared = [0] * len(self.faults)
+
+    def active(self) -> list[int]:
+        return [i for i, t in enumerate(self.started_at) if t is not None]
+
+    def pending(self) -> bool:
+        """Whether any fault is yet to start or to end by a trigger."""
+        return any(self.fired[i] == 0 or (self.started_at[i] is not None and f.until is not None)
+                   for i, f in enumerate(self.faults))
+
+    def decide(self, elapsed_s: float) -> list[Transition]:
+        """Faults to start and stop now (pure in progress and `elapsed_s`); records them as done."""
+        out: list[Transition] = []
+        for i, f in enumerate(self.faults):
+            if self.started_at[i] is None and self.fired[i] == 0 and reached(f.at, self.progress, elapsed_s, None):
+                self.started_at[i] = elapsed_s
+                self.fired[i] += 1
+                out.append(Transition(i, True, f.at.describe()))
+            if (self.started_at[i] is not None and f.until is not None
+                    and reached(f.until, self.progress, elapsed_s, self.started_at[i])):
+                self.started_at[i] = None
+                self.cleared[i] += 1
+                out.append(Transition(i, False, f.until.describe()))
+        return out
+
+    def end_all(self) -> list[Transition]:
+        """Stop every active fault (end of run, or failure)."""
+        out = []
+        for i in self.active():
+            self.started_at[i] = None
+            self.cleared[i] += 1
+            out.append(Transition(i, False, "end of run"))
+        return out

@@ -1,0 +1,157 @@
+"""Link chaos suite: every learner<->syncer link goes through its own Toxiproxy proxy, and faults on one link
+hit that learner only.
+
+Each test runs the real system (syncer, chip processes, Gloo groups, the Toxiproxy server the harness picks:
+TOXIPROXY_URL, toxiproxy-server on PATH, or the embedded one) with faults from a schedule in the scenario,
+triggered by training progress wherever behaviour is the point, and asserts on the run's report and event log.
+Public API only: harness.scenario.from_dict, harness.supervisor.run_scenario, harness.events.read_events.
+
+Scaling to a real cluster: the same schedule entries apply unchanged; give `degrade` the real link figures
+(e.g. 2 Gbps = 2_000_000 kbps, 40 ms) or a WAN profile resolved for the real fragment size and step time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psutil
+import pytest
+
+from harness.events import read_events
+from harness.scenario import from_dict
+from harness.supervisor import run_scenario
+
+
+def scenario(algorithm: str, learners: int, steps: int, faults: list[dict[str, Any]], **extra: Any) -> Any:
+    table: dict[str, Any] = {
+        "name": f"links-{algorithm}",
+        "seed": 3,
+        "algorithm": algorithm,
+        "topology": {"learners": learners, "chips_per_learner": 1},
+        "train": {"steps": steps, "warmup_steps": 10},
+        "diloco": {"fragments": 4, "sync_every": 4, "overlap": 1},
+        "eval": {"every_s": 2.0, "batches": 2},
+        "timeouts": {"run_s": 240.0},
+        "faults": faults,
+    }
+    table.update(extra)
+    return from_dict(table)
+
+
+def no_survivors(res: Any) -> bool:
+    return not [p for p in res.pids + res.report["chip_pids"]
+                if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def window(evs: list[dict[str, Any]], index: int) -> tuple[float, float]:
+    start = next(e["t"] for e in evs if e["ev"] == "fault_start" and e["index"] == index)
+    end = next(e["t"] for e in evs if e["ev"] == "fault_end" and e["index"] == index)
+    return start, end
+
+
+BANDWIDTH_KBS = 200.0  # Toxiproxy rate, KB/s (1000 bytes): ~0.7 s per 137 KB fragment
+LATENCY_MS = 80.0
+
+
+def test_bandwidth_and_latency_hit_only_their_learner(tmp_path):
+    """Learner 1 gets a bandwidth toxic of R KB/s, learner 2 an added round trip of L ms, learner 0 nothing."""
+    sc = scenario("decoupled", learners=3, steps=160, faults=[
+        {"action": "degrade", "learner": 1, "bandwidth_kbps": BANDWIDTH_KBS * 8},
+        {"action": "degrade", "learner": 2, "latency_ms": LATENCY_MS},
+    ])
+    res = run_scenario(sc, tmp_path)
+    rep = res.report
+    link = {int(m): d["link"] for m, d in rep["per_learner"].items()}
+    print({m: {k: v for k, v in d.items() if k in ("push_KBps", "rtt_ms_median", "rtt_ms_min")}
+           for m, d in link.items()})
+    assert rep["links"]["backend"] in ("embedded", "toxiproxy-server", "external")
+    assert BANDWIDTH_KBS * 0.8 <= link[1]["push_KBps"] <= BANDWIDTH_KBS * 1.2, link[1]
+    for m in (0, 2):  # None: frames arrived whole, faster than can be timed
+        assert link[m]["push_KBps"] is None or link[m]["push_KBps"] > 5 * BANDWIDTH_KBS, link[m]
+    added = link[2]["rtt_ms_median"] - link[0]["rtt_ms_median"]
+    assert LATENCY_MS * 0.8 <= added <= LATENCY_MS * 1.2, (link[0], link[2])
+    assert link[1]["rtt_samples"] > 0 and link[0]["rtt_ms_median"] < 0.2 * LATENCY_MS
+    assert all(d["steps"] == sc.train.steps for d in rep["per_learner"].values()), "nobody waits for a slow link"
+    assert [f["end_reason"] for f in rep["faults"]] == ["end of run", "end of run"]
+    assert no_survivors(res)
+
+
+def partition_faults(at: dict[str, Any], until: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"action": "partition", "learner": 1, "at": at, "until": until}]
+
+
+def test_decoupled_keeps_training_through_a_partition_and_reintegrates(tmp_path):
+    """Learner 1 is cut off for the middle third of learner 0's run; the global model keeps advancing."""
+    steps = 240
+    sc = scenario("decoupled", learners=2, steps=steps,
+                  faults=partition_faults({"step": steps // 3, "learner": 0}, {"step": 2 * steps // 3, "learner": 0}))
+    res = run_scenario(sc, tmp_path)
+    rep, evs = res.report, read_events(res.run_dir / "events.jsonl")
+    t0, t1 = window(evs, 0)
+    merges = [e for e in evs if e["ev"] == "merge"]
+    during = [e for e in merges if t0 <= e["t"] <= t1]
+    assert len(during) >= 20, f"only {len(during)} merges during the partition"
+    assert all(e["participants"] == [0] for e in during[len(during) // 4:]), "learner 1 cannot reach the syncer"
+    gaps = [b["t"] - a["t"] for a, b in zip(during, during[1:], strict=False)]
+    assert max(gaps) < (t1 - t0) / 4, f"global model stalled {max(gaps):.2f} s in a {t1 - t0:.2f} s partition"
+    rejoin = [e for e in evs if e["ev"] == "learner_join" and e["learner"] == 1 and e["t"] > t1]
+    assert rejoin, "learner 1 did not reconnect after the heal"
+    counted = [e for e in merges if e["t"] > rejoin[0]["t"] and 1 in e["participants"]]
+    assert counted, "learner 1's pushes after the heal never took part in a merge"
+    w = counted[0]["weights"][counted[0]["participants"].index(1)]
+    assert w > 0, counted[0]
+    assert rep["per_learner"]["1"]["steps"] == steps and rep["per_learner"]["1"]["link"]["reconnects"] >= 1
+    assert rep["final_eval_loss"] < rep["initial_eval_loss"] - 1.0
+    assert rep["faults"][0]["end_reason"] == "learner 0 reached step 160"
+    assert no_survivors(res)
+
+
+PARTITION_S = 4.0
+
+
+def test_ddp_stalls_for_the_same_partition(tmp_path):
+    """ddp needs every learner every step: a partitioned learner stops the whole run until the heal.
+
+    The partition ends by time (time is the point: in ddp no learner advances while it lasts)."""
+    sc = scenario("ddp", learners=2, steps=80,
+                  faults=partition_faults({"step": 30, "learner": 0}, {"after_s": PARTITION_S}))
+    res = run_scenario(sc, tmp_path)
+    rep, evs = res.report, read_events(res.run_dir / "events.jsonl")
+    t0, t1 = window(evs, 0)
+    during = [e for e in evs if e["ev"] == "merge" and t0 + 0.5 <= e["t"] <= t1]
+    assert during == [], f"ddp merged {len(during)} times while a learner was partitioned"
+    assert rep["longest_gap_s"] >= PARTITION_S - 0.5, rep["longest_gap_s"]
+    steps0 = [e["step"] for e in evs if e["ev"] == "step" and e["learner"] == 0 and t0 + 0.5 <= e["t"] <= t1]
+    assert len(steps0) <= 1, f"learner 0 kept stepping in ddp during the partition: {steps0}"
+    assert all(d["steps"] == 80 for d in rep["per_learner"].values()), "ddp resumes after the heal"
+    assert no_survivors(res)
+
+
+@pytest.mark.parametrize("mode", ["slice", "limit_data"])
+def test_sliced_and_truncated_frames_never_reach_a_merge(tmp_path, mode):
+    """slicer delivers learner 1's frames in ~64-byte pieces (they must be reassembled, not rejected);
+    limit_data cuts each of its connections after 20 KB, so frames arrive truncated: counted, rejected,
+    the learner reconnects, and no partial tensor is ever merged."""
+    fault: dict[str, Any] = {"action": mode, "learner": 1, "at": {"step": 20, "learner": 0},
+                             "until": {"step": 60, "learner": 0}}
+    fault.update({"average_size": 64, "size_variation": 32, "delay_us": 100} if mode == "slice" else
+                 {"bytes": 20_000})
+    sc = scenario("decoupled", learners=2, steps=100, faults=[fault])
+    res = run_scenario(sc, tmp_path)
+    rep, evs = res.report, read_events(res.run_dir / "events.jsonl")
+    t0, t1 = window(evs, 0)
+    rejected = [e for e in evs if e["ev"] == "frame_rejected" and e["side"] == "syncer"]
+    if mode == "slice":
+        assert rejected == [] and rep["frames_rejected"] == 0
+        # Each push arrives intact, just slowly (so it is usually late: the round merged without it).
+        intact = [e for e in evs if e["ev"] == "push" and e["learner"] == 1 and t0 < e["t"] < t1]
+        assert len(intact) >= 3, "frames delivered in slices must still be decoded whole"
+    else:
+        assert rejected and {e["kind"] for e in rejected} == {"truncated"}, rejected[:3]
+        assert rep["frames_rejected"] == len(rejected) > 0
+        assert rep["per_learner"]["1"]["link"]["reconnects"] >= 1
+        cut_merges = [e for e in evs if e["ev"] == "merge" and t0 + 1.0 < e["t"] < t1 and 1 in e["participants"]]
+        assert cut_merges == [], "a push over a link that cuts every frame cannot have been merged"
+    assert rep["global_model_finite"] is True
+    assert all(d["steps"] == 100 for d in rep["per_learner"].values())
+    assert no_survivors(res)
