@@ -7,7 +7,9 @@ log, no snapshots). "harness" runs the same learner through the full harness
 once with periodic eval of the global model and once with it effectively off.
 Overhead = 1 - harness steps/s / bare steps/s.
 
-    python bench/harness_overhead.py [--steps 200] [--chips 2] [--repeats 2]
+    python bench/harness_overhead.py [--steps 400] [--chips 1] [--repeats 3]
+
+Throughput is timed from step WARMUP_STEPS to the last step in both setups.
 """
 
 from __future__ import annotations
@@ -15,16 +17,21 @@ from __future__ import annotations
 import argparse
 import datetime
 import multiprocessing as mp
+import statistics
 import tempfile
 import time
 
 import torch
 import torch.distributed as dist
 
+from harness.events import EVENTS_FILE, read_events
 from harness.scenario import builtin
 from harness.supervisor import run_scenario
 from trainers.data import make_splits, train_batch
 from trainers.learner import LearnerCore
+
+WARMUP_STEPS = 50
+"""Steps before the timed window, in both setups: connection, first pulls, allocator warm-up."""
 
 
 def bare_chip(rank: int, size: int, port: int, steps: int, out: mp.Queue) -> None:
@@ -50,10 +57,10 @@ def bare_chip(rank: int, size: int, port: int, steps: int, out: mp.Queue) -> Non
     first = None
     for step in range(1, steps + 1):
         core.inner_step(*train_batch(shard, sc.model.seq_len, sc.data.batch_size, sc.seed, 0, rank, step))
-        if step == 1:
+        if step == WARMUP_STEPS:
             first = time.perf_counter()
     if rank == 0:
-        out.put((steps - 1) / (time.perf_counter() - first))
+        out.put((steps - WARMUP_STEPS) / (time.perf_counter() - first))
     dist.destroy_process_group()
 
 
@@ -70,35 +77,38 @@ def bare(steps: int, chips: int) -> float:
     return rate
 
 
-def harness(steps: int, chips: int, eval_every_s: float) -> float:
+def harness(steps: int, chips: int, eval_every_s: float, proxy: str) -> float:
     sc = builtin()
     sc = sc.replace(topology=type(sc.topology)(learners=1, chips_per_learner=chips),
                     train=type(sc.train)(steps=steps), eval=type(sc.eval)(every_s=eval_every_s),
-                    diloco=type(sc.diloco)(fragments=8, sync_every=8, overlap=2, min_quorum=1))
+                    diloco=type(sc.diloco)(fragments=8, sync_every=8, overlap=2, min_quorum=1),
+                    links=type(sc.links)(proxy=proxy))
     with tempfile.TemporaryDirectory() as d:
-        rep = run_scenario(sc, d).report
-    return rep["per_learner"]["0"]["steps_per_s"]
+        res = run_scenario(sc, d)
+        t = {e["step"]: e["t"] for e in read_events(res.run_dir / EVENTS_FILE)
+             if e["ev"] == "step" and e["learner"] == 0}
+    return (steps - WARMUP_STEPS) / (t[steps] - t[WARMUP_STEPS])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--chips", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--chips", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
-    rows = []
-    for _ in range(a.repeats):
-        rows.append(("bare loop (Gloo only)", bare(a.steps, a.chips)))
-        rows.append(("harness, eval every 3 s", harness(a.steps, a.chips, 3.0)))
-        rows.append(("harness, eval off", harness(a.steps, a.chips, 3600.0)))
-    best: dict[str, float] = {}
-    for name, rate in rows:
-        best[name] = max(best.get(name, 0.0), rate)
-    base = best["bare loop (Gloo only)"]
-    print(f"{a.chips} chips x 1 learner, {a.steps} steps, best of {a.repeats}; steps/s per learner (= per chip)")
-    print(f"{'configuration':28} {'steps/s':>8} {'overhead':>9}")
-    for name, rate in best.items():
-        print(f"{name:28} {rate:8.2f} {100 * (1 - rate / base):8.1f}%")
+    rows: dict[str, list[float]] = {}
+    for _ in range(a.repeats):  # interleaved, so slow phases of a noisy machine hit every configuration
+        rows.setdefault("bare loop (Gloo only)", []).append(bare(a.steps, a.chips))
+        rows.setdefault("harness, proxy, eval every 3 s", []).append(harness(a.steps, a.chips, 3.0, "embedded"))
+        rows.setdefault("harness, proxy, eval off", []).append(harness(a.steps, a.chips, 3600.0, "embedded"))
+        rows.setdefault("harness, no proxy, eval off", []).append(harness(a.steps, a.chips, 3600.0, "off"))
+    base = statistics.median(rows["bare loop (Gloo only)"])
+    print(f"{a.chips} chip(s) x 1 learner, steps {WARMUP_STEPS}..{a.steps}, median of {a.repeats} interleaved runs; "
+          "steps/s per learner (= per chip)")
+    print(f"{'configuration':32} {'median':>8} {'min':>8} {'max':>8} {'overhead':>9}")
+    for name, rates in rows.items():
+        med = statistics.median(rates)
+        print(f"{name:32} {med:8.2f} {min(rates):8.2f} {max(rates):8.2f} {100 * (1 - med / base):8.1f}%")
 
 
 if __name__ == "__main__":

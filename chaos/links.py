@@ -21,15 +21,16 @@ per link).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from chaos.schedule import FaultSpec
+from chaos.schedule import LINK_ACTIONS, FaultSpec
 from chaos.toxiproxy_client import ToxiproxyClient, ToxiproxyError
 from chaos.wan_profiles import WAN_PROFILES
 
@@ -85,6 +86,7 @@ class LinkChaos:
         self.step_s = step_s
         self._lock = threading.Lock()
         self._active: list[LinkFault] = []
+        self._refused: dict[int, int] = {}  # learner -> active faults holding its proxy disabled
         self._ids = itertools.count(1)
 
     # -- the chaos API ---------------------------------------------------------------------------
@@ -98,17 +100,18 @@ class LinkChaos:
             bandwidth_kbps = bandwidth_kbps if bandwidth_kbps is not None else base["bandwidth_kbps"]
         fault = self._new("degrade", learner)
         n = fault.toxics
-        if latency_ms > 0 or jitter_ms > 0:
-            for stream in STREAMS:
-                n.append(self._add(learner, "latency", stream, latency=round(latency_ms / 2)))
-            if jitter_ms > 0:
-                fault.thread = threading.Thread(target=self._jitter, args=(fault, latency_ms, jitter_ms),
-                                                name=f"jitter-{learner}", daemon=True)
-                fault.thread.start()
-        if bandwidth_kbps is not None:
-            rate = max(1, round(bandwidth_kbps / 8))
-            for stream in STREAMS:
-                n.append(self._add(learner, "bandwidth", stream, rate=rate))
+        with self._building(fault):
+            if latency_ms > 0 or jitter_ms > 0:
+                for stream in STREAMS:
+                    n.append(self._add(learner, "latency", stream, latency=round(latency_ms / 2)))
+            if bandwidth_kbps is not None:
+                rate = max(1, round(bandwidth_kbps / 8))
+                for stream in STREAMS:
+                    n.append(self._add(learner, "bandwidth", stream, rate=rate))
+        if jitter_ms > 0:
+            fault.thread = threading.Thread(target=self._jitter, args=(fault, latency_ms, jitter_ms),
+                                            name=f"jitter-{learner}", daemon=True)
+            fault.thread.start()
         return self._register(fault, latency_ms=latency_ms, jitter_ms=jitter_ms, bandwidth_kbps=bandwidth_kbps)
 
     def partition(self, learner: int, mode: str = "blackhole") -> LinkFault:
@@ -116,11 +119,13 @@ class LinkChaos:
         timeout 0 on both directions), like a dead WAN path; refuse: the proxy is disabled, which closes live
         connections and refuses new ones, like a host that is gone."""
         fault = self._new("partition", learner)
-        self._cut(fault, mode)
+        with self._building(fault):
+            self._cut(fault, mode)
         return self._register(fault, mode=mode)
 
     def heal(self, learner: int) -> None:
         """End every partition and flap on one learner's link (degradations stay)."""
+        self._check_learner(learner)
         with self._lock:
             faults = [f for f in self._active if f.learner == learner and f.kind in ("partition", "flap")]
         for f in faults:
@@ -137,37 +142,47 @@ class LinkChaos:
     def reset_peer(self, learner: int, timeout_ms: int = 0) -> LinkFault:
         """While active, every connection of the link is reset (RST) timeout_ms after data arrives."""
         fault = self._new("reset_peer", learner)
-        fault.toxics.append(self._add(learner, "reset_peer", "upstream", timeout=timeout_ms))
+        with self._building(fault):
+            fault.toxics.append(self._add(learner, "reset_peer", "upstream", timeout=timeout_ms))
         return self._register(fault, timeout_ms=timeout_ms)
 
     def reset_connections(self, learner: int) -> None:
-        """One shot: drop the link's live connections now (disable then enable the proxy)."""
-        name = proxy_name(learner)
-        self.client.set_enabled(name, False)
-        self.client.set_enabled(name, True)
-        self.on_event("link_connections_dropped", learner=learner)
+        """One shot: drop the link's live connections now (disable then enable the proxy). While a refuse
+        partition holds the proxy disabled there are no live connections, and the link stays down."""
+        self._check_learner(learner)
+        with self._lock:
+            refused = self._refused.get(learner, 0) > 0
+        if not refused:
+            name = proxy_name(learner)
+            self.client.set_enabled(name, False)
+            self.client.set_enabled(name, True)
+        self.on_event("link_connections_dropped", learner=learner, already_refused=refused)
 
     def corrupt_by_slicing(self, learner: int, average_size: int = 64, size_variation: int = 32,
                            delay_us: int = 200, limit_bytes: int | None = None) -> LinkFault:
         """Deliver the learner's bytes in small delayed slices (frames arrive in many pieces), and with
         limit_bytes also cut each connection after that many bytes (a frame cut short)."""
         fault = self._new("slice", learner)
-        for stream in STREAMS:
-            fault.toxics.append(self._add(learner, "slicer", stream, average_size=average_size,
-                                          size_variation=size_variation, delay=delay_us))
-        if limit_bytes is not None:
-            fault.toxics.append(self._add(learner, "limit_data", "upstream", bytes=limit_bytes))
+        with self._building(fault):
+            for stream in STREAMS:
+                fault.toxics.append(self._add(learner, "slicer", stream, average_size=average_size,
+                                              size_variation=size_variation, delay=delay_us))
+            if limit_bytes is not None:
+                fault.toxics.append(self._add(learner, "limit_data", "upstream", bytes=limit_bytes))
         return self._register(fault, average_size=average_size, size_variation=size_variation,
                               delay_us=delay_us, limit_bytes=limit_bytes)
 
     def limit_data(self, learner: int, nbytes: int) -> LinkFault:
         """Close each of the link's connections after nbytes from the learner (a frame cut short)."""
         fault = self._new("limit_data", learner)
-        fault.toxics.append(self._add(learner, "limit_data", "upstream", bytes=nbytes))
+        with self._building(fault):
+            fault.toxics.append(self._add(learner, "limit_data", "upstream", bytes=nbytes))
         return self._register(fault, bytes=nbytes)
 
     def apply(self, spec: FaultSpec) -> LinkFault:
         """Start the fault a schedule entry describes."""
+        if spec.action not in LINK_ACTIONS:
+            raise ValueError(f"not a link action: {spec.action}")
         p = spec.params()
         if spec.action == "degrade":
             return self.degrade(spec.learner, latency_ms=p.get("latency_ms", 0.0), jitter_ms=p.get("jitter_ms", 0.0),
@@ -197,9 +212,25 @@ class LinkChaos:
                 log.warning("could not clear %s on learner %d: %s", f.kind, f.learner, e)
 
     # -- internals -------------------------------------------------------------------------------
-    def _new(self, kind: str, learner: int) -> LinkFault:
+    @contextlib.contextmanager
+    def _building(self, fault: LinkFault) -> Iterator[None]:
+        """Adding a fault's toxics is all or nothing: on an error, the ones already added are removed."""
+        try:
+            yield
+        except BaseException:
+            fault.stop.set()
+            try:
+                self._uncut(fault)
+            except ToxiproxyError as e:
+                log.warning("could not roll back a half-made %s on learner %d: %s", fault.kind, fault.learner, e)
+            raise
+
+    def _check_learner(self, learner: int) -> None:
         if not 0 <= learner < self.learners:
             raise ValueError(f"learner = {learner}: must be in [0, {self.learners - 1}]")
+
+    def _new(self, kind: str, learner: int) -> LinkFault:
+        self._check_learner(learner)
         return LinkFault(kind, learner, owner=self)
 
     def _register(self, fault: LinkFault, **params: Any) -> LinkFault:
@@ -210,14 +241,19 @@ class LinkChaos:
         return fault
 
     def _add(self, learner: int, type_: str, stream: str, **attributes: int) -> tuple[str, str]:
+        """Add one toxic. Callers build a fault's toxics in `_building`, which removes them if one fails."""
         name = f"{type_}-{stream}-{next(self._ids)}"
         self.client.add_toxic(proxy_name(learner), name, type_, stream=stream, toxicity=1.0, **attributes)
         return proxy_name(learner), name
 
     def _cut(self, fault: LinkFault, mode: str) -> None:
-        if mode == "refuse":
-            self.client.set_enabled(proxy_name(fault.learner), False)
-            fault.disabled = True
+        if mode == "refuse":  # counted: overlapping refuse faults keep the proxy down until the last ends
+            with self._lock:
+                first = self._refused.get(fault.learner, 0) == 0
+                self._refused[fault.learner] = self._refused.get(fault.learner, 0) + 1
+                fault.disabled = True
+            if first:
+                self.client.set_enabled(proxy_name(fault.learner), False)
         else:
             for stream in STREAMS:
                 fault.toxics.append(self._add(fault.learner, "timeout", stream, timeout=0))
@@ -227,8 +263,12 @@ class LinkChaos:
         for proxy, name in toxics:
             self.client.remove_toxic(proxy, name, missing_ok=True)
         if fault.disabled:
-            self.client.set_enabled(proxy_name(fault.learner), True)
-            fault.disabled = False
+            with self._lock:
+                self._refused[fault.learner] -= 1
+                last = self._refused[fault.learner] == 0
+                fault.disabled = False
+            if last:
+                self.client.set_enabled(proxy_name(fault.learner), True)
 
     def _clear(self, fault: LinkFault) -> None:
         with self._lock:
@@ -240,7 +280,13 @@ class LinkChaos:
         fault.stop.set()
         if fault.thread is not None:
             fault.thread.join(timeout=self.client.timeout_s * 4)
-        self._uncut(fault)
+        try:
+            self._uncut(fault)
+        except ToxiproxyError:  # still (partly) in place: keep it listed so clear_all() can retry
+            with self._lock:
+                fault.cleared = False
+                self._active.append(fault)
+            raise
         self.on_event("link_fault_off", learner=fault.learner, kind=fault.kind)
 
     def _jitter(self, fault: LinkFault, latency_ms: float, jitter_ms: float) -> None:
