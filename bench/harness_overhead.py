@@ -54,17 +54,18 @@ def bare_chip(rank: int, size: int, port: int, steps: int, out: mp.Queue) -> Non
 
     core = LearnerCore(0, sc.model, sc.train, sc.diloco, sc.seed, Gloo())
     shard = make_splits(sc.data, sc.topology.learners).shards[0]
-    first = None
+    first = cpu0 = 0.0
     for step in range(1, steps + 1):
         core.inner_step(*train_batch(shard, sc.model.seq_len, sc.data.batch_size, sc.seed, 0, rank, step))
         if step == WARMUP_STEPS:
-            first = time.perf_counter()
+            first, cpu0 = time.perf_counter(), time.process_time()
     if rank == 0:
-        out.put((steps - WARMUP_STEPS) / (time.perf_counter() - first))
+        n = steps - WARMUP_STEPS
+        out.put((n / (time.perf_counter() - first), 1e3 * (time.process_time() - cpu0) / n))
     dist.destroy_process_group()
 
 
-def bare(steps: int, chips: int) -> float:
+def bare(steps: int, chips: int) -> tuple[float, float]:
     ctx = mp.get_context("forkserver")
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     q = ctx.Queue()
@@ -77,7 +78,7 @@ def bare(steps: int, chips: int) -> float:
     return rate
 
 
-def harness(steps: int, chips: int, eval_every_s: float, proxy: str) -> float:
+def harness(steps: int, chips: int, eval_every_s: float, proxy: str) -> tuple[float, float]:
     sc = builtin()
     sc = sc.replace(topology=type(sc.topology)(learners=1, chips_per_learner=chips),
                     train=type(sc.train)(steps=steps), eval=type(sc.eval)(every_s=eval_every_s),
@@ -85,9 +86,12 @@ def harness(steps: int, chips: int, eval_every_s: float, proxy: str) -> float:
                     links=type(sc.links)(proxy=proxy))
     with tempfile.TemporaryDirectory() as d:
         res = run_scenario(sc, d)
-        t = {e["step"]: e["t"] for e in read_events(res.run_dir / EVENTS_FILE)
-             if e["ev"] == "step" and e["learner"] == 0}
-    return (steps - WARMUP_STEPS) / (t[steps] - t[WARMUP_STEPS])
+        evs = [e for e in read_events(res.run_dir / EVENTS_FILE) if e["ev"] == "step" and e["learner"] == 0]
+    t = {e["step"]: e["t"] for e in evs}
+    cpu = {e["step"]: e["cpu_s"] for e in evs if "cpu_s" in e}
+    last = max(s for s in cpu if s <= steps)
+    return ((steps - WARMUP_STEPS) / (t[steps] - t[WARMUP_STEPS]),
+            1e3 * (cpu[last] - cpu[WARMUP_STEPS]) / (last - WARMUP_STEPS))
 
 
 def main() -> None:
@@ -96,19 +100,23 @@ def main() -> None:
     ap.add_argument("--chips", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
-    rows: dict[str, list[float]] = {}
+    rows: dict[str, list[tuple[float, float]]] = {}
     for _ in range(a.repeats):  # interleaved, so slow phases of a noisy machine hit every configuration
         rows.setdefault("bare loop (Gloo only)", []).append(bare(a.steps, a.chips))
         rows.setdefault("harness, proxy, eval every 3 s", []).append(harness(a.steps, a.chips, 3.0, "embedded"))
         rows.setdefault("harness, proxy, eval off", []).append(harness(a.steps, a.chips, 3600.0, "embedded"))
         rows.setdefault("harness, no proxy, eval off", []).append(harness(a.steps, a.chips, 3600.0, "off"))
-    base = statistics.median(rows["bare loop (Gloo only)"])
-    print(f"{a.chips} chip(s) x 1 learner, steps {WARMUP_STEPS}..{a.steps}, median of {a.repeats} interleaved runs; "
-          "steps/s per learner (= per chip)")
-    print(f"{'configuration':32} {'median':>8} {'min':>8} {'max':>8} {'overhead':>9}")
-    for name, rates in rows.items():
-        med = statistics.median(rates)
-        print(f"{name:32} {med:8.2f} {min(rates):8.2f} {max(rates):8.2f} {100 * (1 - med / base):8.1f}%")
+    base = statistics.median(r for r, _ in rows["bare loop (Gloo only)"])
+    base_cpu = statistics.median(c for _, c in rows["bare loop (Gloo only)"])
+    print(f"{a.chips} chip(s) x 1 learner, steps {WARMUP_STEPS}..{a.steps}, median of {a.repeats} interleaved runs")
+    print("steps/s: per learner (= per chip), wall clock; chip CPU ms/step: CPU time of the chip process (host)")
+    print(f"{'configuration':32} {'steps/s':>8} {'min':>7} {'max':>7} {'overhead':>9} {'CPU ms/step':>12} "
+          f"{'CPU overhead':>13}")
+    for name, vals in rows.items():
+        med = statistics.median(r for r, _ in vals)
+        cpu = statistics.median(c for _, c in vals)
+        print(f"{name:32} {med:8.2f} {min(r for r, _ in vals):7.2f} {max(r for r, _ in vals):7.2f} "
+              f"{100 * (1 - med / base):8.1f}% {cpu:12.2f} {100 * (cpu / base_cpu - 1):12.1f}%")
 
 
 if __name__ == "__main__":

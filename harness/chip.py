@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,9 @@ from harness.procutil import become_run_process, cpu_seconds
 from harness.syncer_service import max_frame_bytes
 from trainers.data import make_splits, train_batch
 from trainers.learner import LearnerCore, run_ddp, run_decoupled, run_diloco
+
+CPU_MARK_EVERY = 50
+"""Every this many steps, the host's step event carries the process's CPU seconds so far (cost accounting)."""
 
 
 @dataclass(frozen=True)
@@ -77,8 +81,9 @@ def chip_main(spec: ChipSpec) -> None:
             return train_batch(shard, seq, bs, sc.seed, spec.learner, spec.rank, step)
 
         def on_step(step: int, loss: float, tokens: int) -> None:
+            extra = {"cpu_s": round(time.process_time(), 4)} if step % CPU_MARK_EVERY == 0 else {}
             events.log("step", learner=spec.learner, step=step, loss=round(loss, 5), tokens=tokens,
-                       chips=core.collective.size)
+                       chips=core.collective.size, **extra)
 
         def on_apply(step: int, applied: list[tuple[int, int]]) -> None:
             events.log("apply", learner=spec.learner, step=step, fragments=[p for p, _ in applied],

@@ -429,6 +429,13 @@ class SyncerService:
         if res is None or res is True:
             return
         msg = Message(reply, {key: value}, res.tensors)
+        if res.replay_to is not None:  # a learner asked again for a round it missed: answer it alone
+            with self.lock:
+                conn = self.by_learner.get(res.replay_to)
+            if conn is not None:
+                self._send(conn, msg)
+            self.events.log("sync_replayed", learner=res.replay_to, **{key: value})
+            return
         with self.lock:
             targets = [self.by_learner[m] for m in res.participants if m in self.by_learner]
         for conn in targets:

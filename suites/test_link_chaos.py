@@ -93,6 +93,8 @@ def test_decoupled_keeps_training_through_a_partition_and_reintegrates(tmp_path)
     assert len(during) >= 20, f"only {len(during)} merges during the partition"
     assert all(e["participants"] == [0] for e in during[len(during) // 4:]), "learner 1 cannot reach the syncer"
     gaps = [b["t"] - a["t"] for a, b in zip(during, during[1:], strict=False)]
+    print(f"decoupled: partition {t1 - t0:.2f} s, {len(during)} merges during it, longest gap in it "
+          f"{max(gaps):.3f} s, final eval {rep['final_eval_loss']}")
     assert max(gaps) < (t1 - t0) / 4, f"global model stalled {max(gaps):.2f} s in a {t1 - t0:.2f} s partition"
     rejoin = [e for e in evs if e["ev"] == "learner_join" and e["learner"] == 1 and e["t"] > t1]
     assert rejoin, "learner 1 did not reconnect after the heal"
@@ -119,6 +121,7 @@ def test_ddp_stalls_for_the_same_partition(tmp_path):
     rep, evs = res.report, read_events(res.run_dir / "events.jsonl")
     t0, t1 = window(evs, 0)
     during = [e for e in evs if e["ev"] == "merge" and t0 + 0.5 <= e["t"] <= t1]
+    print(f"ddp: partition {t1 - t0:.2f} s, {len(during)} merges during it, longest gap {rep['longest_gap_s']} s")
     assert during == [], f"ddp merged {len(during)} times while a learner was partitioned"
     assert rep["longest_gap_s"] >= PARTITION_S - 0.5, rep["longest_gap_s"]
     steps0 = [e["step"] for e in evs if e["ev"] == "step" and e["learner"] == 0 and t0 + 0.5 <= e["t"] <= t1]

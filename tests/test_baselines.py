@@ -153,3 +153,28 @@ def test_diloco_rejects_nonfinite_and_never_completes_that_round() -> None:
     assert s.merges == 0
     for n, t in s.params.items():
         assert torch.equal(t, theta[n])
+
+
+def test_a_contribution_to_a_completed_round_gets_the_stored_result_not_a_new_round() -> None:
+    """A learner whose reply was lost (link outage) sends its request again after reconnecting."""
+    from trainers.baselines import DdpSyncer, DilocoSyncer
+    from trainers.config import DilocoConfig, TrainConfig
+    from trainers.model import ModelConfig
+
+    cfg = ModelConfig()
+    ddp = DdpSyncer(cfg, TrainConfig(), 0, 2)
+    g = {n: torch.ones_like(p) for n, p in ddp.params.items()}
+    assert ddp.on_grads(0, 1, 10, g) is None
+    done = ddp.on_grads(1, 1, 10, g)
+    assert done.replay_to is None and ddp.merges == 1
+    again = ddp.on_grads(1, 1, 10, g)
+    assert again.replay_to == 1 and again.key == 1 and ddp.merges == 1, "no second merge of the same step"
+    assert ddp.barrier.pending == {}, "no half-open round for a step that is done"
+    assert ddp.on_grads(0, 2, 10, g) is None and ddp.merges == 1
+
+    dl = DilocoSyncer(cfg, DilocoConfig(), 0, 2)
+    p = {n: t.clone() for n, t in dl.params.items()}
+    dl.on_params(0, 1, 8, 10, p)
+    assert dl.on_params(1, 1, 8, 10, p).replay_to is None
+    assert dl.on_params(0, 1, 8, 10, p).replay_to == 0 and dl.merges == 1
+    assert dl.on_params(0, 0, 0, 10, p) is None, "older rounds than the last are not answered"

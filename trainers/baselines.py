@@ -15,6 +15,7 @@ synchronous system fails).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from torch import Tensor
@@ -35,14 +36,28 @@ class SyncRound:
     tokens: list[int]
     step: int
     tensors: dict[str, Tensor]
+    replay_to: int | None = None
+    """Set when this is an already-sent result asked for again by one learner (its reply was lost)."""
 
 
 class _Barrier:
-    """Collects one contribution per learner for each round key until all M are in."""
+    """Collects one contribution per learner for each round key until all M are in.
+
+    Keys only move forward: a contribution to a round that already completed is not a new round (it is a
+    learner whose reply was lost, e.g. across a link outage); the caller answers it from `last`.
+    """
 
     def __init__(self, num_learners: int) -> None:
         self.num_learners = num_learners
         self.pending: dict[int, dict[int, tuple[int, dict[str, Tensor]]]] = {}
+        self.completed = -1
+        self.last: SyncRound | None = None
+
+    def replay(self, key: int, learner: int) -> SyncRound | None | bool:
+        """For a key at or below the last completed one: the stored result again (last key), else None."""
+        if self.last is not None and key == self.last.key:
+            return dataclasses.replace(self.last, replay_to=learner)
+        return None
 
     def add(
         self, key: int, learner: int, tokens: int, tensors: dict[str, Tensor]
@@ -51,6 +66,7 @@ class _Barrier:
         got[learner] = (tokens, tensors)
         if len(got) < self.num_learners:
             return None
+        self.completed = key
         return self.pending.pop(key)
 
 
@@ -68,6 +84,8 @@ class DdpSyncer:
         """False if rejected (non-finite / wrong names), None while waiting, the round when complete."""
         if set(grads) != set(self.params) or not all_finite(grads.values()):
             return False
+        if step <= self.barrier.completed:
+            return self.barrier.replay(step, learner)
         done = self.barrier.add(step, learner, tokens, grads)
         if done is None:
             return None
@@ -79,7 +97,8 @@ class DdpSyncer:
             p.grad = avg[n].clone()
         self.optimizer.step(step)
         self.merges += 1
-        return SyncRound(key=step, participants=learners, tokens=toks, step=step, tensors=avg)
+        self.barrier.last = SyncRound(key=step, participants=learners, tokens=toks, step=step, tensors=avg)
+        return self.barrier.last
 
 
 class DilocoSyncer:
@@ -96,6 +115,8 @@ class DilocoSyncer:
                   params: dict[str, Tensor]) -> SyncRound | None | bool:
         if set(params) != set(self.params) or not all_finite(params.values()):
             return False
+        if round_ <= self.barrier.completed:
+            return self.barrier.replay(round_, learner)
         done = self.barrier.add(round_, learner, tokens, params)
         if done is None:
             return None
@@ -104,8 +125,9 @@ class DilocoSyncer:
         delta = {n: weighted_mean([self.params[n] - done[m][1][n] for m in learners], w) for n in self.params}
         self.outer.step("model", self.params, delta)
         self.merges += 1
-        return SyncRound(key=round_, participants=learners, tokens=[done[m][0] for m in learners], step=step,
-                         tensors={n: t.clone() for n, t in self.params.items()})
+        self.barrier.last = SyncRound(key=round_, participants=learners, tokens=[done[m][0] for m in learners],
+                                      step=step, tensors={n: t.clone() for n, t in self.params.items()})
+        return self.barrier.last
 
 
 def named_clone(params: dict[str, Tensor]) -> dict[str, Tensor]:
