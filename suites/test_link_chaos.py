@@ -132,12 +132,13 @@ def test_ddp_stalls_for_the_same_partition(tmp_path):
 
 @pytest.mark.parametrize("mode", ["slice", "limit_data"])
 def test_sliced_and_truncated_frames_never_reach_a_merge(tmp_path, mode):
-    """slicer delivers learner 1's frames in ~64-byte pieces (they must be reassembled, not rejected);
+    """slicer delivers learner 1's frames in ~512-byte pieces (they must be reassembled, not rejected);
     limit_data cuts each of its connections after 20 KB, so frames arrive truncated: counted, rejected,
     the learner reconnects, and no partial tensor is ever merged."""
     fault: dict[str, Any] = {"action": mode, "learner": 1, "at": {"step": 20, "learner": 0},
                              "until": {"step": 60, "learner": 0}}
-    fault.update({"average_size": 64, "size_variation": 32, "delay_us": 100} if mode == "slice" else
+    # 512-byte slices, no delay: a 137 KB push arrives in ~270 pieces, yet fast enough to be pushed often
+    fault.update({"average_size": 512, "size_variation": 256, "delay_us": 0} if mode == "slice" else
                  {"bytes": 20_000})
     sc = scenario("decoupled", learners=2, steps=100, faults=[fault])
     res = run_scenario(sc, tmp_path)
@@ -148,6 +149,7 @@ def test_sliced_and_truncated_frames_never_reach_a_merge(tmp_path, mode):
         assert rejected == [] and rep["frames_rejected"] == 0
         # Each push arrives intact, just slowly (so it is usually late: the round merged without it).
         intact = [e for e in evs if e["ev"] == "push" and e["learner"] == 1 and t0 < e["t"] < t1]
+        print(f"slice: {len(intact)} pushes of learner 1 arrived whole in {t1 - t0:.2f} s of slicing")
         assert len(intact) >= 3, "frames delivered in slices must still be decoded whole"
     else:
         assert rejected and {e["kind"] for e in rejected} == {"truncated"}, rejected[:3]
