@@ -31,7 +31,10 @@ from typing import Any
 LINK_ACTIONS = ("degrade", "partition", "flap", "reset_peer", "slice", "limit_data")
 """Actions on one learner's link, carried out through its Toxiproxy proxy (chaos/links.py)."""
 
-ACTIONS = LINK_ACTIONS
+PROCESS_ACTIONS = ("kill_chip", "kill_learner", "crash_host", "freeze")
+"""Actions on a learner's processes, by pid (chaos/processes.py). Kills are one shot; a freeze lasts to `until`."""
+
+ACTIONS = LINK_ACTIONS + PROCESS_ACTIONS
 
 # action -> the parameter fields it accepts (all others must stay unset)
 ACTION_PARAMS: dict[str, tuple[str, ...]] = {
@@ -41,6 +44,10 @@ ACTION_PARAMS: dict[str, tuple[str, ...]] = {
     "reset_peer": ("timeout_ms",),
     "slice": ("average_size", "size_variation", "delay_us"),
     "limit_data": ("bytes",),
+    "kill_chip": ("chip",),
+    "kill_learner": (),
+    "crash_host": (),
+    "freeze": ("chip",),
 }
 
 
@@ -79,7 +86,8 @@ class FaultSpec:
     """One scheduled fault. `action` decides which of the parameter fields apply."""
 
     action: str
-    """One of ACTIONS: degrade, partition, flap, reset_peer, slice, limit_data."""
+    """One of ACTIONS: degrade, partition, flap, reset_peer, slice, limit_data, kill_chip, kill_learner,
+    crash_host, freeze."""
     learner: int
     """The learner whose link (or process, for process actions) the fault hits."""
     at: Trigger = field(default_factory=lambda: Trigger(time_s=0.0))
@@ -110,6 +118,8 @@ class FaultSpec:
     """slice: microseconds between slices."""
     bytes: int | None = None
     """limit_data: connections are closed after this many bytes (per direction)."""
+    chip: int | None = None
+    """kill_chip, freeze: which chip (rank) of the learner; freeze without it stops all the learner's chips."""
 
     def params(self) -> dict[str, Any]:
         """The action's parameters that are set."""
@@ -131,6 +141,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "size_variation": (0, 1 << 24),
     "delay_us": (0, 10_000_000),
     "bytes": (0, 1 << 40),
+    "chip": (0, 1023),
 }
 _MODES = ("blackhole", "refuse")
 
@@ -212,6 +223,8 @@ def parse_fault(raw: Any, key: str, learners: int) -> FaultSpec:
         raise ScheduleError(f"{key}: degrade needs profile, latency_ms, jitter_ms or bandwidth_kbps")
     if action == "flap" and (spec.period_s is None or spec.duty is None):
         raise ScheduleError(f"{key}: flap needs period_s and duty")
+    if action == "freeze" and spec.until is None:
+        raise ScheduleError(f"{key}: freeze needs until (a process frozen to the end of the run never finishes)")
     if action == "limit_data" and spec.bytes is None:
         raise ScheduleError(f"{key}: limit_data needs bytes")
     return spec

@@ -21,7 +21,7 @@ from harness.link import SyncerLink
 from harness.procutil import become_run_process, cpu_seconds
 from harness.syncer_service import max_frame_bytes
 from trainers.data import make_splits, train_batch
-from trainers.learner import LearnerCore, run_ddp, run_decoupled, run_diloco
+from trainers.learner import LearnerCore, initial_pull, run_ddp, run_decoupled, run_diloco
 
 CPU_MARK_EVERY = 50
 """Every this many steps, the host's step event carries the process's CPU seconds so far (cost accounting)."""
@@ -41,6 +41,8 @@ class ChipSpec:
     syncer_port: int
     secret_hex: str
     parent_pid: int
+    start_step: int = 0
+    """0 for a fresh learner; for a restarted one, the step it resumes after (it pulls the global model first)."""
 
 
 class GlooCollective:
@@ -93,6 +95,19 @@ def chip_main(spec: ChipSpec) -> None:
             link = SyncerLink("127.0.0.1", spec.syncer_port, spec.learner, bytes.fromhex(spec.secret_hex), t,
                               max_frame_bytes(sc), events).start()
             link.wait_connected(t.connect_s)
+        if spec.start_step > 0:  # a restarted learner resumes where it stopped, from the global model
+            core.step = spec.start_step
+            if sc.algorithm == "decoupled":
+                deadline = time.monotonic() + 2 * t.connect_s
+
+                def wait() -> bool:
+                    left = deadline - time.monotonic()
+                    return left > 0 and link is not None and link.wait_inbox(left)
+
+                got = initial_pull(core, link, wait)
+                if spec.rank == 0:
+                    events.log("initial_pull", learner=spec.learner, step=core.step, fragments=len(got),
+                               of=len(core.partition))
         if sc.algorithm == "decoupled":
             run_decoupled(core, batch, link, on_step, on_apply)
         elif sc.algorithm == "diloco":

@@ -5,7 +5,8 @@ updates its view of training progress and says which faults start or end,
 and the runner applies them through the link chaos API, logging
 `fault_start` / `fault_end` with the fault's index, description, the reason
 (the trigger reached) and the progress at that moment. `stop_all` ends every
-active fault; the supervisor calls it on every way out of a run.
+active fault; the supervisor calls it on every way out of a run. Process faults go to
+chaos/processes.py by pid from the supervisor's registry.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import logging
 from typing import Any
 
 from chaos.links import LinkChaos, LinkFault
-from chaos.schedule import FaultSchedule, FaultSpec, Transition
+from chaos.processes import ProcessChaos, ProcessFault
+from chaos.schedule import LINK_ACTIONS, FaultSchedule, FaultSpec, Transition
 from harness.events import EventLog
 
 log = logging.getLogger(__name__)
@@ -23,11 +25,18 @@ log = logging.getLogger(__name__)
 class FaultRunner:
     """Applies a FaultSchedule's decisions; `fired` / `cleared` count them per fault."""
 
-    def __init__(self, faults: tuple[FaultSpec, ...], chaos: LinkChaos | None, events: EventLog) -> None:
+    def __init__(self, faults: tuple[FaultSpec, ...], chaos: LinkChaos | None, events: EventLog,
+                 processes: ProcessChaos | None = None) -> None:
         self.schedule = FaultSchedule(faults)
         self.chaos = chaos
+        self.processes = processes
         self.events = events
-        self.handles: dict[int, LinkFault] = {}
+        self.handles: dict[int, LinkFault | ProcessFault] = {}
+
+    def never_fired(self) -> list[str]:
+        """Faults whose trigger was never reached: a schedule that did not happen is a failed run."""
+        return [f"faults[{i}] {f.describe()} at {f.at.describe()}" for i, f in enumerate(self.schedule.faults)
+                if self.schedule.fired[i] == 0]
 
     @property
     def fired(self) -> list[int]:
@@ -53,8 +62,15 @@ class FaultRunner:
         fields = {"index": tr.index, "action": spec.action, "learner": spec.learner, "describe": spec.describe(),
                   "reason": tr.reason, "elapsed_s": round(elapsed_s, 3), "progress": self.schedule.progress.as_dict()}
         if tr.start:
-            assert self.chaos is not None, "link faults need proxies (validated before the run)"
-            self.handles[tr.index] = self.chaos.apply(spec)
+            if spec.action in LINK_ACTIONS:
+                assert self.chaos is not None, "link faults need proxies (validated before the run)"
+                self.handles[tr.index] = self.chaos.apply(spec)
+            else:
+                assert self.processes is not None
+                try:
+                    self.handles[tr.index] = self.processes.apply(spec)
+                except ProcessLookupError as e:  # the learner is down already: the fault hit nothing
+                    fields["missed"] = str(e)
             self.events.log("fault_start", **fields)
         else:
             handle = self.handles.pop(tr.index, None)

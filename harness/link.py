@@ -94,6 +94,17 @@ class SyncerLink:
                 self._cv.wait(left)
         return self._wsock is not None
 
+    def wait_inbox(self, timeout_s: float) -> bool:
+        """Wait (bounded) until a merged fragment is waiting to be polled; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while not self._inbox:
+                left = deadline - time.monotonic()
+                if left <= 0 or self.fatal is not None:
+                    return False
+                self._cv.wait(left)
+        return True
+
     def publish(self, snapshot: Snapshot, partition: list[list[str]]) -> None:
         """Keep the newest host-RAM snapshot for pulls and queue the step's metadata. Never blocks."""
         with self._cv:
@@ -250,6 +261,7 @@ class SyncerLink:
                 merged = message_to_merged(msg)
                 with self._cv:
                     self._inbox.append(merged)
+                    self._cv.notify_all()
             elif msg.type in (MsgType.GRADS_AVG, MsgType.PARAMS_MERGED):
                 key = ("grads", int(msg.meta["step"])) if msg.type is MsgType.GRADS_AVG else \
                     ("round", int(msg.meta["round"]))

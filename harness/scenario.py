@@ -91,6 +91,19 @@ class LinksConfig:
 
 
 @dataclass(frozen=True)
+class RecoveryConfig:
+    """What the supervisor does when a learner fails (a chip process dies or its Gloo group breaks)."""
+
+    policy: str = choice("fail", ("fail", "restart"))
+    """fail: the run fails (any chip failure is a bug to see); restart: the whole learner is stopped and,
+    after repair_s, started again as a new Gloo group; it pulls the global model and resumes its steps."""
+    repair_s: float = bounded(2.0, 0.0, 3600.0)
+    """Repair delay: seconds between a learner's failure and its restart."""
+    max_restarts: int = bounded(3, 0, 1000)
+    """Restarts allowed per learner; one more failure fails the run."""
+
+
+@dataclass(frozen=True)
 class EvalConfig:
     """Eval loss of the global model, computed by the syncer off the learners' hot path."""
 
@@ -118,6 +131,7 @@ class Scenario:
     timeouts: Timeouts = field(default_factory=Timeouts)
     eval: EvalConfig = field(default_factory=EvalConfig)
     links: LinksConfig = field(default_factory=LinksConfig)
+    recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     faults: tuple[FaultSpec, ...] = ()
     """Scheduled faults, `[[faults]]` tables (chaos/schedule.py): action, learner, at, until, parameters."""
 
@@ -216,7 +230,7 @@ def validate(sc: Scenario) -> None:
     """Check ranges and the rules that tie fields together. Raises ScenarioError."""
     _check_ranges(sc, "", {})
     for name, sub_ranges in (("topology", {}), ("model", _MODEL_RANGES), ("data", _DATA_RANGES), ("train", {}),
-                             ("diloco", {}), ("timeouts", {}), ("eval", {}), ("links", {})):
+                             ("diloco", {}), ("timeouts", {}), ("eval", {}), ("links", {}), ("recovery", {})):
         _check_ranges(getattr(sc, name), name, sub_ranges)
     m = sc.topology.learners
     for i, f in enumerate(sc.faults):
@@ -224,6 +238,13 @@ def validate(sc: Scenario) -> None:
             parse_fault(f, f"faults[{i}]", m)
         except ScheduleError as e:
             raise ScenarioError(str(e)) from None
+    for i, f in enumerate(sc.faults):
+        if f.chip is not None and f.chip >= sc.topology.chips_per_learner:
+            raise ScenarioError(f"faults[{i}].chip = {f.chip}: must be in [0, {sc.topology.chips_per_learner - 1}]"
+                                " (topology.chips_per_learner)")
+        if f.action in ("kill_chip", "kill_learner", "crash_host") and sc.recovery.policy == "fail":
+            raise ScenarioError(f"faults[{i}].action = {f.action!r}: needs recovery.policy = 'restart' "
+                                "(with 'fail' the first lost chip ends the run)")
     if sc.links.proxy == "off" and any(f.action in LINK_ACTIONS for f in sc.faults):
         raise ScenarioError("links.proxy = 'off': link faults need proxies; use auto or embedded")
     if sc.diloco.min_quorum > m:

@@ -26,6 +26,7 @@ from typing import Any
 import psutil
 import torch.distributed as dist
 
+from chaos.processes import ProcessChaos
 from harness.chip import ChipSpec, chip_main
 from harness.events import EVENTS_FILE, EventLog, EventTail
 from harness.fault_runner import FaultRunner
@@ -97,6 +98,12 @@ class Supervisor:
         self.store: Any = None
         self.links: Any = None
         self.faults: FaultRunner | None = None
+        self.ports: dict[int, int] = {}
+        self.retired: list[Any] = []  # processes of earlier generations of restarted learners
+        self.learner_state: dict[int, str] = {}  # up, down (waiting for its repair delay) or done
+        self.generation: dict[int, int] = {}
+        self.restart_at: dict[int, float] = {}
+        self.restarts: dict[int, int] = {}
 
     def _start(self, name: str, target: Any, args: tuple) -> None:
         p = context().Process(target=target, args=args, name=name, daemon=False)
@@ -130,13 +137,15 @@ class Supervisor:
 
                 self.links = RunLinks.open(sc, port, self.events, fragment_bytes(sc))
                 ports = self.links.ports
-            self.faults = FaultRunner(sc.faults, self.links.chaos if self.links else None, self.events)
+            self.ports = ports
+            procs = ProcessChaos(self._chip_pids, sc.topology.learners, on_event=self.events.log)
+            self.faults = FaultRunner(sc.faults, self.links.chaos if self.links else None, self.events, procs)
             for m in range(sc.topology.learners):
-                for r in range(sc.topology.chips_per_learner):
-                    cs = ChipSpec(str(self.run_dir), sc.to_dict(), m, r, sc.topology.chips_per_learner, 0,
-                                  self.store.port, ports[m], self.secret.hex(), os.getpid())
-                    self._start(f"learner{m}.chip{r}", chip_main, (cs,))
+                self._start_learner(m, generation=0, start_step=0)
             self._watch(stop, t0)
+            never = self.faults.never_fired()
+            if never:
+                raise RunFailed("scheduled fault(s) never fired: " + "; ".join(never))
         except (KeyboardInterrupt, _Terminate) as e:
             self.events.log("run_interrupted", reason=type(e).__name__)
             raise
@@ -155,28 +164,76 @@ class Supervisor:
         report = build_report(self.run_dir)
         write_json(self.run_dir / REPORT_FILE, report)
         self.events.close()
-        return RunResult(self.run_dir, report, [p.pid for p in self.procs.values()])
+        return RunResult(self.run_dir, report, [p.pid for p in [*self.procs.values(), *self.retired]])
+
+    def _chips_of(self, m: int) -> list[Any]:
+        return [self.procs[f"learner{m}.chip{r}"] for r in range(self.sc.topology.chips_per_learner)]
+
+    def _chip_pids(self, m: int) -> list[int]:
+        """Live chip pids of learner m by rank: the registry process faults act on."""
+        if self.learner_state.get(m) != "up":
+            return []
+        return [p.pid for p in self._chips_of(m) if p.exitcode is None]
+
+    def _start_learner(self, m: int, generation: int, start_step: int) -> None:
+        sc = self.sc
+        for r in range(sc.topology.chips_per_learner):
+            name = f"learner{m}.chip{r}"
+            if name in self.procs:
+                self.retired.append(self.procs[name])
+            cs = ChipSpec(str(self.run_dir), sc.to_dict(), m, r, sc.topology.chips_per_learner, generation,
+                          self.store.port, self.ports[m], self.secret.hex(), os.getpid(), start_step)
+            self._start(name, chip_main, (cs,))
+        self.generation[m] = generation
+        self.learner_state[m] = "up"
+
+    def _learner_failed(self, m: int, exitcodes: dict[str, int | None], now: float, step: int) -> None:
+        """Apply the recovery policy to a learner one of whose chips died."""
+        rec = self.sc.recovery
+        if rec.policy == "fail" or self.restarts.get(m, 0) >= rec.max_restarts:
+            why = "recovery.policy = 'fail'" if rec.policy == "fail" else f"max_restarts = {rec.max_restarts} used"
+            raise RunFailed(f"chip process(es) of learner {m} failed ({why}): {exitcodes}")
+        for p in self._chips_of(m):  # the group is broken: stop the survivors now, they cannot step alone
+            if p.exitcode is None:
+                _signal_tree(p.pid, signal.SIGKILL)
+        for p in self._chips_of(m):
+            p.join(timeout=self.sc.timeouts.shutdown_s)
+        self.learner_state[m] = "down"
+        self.restart_at[m] = now + rec.repair_s
+        self.events.log("learner_down", learner=m, exitcodes=exitcodes, step=step, repair_s=rec.repair_s)
 
     def _watch(self, stop: Any, t0: float) -> None:
         t = self.sc.timeouts
         tail = EventTail(self.run_dir / EVENTS_FILE)
-        chips = {n: p for n, p in self.procs.items() if n != "syncer"}
         syncer = self.procs["syncer"]
         faults = self.faults
+        assert faults is not None
+        m_all = range(self.sc.topology.learners)
         while True:
             new = tail.poll()
             if self.on_events is not None:
                 self.on_events(new)
-            if faults is not None:
-                faults.tick(new, time.monotonic() - t0)
-            if time.monotonic() - t0 > t.run_s:
+            faults.tick(new, time.monotonic() - t0)
+            now = time.monotonic()
+            if now - t0 > t.run_s:
                 raise RunFailed(f"run exceeded timeouts.run_s = {t.run_s}s")
-            failed = {n: p.exitcode for n, p in chips.items() if p.exitcode not in (None, 0)}
-            if failed:
-                raise RunFailed(f"chip process(es) failed: {failed}")
+            for m in m_all:
+                state = self.learner_state[m]
+                if state == "up":
+                    codes = {f"learner{m}.chip{r}": p.exitcode for r, p in enumerate(self._chips_of(m))}
+                    if any(c not in (None, 0) for c in codes.values()):
+                        self._learner_failed(m, codes, now, faults.schedule.progress.steps.get(m, 0))
+                    elif all(c == 0 for c in codes.values()):
+                        self.learner_state[m] = "done"
+                elif state == "down" and now >= self.restart_at[m]:
+                    self.restarts[m] = self.restarts.get(m, 0) + 1
+                    step = faults.schedule.progress.steps.get(m, 0)
+                    self._start_learner(m, self.generation[m] + 1, step)
+                    self.events.log("learner_restart", learner=m, generation=self.generation[m], start_step=step,
+                                    restarts=self.restarts[m])
             if syncer.exitcode is not None and syncer.exitcode != 0:
                 raise RunFailed(f"syncer exited with code {syncer.exitcode}")
-            if all(p.exitcode == 0 for p in chips.values()):
+            if all(self.learner_state[m] == "done" for m in m_all):
                 stop.set()
                 syncer.join(timeout=t.shutdown_s + 30)
                 if syncer.exitcode != 0:
@@ -184,18 +241,21 @@ class Supervisor:
                 if self.on_events is not None:
                     self.on_events(tail.poll())
                 return
-            poll_s = FAULT_POLL_S if faults is not None and faults.pending() else POLL_S
-            _wait_any([p for p in [*chips.values(), syncer] if p.exitcode is None], poll_s)
+            down = [self.restart_at[m] - now for m in m_all if self.learner_state[m] == "down"]
+            poll_s = min([FAULT_POLL_S if faults.pending() else POLL_S, *[max(0.0, d) for d in down]])
+            live = [p for p in self.procs.values() if p.exitcode is None]
+            _wait_any(live, poll_s)
 
     def _stop_all(self) -> None:
         """SIGTERM every live process of the run, then SIGKILL what remains after shutdown_s."""
-        live = [p for p in self.procs.values() if p.is_alive()]
+        every = [*self.procs.values(), *self.retired]
+        live = [p for p in every if p.is_alive()]
         for p in live:
             _signal_tree(p.pid, signal.SIGTERM)
         deadline = time.monotonic() + self.sc.timeouts.shutdown_s
         for p in live:
             p.join(timeout=max(0.0, deadline - time.monotonic()))
-        for p in self.procs.values():
+        for p in every:
             if p.is_alive():
                 _signal_tree(p.pid, signal.SIGKILL)
                 p.join(timeout=5)

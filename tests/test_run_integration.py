@@ -56,3 +56,24 @@ def test_baselines_2x1_converge(runs_dir, algorithm):
     assert rep["tokens_merged"] == rep["tokens_trained"]  # synchronous: every token reaches the model
     assert rep["final_eval_loss"] < rep["initial_eval_loss"] - 1.5
     assert_no_survivors(res.pids + rep["chip_pids"])
+
+
+def test_a_scheduled_fault_that_never_fires_fails_the_run(runs_dir):
+    """A chaos test whose fault did not happen proves nothing: the run must say so loudly."""
+    from harness.supervisor import RunFailed
+
+    sc = tiny("decoupled", learners=2, chips=1, steps=30).replace(
+        faults=[{"action": "partition", "learner": 1, "at": {"step": 10_000}}])
+    with pytest.raises(RunFailed, match=r"never fired: faults\[0\] partition\(learner 1.*reached step 10000"):
+        run_scenario(sc, runs_dir)
+
+
+def test_chip_failure_with_policy_fail_fails_the_run(runs_dir):
+    """Without a restart policy a lost chip is an error, and the run says which learner and why."""
+    from harness.supervisor import RunFailed
+
+    sc = tiny("decoupled", learners=2, chips=2, steps=200).replace(
+        recovery=type(tiny().recovery)(policy="restart", max_restarts=0),
+        faults=[{"action": "kill_chip", "learner": 0, "chip": 1, "at": {"step": 20, "learner": 1}}])
+    with pytest.raises(RunFailed, match=r"learner 0 failed \(max_restarts = 0 used\)"):
+        run_scenario(sc, runs_dir)

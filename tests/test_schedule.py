@@ -100,6 +100,9 @@ def test_reached_is_pure_over_its_branches() -> None:
          "faults[0].at.learner: only valid together with faults[0].at.step"),
         ({"action": "partition", "learner": 0, "at": {"step": -1}}, "faults[0].at.step = -1: must be an integer"),
         ({"action": "partition", "learner": 0, "until": 5}, "faults[0].until = 5: must be a table"),
+        ({"action": "kill_learner", "learner": 0, "chip": 1}, "faults[0].chip: not a parameter of kill_learner"),
+        ({"action": "freeze", "learner": 0}, "freeze needs until"),
+        ({"action": "kill_chip", "learner": 0, "chip": -1}, "faults[0].chip = -1: must be in [0, 1023]"),
     ],
 )
 def test_bad_entries_name_the_key(raw: dict, needle: str) -> None:

@@ -307,6 +307,27 @@ def _sync_applies(core: LearnerCore, link: DecoupledLink | None) -> list[tuple[i
 ApplyHook = Callable[[int, list[tuple[int, int]]], None]
 
 
+def initial_pull(core: LearnerCore, link: DecoupledLink | None, wait: Callable[[], bool]) -> list[tuple[int, int]]:
+    """A (re)joining learner takes the current global value of every fragment before its first step.
+
+    Host: collects the fragments the syncer sends on join until it has all of them or `wait()` says to stop
+    (it waits on the link and returns False past its deadline); then every chip applies them at once, which
+    resets each fragment's counters, so the learner's first push covers only its own new steps.
+    """
+    if core.collective.rank == 0:
+        assert link is not None
+        n = len(core.partition)
+        while True:
+            for merged in link.poll():
+                core.receive(merged)
+            if all(st.pending is not None for st in core.frags[:n]) or not wait():
+                break
+        for st in core.frags:
+            if st.pending is not None:
+                st.pending_apply_at = core.step
+    return _sync_applies(core, link)
+
+
 def run_decoupled(
     core: LearnerCore, batch: BatchFn, link: DecoupledLink | None, on_step: StepHook,
     on_apply: ApplyHook | None = None, should_stop: Callable[[], bool] = lambda: False,

@@ -1,0 +1,125 @@
+"""Process failure suite: chips and learners die or freeze for real (SIGKILL / SIGSTOP by pid), the others go on.
+
+Decoupled DiLoCo's claim: a failure in one learner does not stop training elsewhere, and the repaired learner is
+reintegrated. Each test runs the real system with a fault from the scenario's schedule, triggered by training
+progress (another learner's step), with `recovery.policy = "restart"`: the supervisor stops the broken learner,
+waits its repair delay, starts it as a new Gloo group; it pulls the global model and resumes its steps.
+Public API only: harness.scenario.from_dict, harness.supervisor.run_scenario, harness.events.read_events.
+
+Scaling to a real cluster: the same schedule entries apply; a chip is a host process there, and the repair delay
+is the time to replace a machine (minutes, not seconds), which only lengthens the outage window asserted here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psutil
+import pytest
+
+from harness.events import read_events
+from harness.scenario import from_dict
+from harness.supervisor import run_scenario
+
+STEPS = 240
+REPAIR_S = 1.0
+MAX_GAP_S = 1.5
+"""Longest the global model may stand still while at least K = 1 learner is alive (fault-free: ~0.1 s)."""
+REJOIN_S = 10.0
+"""A failed learner must be back (its first step after the restart) within this of its repair delay ending."""
+LOSS_TOLERANCE = 0.25
+"""Final eval loss may exceed the fault-free run of the same seed by at most this (nats per byte)."""
+
+
+def scenario(faults: list[dict[str, Any]], chips: int = 2) -> Any:
+    return from_dict({
+        "name": "process-failure",
+        "seed": 5,
+        "algorithm": "decoupled",
+        "topology": {"learners": 2, "chips_per_learner": chips},
+        "train": {"steps": STEPS, "warmup_steps": 10},
+        "diloco": {"fragments": 4, "sync_every": 4, "overlap": 1},
+        "eval": {"every_s": 2.0, "batches": 2},
+        "timeouts": {"run_s": 240.0},
+        "recovery": {"policy": "restart", "repair_s": REPAIR_S, "max_restarts": 2},
+        "faults": faults,
+    })
+
+
+@pytest.fixture(scope="module")
+def fault_free(tmp_path_factory) -> dict[str, Any]:
+    return run_scenario(scenario([]), tmp_path_factory.mktemp("fault-free")).report
+
+
+def no_survivors(res: Any) -> bool:
+    return not [p for p in res.pids + res.report["chip_pids"]
+                if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def check_outage(res: Any, fault_free: dict[str, Any], down_ev: str) -> dict[str, Any]:
+    """Shared assertions: learner 0 and the global model went on through learner 1's outage; learner 1 came back
+    and its later pushes were merged; the final model is as good as the fault-free one. Returns figures."""
+    rep, evs = res.report, read_events(res.run_dir / "events.jsonl")
+    (start,) = [e for e in evs if e["ev"] == "fault_start"]
+    assert "missed" not in start, start
+    t_down = start["t"]
+    back = next(e for e in evs if e["ev"] == down_ev and e["learner"] == 1 and e["t"] > t_down)
+    first_step_back = next(e for e in evs if e["ev"] == "step" and e["learner"] == 1 and e["t"] > back["t"])
+    steps0 = [e for e in evs if e["ev"] == "step" and e["learner"] == 0 and t_down < e["t"] < first_step_back["t"]]
+    merges = [e["t"] for e in evs if e["ev"] == "merge" and t_down <= e["t"] <= first_step_back["t"]]
+    gaps = [b - a for a, b in zip([t_down, *merges], [*merges, first_step_back["t"]], strict=True)]
+    later = [e for e in evs if e["ev"] == "merge" and e["t"] > first_step_back["t"] and 1 in e["participants"]]
+    figures = {"outage_s": round(first_step_back["t"] - t_down, 3), "learner0_steps_in_outage": len(steps0),
+               "merges_in_outage": len(merges), "max_gap_in_outage_s": round(max(gaps), 3),
+               "merged_after_rejoin": len(later), "final_eval": rep["final_eval_loss"],
+               "fault_free_eval": fault_free["final_eval_loss"]}
+    print(figures)
+    assert len(steps0) >= 10, f"learner 0 stalled during learner 1's outage: {figures}"
+    assert max(gaps) < MAX_GAP_S, f"global model stood still {max(gaps):.2f} s > {MAX_GAP_S} s: {figures}"
+    assert later, f"learner 1's pushes after it came back were never merged: {figures}"
+    assert all(d["steps"] == STEPS for d in rep["per_learner"].values()), rep["per_learner"]
+    assert rep["final_eval_loss"] <= fault_free["final_eval_loss"] + LOSS_TOLERANCE, figures
+    assert rep["global_model_finite"] is True
+    assert no_survivors(res)
+    return figures
+
+
+def at_step(step: int) -> dict[str, Any]:
+    return {"step": step, "learner": 0}
+
+
+def test_chip_loss_failure_restarts_the_learner(tmp_path, fault_free):
+    res = run_scenario(scenario([{"action": "kill_chip", "learner": 1, "chip": 1, "at": at_step(STEPS // 4)}]),
+                       tmp_path)
+    evs = read_events(res.run_dir / "events.jsonl")
+    down = next(e for e in evs if e["ev"] == "learner_down")
+    restart = next(e for e in evs if e["ev"] == "learner_restart")
+    assert down["learner"] == 1 and restart["learner"] == 1 and restart["generation"] == 1
+    assert restart["t"] - down["t"] >= REPAIR_S, "restarted before its repair delay"
+    pull = next(e for e in evs if e["ev"] == "initial_pull" and e["learner"] == 1)
+    assert pull["fragments"] == pull["of"] == 4, "a rejoining learner takes every global fragment first"
+    assert restart["start_step"] == pull["step"] > 0
+    groups = res.report["gloo_groups"]
+    assert "learner1/gen1" in groups and "learner1/gen0" in groups, groups
+    first_back = next(e for e in evs if e["ev"] == "step" and e["learner"] == 1 and e["t"] > restart["t"])
+    assert first_back["t"] - (down["t"] + REPAIR_S) < REJOIN_S
+    check_outage(res, fault_free, "learner_restart")
+
+
+def test_learner_loss_failure_restarts_the_learner(tmp_path, fault_free):
+    res = run_scenario(scenario([{"action": "kill_learner", "learner": 1, "at": at_step(STEPS // 3)}]), tmp_path)
+    evs = read_events(res.run_dir / "events.jsonl")
+    kill = next(e for e in evs if e["ev"] == "process_fault")
+    assert kill["kind"] == "kill_learner" and len(kill["pids"]) == 2 and kill["signal"] == "SIGKILL"
+    check_outage(res, fault_free, "learner_restart")
+
+
+def test_freeze_failure_learner_resumes_after_sigcont(tmp_path, fault_free):
+    """A frozen host stops talking; the syncer drops it after timeouts.liveness_s; after SIGCONT it reconnects."""
+    res = run_scenario(scenario([{"action": "freeze", "learner": 1, "at": at_step(STEPS // 4),
+                                  "until": {"after_s": 4.0}}]), tmp_path)
+    evs = read_events(res.run_dir / "events.jsonl")
+    assert [e["kind"] for e in evs if e["ev"] == "process_fault"] == ["freeze"]
+    assert [e["kind"] for e in evs if e["ev"] == "process_fault_off"] == ["freeze"]
+    assert not [e for e in evs if e["ev"] == "learner_restart"], "a freeze is not a failure: no restart"
+    check_outage(res, fault_free, "process_fault_off")

@@ -1,0 +1,104 @@
+"""chaos/processes.py against real processes: the right pid gets the right signal, freezes are undone."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from chaos.processes import ProcessChaos
+from chaos.schedule import parse_fault
+
+
+def wait_status(pid: int, want: set[str], timeout: float = 5.0) -> str:
+    tick = threading.Event()
+    deadline = time.monotonic() + timeout
+    status = ""
+    while time.monotonic() < deadline:
+        try:
+            status = psutil.Process(pid).status()
+        except psutil.NoSuchProcess:
+            status = "gone"
+        if status in want:
+            return status
+        tick.wait(0.02)
+    raise AssertionError(f"pid {pid} status {status!r}, wanted {want}")
+
+
+@pytest.fixture
+def chips() -> Iterator[dict[int, list[subprocess.Popen]]]:
+    """Two 'learners' of two sleeping processes each, standing in for chip processes."""
+    procs = {m: [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
+             for m in range(2)}
+    yield procs
+    for ps in procs.values():
+        for p in ps:
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=10)
+
+
+def make(chips: dict[int, list[subprocess.Popen]]) -> tuple[ProcessChaos, list[tuple[str, dict]]]:
+    seen: list[tuple[str, dict]] = []
+
+    def rec(ev: str, /, **fields: object) -> None:
+        seen.append((ev, fields))
+
+    def pids_of(m: int) -> list[int]:
+        return [p.pid for p in chips[m] if p.poll() is None]
+
+    return ProcessChaos(pids_of, learners=2, on_event=rec), seen
+
+
+def test_kill_chip_hits_only_that_chip(chips) -> None:
+    pc, seen = make(chips)
+    pc.kill_chip(1, 1)
+    assert chips[1][1].wait(timeout=10) == -9
+    assert all(p.poll() is None for p in (chips[0][0], chips[0][1], chips[1][0]))
+    assert seen == [("process_fault", {"kind": "kill_chip", "learner": 1, "pids": [chips[1][1].pid],
+                                       "signal": "SIGKILL", "chip": 1})]
+    assert pc.sent == {"kill_chip": 1}
+
+
+def test_kill_learner_and_crash_host(chips) -> None:
+    pc, _ = make(chips)
+    pc.crash_host(0)
+    assert chips[0][0].wait(timeout=10) == -9 and chips[0][1].poll() is None
+    pc.kill_learner(1)
+    assert [p.wait(timeout=10) for p in chips[1]] == [-9, -9]
+    with pytest.raises(ProcessLookupError, match="learner 1 has no live chip"):
+        pc.kill_learner(1)
+
+
+def test_freeze_stops_until_cleared(chips) -> None:
+    pc, seen = make(chips)
+    with pc.freeze(0) as fault:
+        for p in chips[0]:
+            wait_status(p.pid, {psutil.STATUS_STOPPED})
+        assert psutil.Process(chips[1][0].pid).status() != psutil.STATUS_STOPPED
+    for p in chips[0]:
+        wait_status(p.pid, {psutil.STATUS_SLEEPING, psutil.STATUS_RUNNING})
+    fault.clear()  # idempotent: no second SIGCONT event
+    assert [e for e, _ in seen] == ["process_fault", "process_fault_off"]
+
+
+def test_apply_and_range_errors(chips) -> None:
+    pc, _ = make(chips)
+    spec = parse_fault({"action": "freeze", "learner": 1, "chip": 0, "until": {"after_s": 1}}, "faults[0]", 2)
+    fault = pc.apply(spec)
+    wait_status(chips[1][0].pid, {psutil.STATUS_STOPPED})
+    assert psutil.Process(chips[1][1].pid).status() != psutil.STATUS_STOPPED
+    fault.clear()
+    wait_status(chips[1][0].pid, {psutil.STATUS_SLEEPING, psutil.STATUS_RUNNING})
+    with pytest.raises(ValueError, match=r"learner = 2: must be in \[0, 1\]"):
+        pc.kill_learner(2)
+    with pytest.raises(ValueError, match="chip = 2: learner 0 has 2 live chips"):
+        pc.kill_chip(0, 2)
+    link = parse_fault({"action": "partition", "learner": 0}, "faults[0]", 2)
+    with pytest.raises(ValueError, match="not a process action"):
+        pc.apply(link)
