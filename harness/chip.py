@@ -21,10 +21,17 @@ from harness.link import SyncerLink
 from harness.procutil import become_run_process, cpu_seconds
 from harness.syncer_service import max_frame_bytes
 from trainers.data import make_splits, train_batch
-from trainers.learner import LearnerCore, initial_pull, run_ddp, run_decoupled, run_diloco
+from trainers.learner import LearnerCore, initial_pull, resume_sync, run_ddp, run_decoupled, run_diloco
 
 CPU_MARK_EVERY = 50
 """Every this many steps, the host's step event carries the process's CPU seconds so far (cost accounting)."""
+
+
+def gloo_timeout_s(sc: scenario_mod.Scenario) -> float:
+    """Bound of every collective in the learner's group. In the synchronous baselines the other chips wait in a
+    broadcast while the host waits for the syncer (up to barrier_s), so there it is barrier_s + gloo_s."""
+    t = sc.timeouts
+    return t.gloo_s if sc.algorithm == "decoupled" else t.barrier_s + t.gloo_s
 
 
 @dataclass(frozen=True)
@@ -71,7 +78,7 @@ def chip_main(spec: ChipSpec) -> None:
                           timeout=datetime.timedelta(seconds=t.startup_s))
     group = f"learner{spec.learner}/gen{spec.generation}"
     dist.init_process_group("gloo", store=dist.PrefixStore(group + "/", store), rank=spec.rank,
-                            world_size=spec.size, timeout=datetime.timedelta(seconds=t.gloo_s))
+                            world_size=spec.size, timeout=datetime.timedelta(seconds=gloo_timeout_s(sc)))
     events.log("gloo_group", learner=spec.learner, group=group, rank=spec.rank, size=spec.size)
     link = None
     try:
@@ -108,6 +115,17 @@ def chip_main(spec: ChipSpec) -> None:
                 if spec.rank == 0:
                     events.log("initial_pull", learner=spec.learner, step=core.step, fragments=len(got),
                                of=len(core.partition))
+            else:
+                state = None
+                if spec.rank == 0:
+                    assert link is not None
+                    state = link.wait_resume(2 * t.connect_s)
+                    if state is None:
+                        raise TimeoutError(f"learner {spec.learner}: no resume state from the syncer "
+                                           f"within {2 * t.connect_s}s")
+                step = resume_sync(core, state)
+                if spec.rank == 0:
+                    events.log("resume", learner=spec.learner, step=step)
         if sc.algorithm == "decoupled":
             run_decoupled(core, batch, link, on_step, on_apply)
         elif sc.algorithm == "diloco":

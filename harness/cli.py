@@ -1,6 +1,8 @@
 """The `diloco-chaos` command line.
 
     diloco-chaos run [SCENARIO.toml] [--algorithm ddp|diloco|decoupled] [--runs-dir DIR]
+    diloco-chaos run ... --incident INCIDENT.toml   the same, with an incident's [[faults]] on top
+    diloco-chaos replay RUN_DIR   run a recorded run again (config, seed, fault schedule) and compare
     diloco-chaos scenarios        list the built-in scenarios
     diloco-chaos toxiproxy-server [--host H] [--port P] [--seed N] [--log-level L]
                                   run the embedded Toxiproxy-compatible server until SIGINT/SIGTERM
@@ -29,6 +31,10 @@ def _load(args: argparse.Namespace) -> scenario_mod.Scenario:
         sc = sc.replace(algorithm=args.algorithm)
     if args.seed is not None:
         sc = sc.replace(seed=args.seed)
+    if getattr(args, "incident", None):
+        from harness.replay import load_incident
+
+        sc = load_incident(args.incident, sc)
     return sc
 
 
@@ -52,6 +58,34 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    from harness.replay import compare_timelines, fault_timeline, recorded_scenario
+
+    try:
+        sc = recorded_scenario(args.run_dir)
+    except scenario_mod.ScenarioError as e:
+        print(f"diloco-chaos: cannot replay: {e}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    progress = None if args.quiet else Progress(sc.topology.learners)
+    try:
+        res = run_scenario(sc, args.runs_dir, progress)
+    except RunFailed as e:
+        print(f"diloco-chaos: replay failed: {e}", file=sys.stderr)
+        return EXIT_RUN_FAILED
+    before, after = fault_timeline(args.run_dir), fault_timeline(res.run_dir)
+    print(summary_table([res.report]))
+    print(f"{'fault':44} {'trigger':36} {'progress then (recorded)':28} {'progress then (replay)':28}")
+    seen = {x["index"]: x for x in after}
+    for x in before:
+        y = seen.get(x["index"], {})
+        print(f"{x['describe'][:44]:44} {x['trigger'][:36]:36} {str(x['steps'])[:28]:28} {str(y.get('steps'))[:28]:28}")
+    diffs = compare_timelines(before, after)
+    for d in diffs:
+        print(f"diloco-chaos: replay differs: {d}", file=sys.stderr)
+    print(f"run directory: {res.run_dir}")
+    return EXIT_RUN_FAILED if diffs else 0
+
+
 def cmd_toxiproxy_server(args: argparse.Namespace) -> int:
     from chaos import toxiproxy_server
 
@@ -72,7 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--seed", type=int, help="override the seed")
     run.add_argument("--runs-dir", default="runs", help="where run directories are created (default: runs)")
     run.add_argument("--quiet", action="store_true", help="no live progress")
+    run.add_argument("--incident", help="TOML file of [[faults]] tables to inject on top of the scenario")
     run.set_defaults(func=cmd_run)
+    rp = sub.add_parser("replay", help="run a recorded run again and compare its fault timeline")
+    rp.add_argument("run_dir", help="a run directory (holds config.json and events.jsonl)")
+    rp.add_argument("--runs-dir", default="runs", help="where the replay's run directory is created")
+    rp.add_argument("--quiet", action="store_true", help="no live progress")
+    rp.set_defaults(func=cmd_replay)
     sc = sub.add_parser("scenarios", help="list the built-in scenarios")
     sc.set_defaults(func=lambda a: print("\n".join(scenario_mod.builtin_names())) or 0)
     tps = sub.add_parser("toxiproxy-server", help="run the embedded Toxiproxy-compatible server (foreground)")

@@ -75,6 +75,7 @@ class SyncerLink:
         self.connects = 0
         self.frames_rejected = 0
         self._ping_seq = 0
+        self._resume: tuple[int, dict[str, Tensor]] | None = None
         self._threads = [threading.Thread(target=self._manage, name=f"link{learner}-mgr", daemon=True),
                          threading.Thread(target=self._write, name=f"link{learner}-wr", daemon=True)]
 
@@ -93,6 +94,17 @@ class SyncerLink:
                     return False
                 self._cv.wait(left)
         return self._wsock is not None
+
+    def wait_resume(self, timeout_s: float) -> tuple[int, dict[str, Tensor]] | None:
+        """Synchronous baselines: the (step, state) the syncer sends on (re)connect; None on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while self._resume is None:
+                left = deadline - time.monotonic()
+                if left <= 0 or self.fatal is not None:
+                    return None
+                self._cv.wait(left)
+            return self._resume
 
     def wait_inbox(self, timeout_s: float) -> bool:
         """Wait (bounded) until a merged fragment is waiting to be polled; False on timeout."""
@@ -257,6 +269,10 @@ class SyncerLink:
                 if int(msg.meta.get("learner", -1)) == self.learner:
                     rtt = time.monotonic() - float(msg.meta["t"])
                     self.events.log("rtt", learner=self.learner, seq=int(msg.meta["seq"]), ms=round(rtt * 1e3, 3))
+            elif msg.type is MsgType.RESUME:
+                with self._cv:
+                    self._resume = (int(msg.meta["step"]), msg.tensors)
+                    self._cv.notify_all()
             elif msg.type is MsgType.FRAGMENT:
                 merged = message_to_merged(msg)
                 with self._cv:

@@ -51,10 +51,12 @@ class Topology:
 class Timeouts:
     """One hierarchy of bounds; each level must be shorter than the one above it.
 
-    socket_op_s < liveness_s < gloo_s < barrier_s < run_s, and heartbeat_s * 3 <= liveness_s
-    (validated before any process starts). A socket call fails before the link is declared dead; a dead link is
-    noticed before a Gloo collective gives up; a blocked baseline learner gives
-    up before the whole run's deadline kills everything.
+    socket_op_s < liveness_s < gloo_s < barrier_s < run_s, heartbeat_s * 3 <= liveness_s and
+    barrier_s + gloo_s < run_s (validated before any process starts). In ddp and diloco a chip's
+    collectives are bounded by barrier_s + gloo_s, since its host may wait barrier_s for the syncer.
+    A socket call fails before the link is declared dead; a dead link is noticed before a Gloo
+    collective gives up; a blocked baseline learner gives up before the whole run's deadline kills
+    everything.
     """
 
     connect_s: float = bounded(2.0, 0.05, 600.0)
@@ -268,6 +270,9 @@ def validate(sc: Scenario) -> None:
     for (lo_key, lo), (hi_key, hi) in zip(chain, chain[1:], strict=False):
         if not lo < hi:
             raise ScenarioError(f"{lo_key} = {lo}: must be below {hi_key} = {hi} (timeout hierarchy)")
+    if t.barrier_s + t.gloo_s >= t.run_s:
+        raise ScenarioError(f"timeouts.barrier_s = {t.barrier_s}: barrier_s + gloo_s must be below timeouts.run_s = "
+                            f"{t.run_s} (baseline chips wait up to barrier_s + gloo_s)")
     if t.heartbeat_s * 3 > t.liveness_s:
         raise ScenarioError(
             f"timeouts.heartbeat_s = {t.heartbeat_s}: must be at most timeouts.liveness_s / 3 = {t.liveness_s / 3:g}"

@@ -80,9 +80,10 @@ class Conn:
 
 
 def max_frame_bytes(sc: Scenario) -> int:
-    """Largest legal frame: the whole model in float32 plus generous metadata room."""
+    """Largest legal frame: three model-sized float32 tensor sets (a ddp resume: parameters and both AdamW
+    moments) plus generous metadata room. Anything larger is refused before its payload is read."""
     m = build_model(sc.model, 0)
-    return sum(p.numel() for p in m.parameters()) * 4 + 1_000_000
+    return 3 * sum(p.numel() for p in m.parameters()) * 4 + 1_000_000
 
 
 class SyncerService:
@@ -328,6 +329,9 @@ class SyncerService:
             if self.algorithm == "decoupled":  # the pull: current global fragments to a (re)joining learner
                 for p, version in enumerate(self.core.versions):
                     self._send(conn, merged_to_message(p, version, self.core.fragment(p)))
+            else:  # a restarted baseline learner resumes from the syncer's state (a fresh one ignores it)
+                step, tensors = self.core.resume_state()
+                self._send(conn, Message(MsgType.RESUME, {"step": step}, tensors))
             return
         if kind == "leave":
             with self.lock:

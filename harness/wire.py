@@ -123,6 +123,7 @@ class MsgType(enum.IntEnum):
     META = 20
     PING = 21
     PONG = 22
+    RESUME = 23
 
 
 _MSG_TYPE_VALUES = frozenset(int(t) for t in MsgType)

@@ -31,13 +31,13 @@ LOSS_TOLERANCE = 0.25
 """Final eval loss may exceed the fault-free run of the same seed by at most this (nats per byte)."""
 
 
-def scenario(faults: list[dict[str, Any]], chips: int = 2) -> Any:
+def scenario(faults: list[dict[str, Any]], chips: int = 2, algorithm: str = "decoupled", steps: int = STEPS) -> Any:
     return from_dict({
         "name": "process-failure",
         "seed": 5,
-        "algorithm": "decoupled",
+        "algorithm": algorithm,
         "topology": {"learners": 2, "chips_per_learner": chips},
-        "train": {"steps": STEPS, "warmup_steps": 10},
+        "train": {"steps": steps, "warmup_steps": 10},
         "diloco": {"fragments": 4, "sync_every": 4, "overlap": 1},
         "eval": {"every_s": 2.0, "batches": 2},
         "timeouts": {"run_s": 240.0},
@@ -123,3 +123,28 @@ def test_freeze_failure_learner_resumes_after_sigcont(tmp_path, fault_free):
     assert [e["kind"] for e in evs if e["ev"] == "process_fault_off"] == ["freeze"]
     assert not [e for e in evs if e["ev"] == "learner_restart"], "a freeze is not a failure: no restart"
     check_outage(res, fault_free, "process_fault_off")
+
+
+@pytest.mark.parametrize("algorithm", ["ddp", "diloco"])
+def test_chip_loss_failure_stalls_the_synchronous_baselines(tmp_path, algorithm):
+    """The same chip loss stops ddp and diloco everywhere until the learner is back (it resumes from the syncer's
+    state: ddp's replica and AdamW moments, diloco's global model after the last round)."""
+    steps = 120
+    res = run_scenario(scenario([{"action": "kill_chip", "learner": 1, "chip": 1, "at": at_step(steps // 4)}],
+                                algorithm=algorithm, steps=steps), tmp_path)
+    rep, evs = res.report, read_events(res.run_dir / "events.jsonl")
+    t_down = next(e["t"] for e in evs if e["ev"] == "fault_start")
+    resume = next(e for e in evs if e["ev"] == "resume" and e["learner"] == 1)
+    back = next(e["t"] for e in evs if e["ev"] == "step" and e["learner"] == 1 and e["t"] > resume["t"])
+    steps0 = [e["step"] for e in evs if e["ev"] == "step" and e["learner"] == 0 and t_down + 0.5 < e["t"] < back]
+    figures = {"outage_s": round(back - t_down, 3), "learner0_steps_in_outage": len(steps0),
+               "longest_gap_s": rep["longest_gap_s"], "resumed_at_step": resume["step"],
+               "final_eval": rep["final_eval_loss"]}
+    print(algorithm, figures)
+    sync_every = 4
+    assert len(steps0) <= (1 if algorithm == "ddp" else sync_every), f"{algorithm} did not stall: {figures}"
+    assert rep["longest_gap_s"] >= REPAIR_S, figures
+    assert resume["step"] > 0 and (algorithm == "ddp" or resume["step"] % sync_every == 0), resume
+    assert all(d["steps"] == steps for d in rep["per_learner"].values()), "the baseline resumes after the repair"
+    assert rep["global_model_finite"] is True and rep["final_eval_loss"] < rep["initial_eval_loss"] - 1.0
+    assert no_survivors(res)

@@ -100,6 +100,17 @@ class DdpSyncer:
         self.barrier.last = SyncRound(key=step, participants=learners, tokens=toks, step=step, tensors=avg)
         return self.barrier.last
 
+    def resume_state(self) -> tuple[int, dict[str, Tensor]]:
+        """For a restarted learner: the last completed step, the replica and its AdamW moments (the replica
+        every learner holds in ddp, since all apply the same averaged gradients with the same optimizer)."""
+        out = {n: p.detach().clone() for n, p in self.params.items()}
+        for n, p in self.params.items():
+            st = self.optimizer.opt.state.get(p, {})
+            if "exp_avg" in st:
+                out[f"opt.exp_avg.{n}"] = st["exp_avg"].clone()
+                out[f"opt.exp_avg_sq.{n}"] = st["exp_avg_sq"].clone()
+        return self.merges, out
+
 
 class DilocoSyncer:
     """Full-model barrier every H steps + outer Nesterov on the mean outer gradient."""
@@ -110,6 +121,11 @@ class DilocoSyncer:
         self.outer = NesterovOuterOptimizer(OuterOptConfig(lr=cfg.outer_lr, momentum=cfg.outer_momentum))
         self.barrier = _Barrier(num_learners)
         self.merges = 0
+        self.sync_every = cfg.sync_every
+
+    def resume_state(self) -> tuple[int, dict[str, Tensor]]:
+        """For a restarted learner: the step of the last completed round and the global model after it."""
+        return self.merges * self.sync_every, {n: t.clone() for n, t in self.params.items()}
 
     def on_params(self, learner: int, round_: int, step: int, tokens: int,
                   params: dict[str, Tensor]) -> SyncRound | None | bool:

@@ -307,6 +307,48 @@ def _sync_applies(core: LearnerCore, link: DecoupledLink | None) -> list[tuple[i
 ApplyHook = Callable[[int, list[tuple[int, int]]], None]
 
 
+def resume_sync(core: LearnerCore, state: tuple[int, dict[str, Tensor]] | None) -> int:
+    """A restarted learner of a synchronous baseline takes the syncer's state before its first step.
+
+    Host: `state` is (step, tensors) from the syncer: the parameters and, for ddp, the AdamW moments under
+    `opt.exp_avg.<name>` / `opt.exp_avg_sq.<name>`. Every chip receives them by broadcast, loads them and
+    continues from that step. Returns the step.
+    """
+    coll = core.collective
+    names = list(core.named)
+    head = torch.zeros(2, dtype=torch.int64)
+    if coll.rank == 0:
+        assert state is not None
+        step, tensors = state
+        has_opt = all(f"opt.exp_avg.{n}" in tensors for n in names)
+        head[0], head[1] = step, int(has_opt)
+    if coll.size > 1:
+        coll.broadcast_(head)
+    step, has_opt = int(head[0]), bool(head[1])
+    groups = [names] + ([[f"opt.exp_avg.{n}" for n in names], [f"opt.exp_avg_sq.{n}" for n in names]]
+                        if has_opt else [])
+    total = sum(p.numel() for p in core.named.values())
+    loaded: list[Tensor] = []
+    for keys in groups:
+        flat = flatten([state[1][k] for k in keys]) if coll.rank == 0 else torch.empty(total)  # type: ignore[index]
+        if coll.size > 1:
+            coll.broadcast_(flat)
+        loaded.append(flat)
+    with torch.no_grad():
+        unflatten_into(loaded[0], [core.named[n] for n in names])
+    if has_opt:
+        for i, n in enumerate(names):
+            p = core.named[n]
+            off = sum(core.named[m].numel() for m in names[:i])
+            core.optimizer.opt.state[p] = {
+                "step": torch.tensor(float(step)),
+                "exp_avg": loaded[1][off:off + p.numel()].view_as(p).clone(),
+                "exp_avg_sq": loaded[2][off:off + p.numel()].view_as(p).clone(),
+            }
+    core.step = step
+    return step
+
+
 def initial_pull(core: LearnerCore, link: DecoupledLink | None, wait: Callable[[], bool]) -> list[tuple[int, int]]:
     """A (re)joining learner takes the current global value of every fragment before its first step.
 
@@ -365,7 +407,7 @@ def run_diloco(core: LearnerCore, batch: BatchFn, link: SyncLink | None, on_step
     """Synchronous DiLoCo: every H steps send all parameters, block until the merged model returns."""
     is_host = core.collective.rank == 0
     names = list(core.named)
-    round_ = 0
+    round_ = core.step // core.diloco_cfg.sync_every  # a restarted learner resumes after its last round
     tokens_since = 0
     while core.step < core.train_cfg.steps:
         x, y = batch(core.step + 1)
