@@ -5,7 +5,11 @@ checked alive first, so a fault can only ever hit a process of this run.
 `kill_chip` / `kill_learner` / `crash_host` are one shot (SIGKILL: no cleanup
 runs, like a chip or host that dies); the learner's recovery policy decides
 what happens next. `freeze` sends SIGSTOP to the learner's chips and returns
-a scope whose `clear()` sends SIGCONT: a hung host that comes back.
+a scope whose `clear()` sends SIGCONT: a hung host that comes back. `slow`
+duty-cycles SIGSTOP/SIGCONT from outside the training loop so the learner
+runs `speed` of the time (an older hardware generation, or, scoped, a
+transient straggler); it follows the learner across restarts, since it asks
+the registry for the current pids every cycle.
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ class ProcessFault:
     pids: list[int] = field(default_factory=list)
     owner: ProcessChaos | None = None
     cleared: bool = False
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+    cycles: int = 0
 
     def clear(self) -> None:
         if self.owner is not None:
@@ -86,6 +93,39 @@ class ProcessChaos:
             pids = [pids[chip]]
         return self._signal("freeze", learner, pids, signal.SIGSTOP, chip=chip)
 
+    def slow(self, learner: int, speed: float, period_s: float = 0.2) -> ProcessFault:
+        """Let the learner run only `speed` of every `period_s` (SIGCONT ... SIGSTOP), until cleared."""
+        if not 0.0 < speed < 1.0:
+            raise ValueError(f"speed = {speed}: must be in (0, 1)")
+        self._pids(learner)
+        fault = ProcessFault("slow", learner, owner=self)
+        fault.thread = threading.Thread(target=self._duty_cycle, args=(fault, speed, period_s),
+                                        name=f"slow-{learner}", daemon=True)
+        fault.thread.start()
+        with self._lock:
+            self.sent["slow"] = self.sent.get("slow", 0) + 1
+        self.on_event("process_fault", kind="slow", learner=learner, speed=speed, period_s=period_s)
+        return fault
+
+    def _duty_cycle(self, fault: ProcessFault, speed: float, period_s: float) -> None:
+        run_s, stop_s = period_s * speed, period_s * (1.0 - speed)
+        while not fault.stop.wait(run_s):
+            pids = self.pids_of(fault.learner)
+            self._send_all(pids, signal.SIGSTOP)
+            stopped = fault.stop.wait(stop_s)
+            self._send_all(pids, signal.SIGCONT)  # always: never leave a learner stopped
+            fault.cycles += 1
+            if stopped:
+                break
+
+    @staticmethod
+    def _send_all(pids: list[int], sig: signal.Signals) -> None:
+        for pid in pids:
+            try:
+                psutil.Process(pid).send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
+
     def apply(self, spec: FaultSpec) -> ProcessFault:
         if spec.action not in PROCESS_ACTIONS:
             raise ValueError(f"not a process action: {spec.action}")
@@ -95,6 +135,8 @@ class ProcessChaos:
             return self.crash_host(spec.learner)
         if spec.action == "kill_learner":
             return self.kill_learner(spec.learner)
+        if spec.action == "slow":
+            return self.slow(spec.learner, spec.speed or 0.5, spec.period_s or 0.2)
         return self.freeze(spec.learner, spec.chip)
 
     # -- internals -------------------------------------------------------------------------------
@@ -125,6 +167,12 @@ class ProcessChaos:
             if fault.cleared:
                 return
             fault.cleared = True
+        if fault.kind == "slow":
+            fault.stop.set()
+            if fault.thread is not None:
+                fault.thread.join(timeout=5.0)
+            self.on_event("process_fault_off", kind="slow", learner=fault.learner, cycles=fault.cycles)
+            return
         if fault.kind != "freeze":
             return
         for pid in fault.pids:

@@ -31,7 +31,7 @@ from typing import Any
 LINK_ACTIONS = ("degrade", "partition", "flap", "reset_peer", "slice", "limit_data")
 """Actions on one learner's link, carried out through its Toxiproxy proxy (chaos/links.py)."""
 
-PROCESS_ACTIONS = ("kill_chip", "kill_learner", "crash_host", "freeze")
+PROCESS_ACTIONS = ("kill_chip", "kill_learner", "crash_host", "freeze", "slow")
 """Actions on a learner's processes, by pid (chaos/processes.py). Kills are one shot; a freeze lasts to `until`."""
 
 ACTIONS = LINK_ACTIONS + PROCESS_ACTIONS
@@ -48,6 +48,7 @@ ACTION_PARAMS: dict[str, tuple[str, ...]] = {
     "kill_learner": (),
     "crash_host": (),
     "freeze": ("chip",),
+    "slow": ("speed", "period_s"),
 }
 
 
@@ -87,7 +88,7 @@ class FaultSpec:
 
     action: str
     """One of ACTIONS: degrade, partition, flap, reset_peer, slice, limit_data, kill_chip, kill_learner,
-    crash_host, freeze."""
+    crash_host, freeze, slow."""
     learner: int
     """The learner whose link (or process, for process actions) the fault hits."""
     at: Trigger = field(default_factory=lambda: Trigger(time_s=0.0))
@@ -105,7 +106,7 @@ class FaultSpec:
     mode: str | None = None
     """partition: 'blackhole' (connections open, nothing passes; default) or 'refuse' (proxy disabled)."""
     period_s: float | None = None
-    """flap: seconds of one down+up cycle."""
+    """flap: seconds of one down+up cycle; slow: seconds of one run+stop cycle (default 0.2)."""
     duty: float | None = None
     """flap: fraction of each period the link is down, in (0, 1)."""
     timeout_ms: int | None = None
@@ -120,6 +121,8 @@ class FaultSpec:
     """limit_data: connections are closed after this many bytes (per direction)."""
     chip: int | None = None
     """kill_chip, freeze: which chip (rank) of the learner; freeze without it stops all the learner's chips."""
+    speed: float | None = None
+    """slow: fraction of full speed the learner may run at (an older chip generation, or a straggler)."""
 
     def params(self) -> dict[str, Any]:
         """The action's parameters that are set."""
@@ -142,6 +145,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "delay_us": (0, 10_000_000),
     "bytes": (0, 1 << 40),
     "chip": (0, 1023),
+    "speed": (0.05, 0.95),
 }
 _MODES = ("blackhole", "refuse")
 
@@ -221,6 +225,8 @@ def parse_fault(raw: Any, key: str, learners: int) -> FaultSpec:
     spec = FaultSpec(**kwargs)
     if action == "degrade" and not spec.params():
         raise ScheduleError(f"{key}: degrade needs profile, latency_ms, jitter_ms or bandwidth_kbps")
+    if action == "slow" and spec.speed is None:
+        raise ScheduleError(f"{key}: slow needs speed")
     if action == "flap" and (spec.period_s is None or spec.duty is None):
         raise ScheduleError(f"{key}: flap needs period_s and duty")
     if action == "freeze" and spec.until is None:

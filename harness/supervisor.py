@@ -122,6 +122,7 @@ class Supervisor:
         try:
             self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                                        timeout=datetime.timedelta(seconds=t.startup_s))
+            self.events.log("store_ready", port=self.store.port)
             ctx = context()
             parent, child = ctx.Pipe(duplex=False)
             stop = ctx.Event()

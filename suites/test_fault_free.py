@@ -8,9 +8,9 @@ used: `harness.scenario.builtin` and `harness.supervisor.run_scenario`.
 
 from __future__ import annotations
 
-import psutil
 import pytest
 
+from harness.hygiene import leftovers
 from harness.scenario import builtin
 from harness.supervisor import run_scenario
 
@@ -31,5 +31,4 @@ def test_default_scenario_converges(tmp_path, algorithm):
     assert rep["final_eval_loss"] < CONVERGED_BELOW, f"final eval loss {rep['final_eval_loss']} >= {CONVERGED_BELOW}"
     assert rep["global_model_finite"] is True
     assert rep["errors"] == []
-    assert not [p for p in res.pids + rep["chip_pids"] if psutil.pid_exists(p)
-                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert leftovers(res) == {"processes": [], "ports": []}

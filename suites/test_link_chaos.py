@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import psutil
 import pytest
 
 from harness.events import read_events
+from harness.hygiene import leftovers
 from harness.scenario import from_dict
 from harness.supervisor import run_scenario
 
@@ -39,8 +39,10 @@ def scenario(algorithm: str, learners: int, steps: int, faults: list[dict[str, A
 
 
 def no_survivors(res: Any) -> bool:
-    return not [p for p in res.pids + res.report["chip_pids"]
-                if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    """No process of the run is alive and none of its ports is still bound."""
+    left = leftovers(res)
+    assert left == {"processes": [], "ports": []}, left
+    return True
 
 
 def window(evs: list[dict[str, Any]], index: int) -> tuple[float, float]:

@@ -102,3 +102,23 @@ def test_apply_and_range_errors(chips) -> None:
     link = parse_fault({"action": "partition", "learner": 0}, "faults[0]", 2)
     with pytest.raises(ValueError, match="not a process action"):
         pc.apply(link)
+
+
+def test_slow_duty_cycles_a_busy_process_to_its_speed() -> None:
+    """Time is the point here: a busy process slowed to speed 0.5 gets about half the CPU it would."""
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        pc = ProcessChaos(lambda m: [busy.pid] if busy.poll() is None else [], learners=1)
+        proc = psutil.Process(busy.pid)
+        tick = threading.Event()
+        fault = pc.slow(0, speed=0.5, period_s=0.1)
+        c0, t0 = sum(proc.cpu_times()[:2]), time.monotonic()
+        tick.wait(1.5)
+        share = (sum(proc.cpu_times()[:2]) - c0) / (time.monotonic() - t0)
+        fault.clear()
+        assert 0.3 <= share <= 0.7, f"CPU share {share:.2f} under speed 0.5"
+        assert fault.cycles >= 10
+        wait_status(busy.pid, {psutil.STATUS_RUNNING, psutil.STATUS_SLEEPING})
+    finally:
+        busy.kill()
+        busy.wait(timeout=10)

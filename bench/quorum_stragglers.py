@@ -1,0 +1,63 @@
+"""Quorum and grace window with mixed-speed learners: K=M, K=1, and K=1 with the adaptive grace window.
+
+Not a test: it prints a table. M=4 learners x 1 chip, two of them held to half speed (SIGSTOP/SIGCONT duty
+cycle, `slow` fault). For each configuration: final eval loss, wall time, merges, mean participants per
+merge, and the fraction of trained tokens that reached the global model (tokens merged / tokens trained,
+the token side of goodput).
+
+    python bench/quorum_stragglers.py [--steps 200] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+
+from harness.events import EVENTS_FILE, read_events
+from harness.scenario import from_dict
+from harness.supervisor import run_scenario
+
+CONFIGS = {
+    "K=M (wait for all)": {"min_quorum": 4, "grace_enabled": False},
+    "K=1, no grace": {"min_quorum": 1, "grace_enabled": False},
+    "K=1, adaptive grace": {"min_quorum": 1, "grace_enabled": True},
+}
+
+
+def run(steps: int, seed: int, diloco: dict) -> dict:
+    sc = from_dict({
+        "name": "quorum-stragglers", "seed": seed, "algorithm": "decoupled",
+        "topology": {"learners": 4, "chips_per_learner": 1},
+        "train": {"steps": steps},
+        "diloco": {"fragments": 8, "sync_every": 8, "overlap": 2, **diloco},
+        "eval": {"every_s": 5.0},
+        "faults": [{"action": "slow", "learner": m, "speed": 0.5} for m in (2, 3)],
+    })
+    with tempfile.TemporaryDirectory() as d:
+        res = run_scenario(sc, d)
+        merges = [e for e in read_events(res.run_dir / EVENTS_FILE) if e["ev"] == "merge"]
+    rep = res.report
+    return {"final": rep["final_eval_loss"], "wall": rep["wall_s"], "merges": rep["merge_count"],
+            "participants": statistics.mean(len(e["participants"]) for e in merges) if merges else 0.0,
+            "merged_frac": rep["tokens_merged"] / rep["tokens_trained"] if rep["tokens_trained"] else 0.0,
+            "slow_steps_s": statistics.mean(rep["per_learner"][str(m)]["steps_per_s"] for m in (2, 3)),
+            "fast_steps_s": statistics.mean(rep["per_learner"][str(m)]["steps_per_s"] for m in (0, 1))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    rows = {name: run(a.steps, a.seed, cfg) for name, cfg in CONFIGS.items()}
+    print(f"M=4 x 1 chip, learners 2 and 3 at speed 0.5, {a.steps} steps, seed {a.seed}")
+    print(f"{'configuration':22} {'final eval':>10} {'wall s':>7} {'merges':>7} {'particip.':>9} "
+          f"{'merged tok':>10} {'fast st/s':>9} {'slow st/s':>9}")
+    for name, r in rows.items():
+        print(f"{name:22} {r['final']:10.3f} {r['wall']:7.1f} {r['merges']:7d} {r['participants']:9.2f} "
+              f"{r['merged_frac']:10.2f} {r['fast_steps_s']:9.1f} {r['slow_steps_s']:9.1f}")
+
+
+if __name__ == "__main__":
+    main()
