@@ -3,7 +3,7 @@
 Not a test: it prints a table. M=4 learners x 1 chip, two of them held to half speed (SIGSTOP/SIGCONT duty
 cycle, `slow` fault). For each configuration: final eval loss, wall time, merges, mean participants per
 merge, and the fraction of trained tokens that reached the global model (tokens merged / tokens trained,
-the token side of goodput).
+the token side of goodput), goodput and uptime (harness/metrics.py).
 
     python bench/quorum_stragglers.py [--steps 200] [--seed 0]
 """
@@ -42,7 +42,8 @@ def run(steps: int, seed: int, diloco: dict) -> dict:
             "participants": statistics.mean(len(e["participants"]) for e in merges) if merges else 0.0,
             "merged_frac": rep["tokens_merged"] / rep["tokens_trained"] if rep["tokens_trained"] else 0.0,
             "slow_steps_s": statistics.mean(rep["per_learner"][str(m)]["steps_per_s"] for m in (2, 3)),
-            "fast_steps_s": statistics.mean(rep["per_learner"][str(m)]["steps_per_s"] for m in (0, 1))}
+            "fast_steps_s": statistics.mean(rep["per_learner"][str(m)]["steps_per_s"] for m in (0, 1)),
+            "goodput": rep["goodput"]["goodput"], "uptime": rep["availability"]["uptime"]}
 
 
 def main() -> None:
@@ -53,10 +54,11 @@ def main() -> None:
     rows = {name: run(a.steps, a.seed, cfg) for name, cfg in CONFIGS.items()}
     print(f"M=4 x 1 chip, learners 2 and 3 at speed 0.5, {a.steps} steps, seed {a.seed}")
     print(f"{'configuration':22} {'final eval':>10} {'wall s':>7} {'merges':>7} {'particip.':>9} "
-          f"{'merged tok':>10} {'fast st/s':>9} {'slow st/s':>9}")
+          f"{'merged tok':>10} {'goodput':>8} {'uptime':>7} {'fast st/s':>9} {'slow st/s':>9}")
     for name, r in rows.items():
         print(f"{name:22} {r['final']:10.3f} {r['wall']:7.1f} {r['merges']:7d} {r['participants']:9.2f} "
-              f"{r['merged_frac']:10.2f} {r['fast_steps_s']:9.1f} {r['slow_steps_s']:9.1f}")
+              f"{r['merged_frac']:10.2f} {r['goodput']:8.2f} {r['uptime']:7.2f} {r['fast_steps_s']:9.1f} "
+              f"{r['slow_steps_s']:9.1f}")
 
 
 if __name__ == "__main__":
