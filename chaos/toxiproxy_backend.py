@@ -40,7 +40,8 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         pass
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port free right now (it can be taken before it is bound: callers retry)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -101,7 +102,7 @@ def start_backend(mode: str, seed: int, ready_s: float, http_timeout_s: float) -
         if exe:
             last: Exception | None = None
             for _ in range(_START_TRIES):  # a free port can be taken between our probe and its bind
-                port = _free_port()
+                port = free_port()
                 try:
                     return _spawn([exe, "-host", "127.0.0.1", "-port", str(port)], f"http://127.0.0.1:{port}",
                                   "toxiproxy-server", ready_s, http_timeout_s)
@@ -110,7 +111,7 @@ def start_backend(mode: str, seed: int, ready_s: float, http_timeout_s: float) -
             raise ToxiproxyError(f"toxiproxy-server at {exe} failed to start: {last}")
     last = None
     for _ in range(_START_TRIES):
-        port = _free_port()
+        port = free_port()
         cmd = [sys.executable, "-m", "chaos.toxiproxy_server", "--host", "127.0.0.1", "--port", str(port),
                "--seed", str(seed), "--log-level", "WARNING"]
         try:

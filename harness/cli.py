@@ -19,7 +19,7 @@ import sys
 
 from harness import scenario as scenario_mod
 from harness.progress import Progress, summary_table
-from harness.supervisor import RunFailed, run_scenario
+from harness.supervisor import RunFailed, RunResult, run_scenario
 
 EXIT_BAD_CONFIG = 2
 EXIT_RUN_FAILED = 1
@@ -44,18 +44,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     except scenario_mod.ScenarioError as e:
         print(f"diloco-chaos: invalid scenario: {e}", file=sys.stderr)
         return EXIT_BAD_CONFIG
+    res = _execute(sc, args, "run")
+    if isinstance(res, int):
+        return res
+    print(summary_table([res.report]))
+    print(f"run directory: {res.run_dir}")
+    return 0
+
+
+def _execute(sc: scenario_mod.Scenario, args: argparse.Namespace, verb: str) -> RunResult | int:
+    """Run with live progress unless --quiet; an exit code if the run failed or was interrupted."""
     progress = None if args.quiet else Progress(sc.topology.learners)
     try:
-        res = run_scenario(sc, args.runs_dir, progress)
+        return run_scenario(sc, args.runs_dir, progress)
     except RunFailed as e:
-        print(f"diloco-chaos: run failed: {e}", file=sys.stderr)
+        print(f"diloco-chaos: {verb} failed: {e}", file=sys.stderr)
         return EXIT_RUN_FAILED
     except KeyboardInterrupt:
         print("diloco-chaos: interrupted; every process of the run was stopped", file=sys.stderr)
         return 130
-    print(summary_table([res.report]))
-    print(f"run directory: {res.run_dir}")
-    return 0
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -66,12 +73,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     except scenario_mod.ScenarioError as e:
         print(f"diloco-chaos: cannot replay: {e}", file=sys.stderr)
         return EXIT_BAD_CONFIG
-    progress = None if args.quiet else Progress(sc.topology.learners)
-    try:
-        res = run_scenario(sc, args.runs_dir, progress)
-    except RunFailed as e:
-        print(f"diloco-chaos: replay failed: {e}", file=sys.stderr)
-        return EXIT_RUN_FAILED
+    res = _execute(sc, args, "replay")
+    if isinstance(res, int):
+        return res
     before, after = fault_timeline(args.run_dir), fault_timeline(res.run_dir)
     print(summary_table([res.report]))
     print(f"{'fault':44} {'trigger':36} {'progress then (recorded)':28} {'progress then (replay)':28}")

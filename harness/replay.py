@@ -15,13 +15,12 @@ scenario with `diloco-chaos run --incident FILE`.
 from __future__ import annotations
 
 import os
-import tomllib
 from pathlib import Path
 from typing import Any
 
 from harness.events import EVENTS_FILE, read_events
 from harness.rundir import CONFIG_FILE, read_json
-from harness.scenario import Scenario, ScenarioError, from_dict
+from harness.scenario import Scenario, ScenarioError, from_dict, read_toml
 
 
 def recorded_scenario(run_dir: str | os.PathLike[str]) -> Scenario:
@@ -34,13 +33,7 @@ def recorded_scenario(run_dir: str | os.PathLike[str]) -> Scenario:
 
 def load_incident(path: str | os.PathLike[str], sc: Scenario) -> Scenario:
     """The scenario with the incident file's faults appended. Errors name faults[i].key as in a scenario."""
-    p = Path(path)
-    if not p.is_file():
-        raise ScenarioError(f"incident file {str(p)!r} does not exist")
-    try:
-        table = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise ScenarioError(f"incident file {str(p)!r} is not valid TOML: {e}") from e
+    table = read_toml(path, "incident file")
     unknown = sorted(set(table) - {"faults", "description"})
     if unknown:
         raise ScenarioError(f"unknown key {unknown[0]} in incident file; allowed: faults, description")

@@ -152,10 +152,16 @@ def link_figures(evs: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
         out[m]["rtt_ms_median"] = round(statistics.median(xs), 3)
         out[m]["rtt_ms_min"] = round(min(xs), 3)
         out[m]["rtt_samples"] = len(xs)
-    for m in {e["learner"] for e in evs if e["ev"] == "link_up"}:
-        ups = sum(1 for e in evs if e["ev"] == "link_up" and e["learner"] == m)
-        out[m]["reconnects"] = max(0, ups - 1)
-        out[m]["link_downs"] = sum(1 for e in evs if e["ev"] == "link_down" and e["learner"] == m)
+    ups: dict[int, int] = defaultdict(int)
+    downs: dict[int, int] = defaultdict(int)
+    for e in evs:
+        if e["ev"] == "link_up":
+            ups[e["learner"]] += 1
+        elif e["ev"] == "link_down":
+            downs[e["learner"]] += 1
+    for m, n in ups.items():
+        out[m]["reconnects"] = max(0, n - 1)
+        out[m]["link_downs"] = downs[m]
     return dict(out)
 
 

@@ -286,16 +286,20 @@ def from_dict(table: dict[str, Any]) -> Scenario:
     return sc
 
 
-def load(path: str | os.PathLike[str]) -> Scenario:
-    """Read a TOML scenario file. Raises ScenarioError with the key for any bad value."""
+def read_toml(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
+    """Parse a TOML file; a missing file or bad TOML is a ScenarioError naming `what` and the path."""
     p = Path(path)
     if not p.is_file():
-        raise ScenarioError(f"scenario file {str(p)!r} does not exist")
+        raise ScenarioError(f"{what} {str(p)!r} does not exist")
     try:
-        table = tomllib.loads(p.read_text())
+        return tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as e:
-        raise ScenarioError(f"scenario file {str(p)!r} is not valid TOML: {e}") from e
-    return from_dict(table)
+        raise ScenarioError(f"{what} {str(p)!r} is not valid TOML: {e}") from e
+
+
+def load(path: str | os.PathLike[str]) -> Scenario:
+    """Read a TOML scenario file. Raises ScenarioError with the key for any bad value."""
+    return from_dict(read_toml(path, "scenario file"))
 
 
 def builtin(name: str = "default") -> Scenario:

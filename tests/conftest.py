@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socketserver
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -34,3 +37,34 @@ def tiny(algorithm: str = "decoupled", **kw: Any) -> Scenario:
 @pytest.fixture
 def runs_dir(tmp_path):
     return tmp_path / "runs"
+
+
+ECHO_SOCK_TIMEOUT_S = 5.0
+"""Bound on every socket call of the echo upstream (and of the tests that talk to it)."""
+
+
+class _EchoHandler(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        self.request.settimeout(ECHO_SOCK_TIMEOUT_S)
+        try:
+            while data := self.request.recv(65536):
+                self.request.sendall(data)
+        except OSError:
+            pass
+
+
+class _EchoServer(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+@pytest.fixture(scope="module")
+def echo() -> Iterator[str]:
+    """A threaded TCP echo server on loopback: the upstream behind a Toxiproxy proxy. Yields 'host:port'."""
+    srv = _EchoServer(("127.0.0.1", 0), _EchoHandler)
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+    thread.join(ECHO_SOCK_TIMEOUT_S)

@@ -379,6 +379,22 @@ def test_final_push_with_no_progress_declines_and_round_closes_empty() -> None:
     assert s.versions[2] == 0
 
 
+
+def repulled_and_merged(s: DecoupledSyncer, who: str) -> None:
+    """Both learners train past fragment 1's next due steps (5, 9): learner 1 must be asked for fragment 1
+    again, and with both pushes the open round merges."""
+    repulls = []
+    for step in range(2, 10):
+        for m in (0, 1):
+            repulls += [q for q in s.on_meta(m, step, 0.0, 10.0 + step, alive(0, 1)) if q.fragment == 1]
+    assert any(1 in q.learners for q in repulls), (
+        f"fragment 1 never pulled again from {who} (skipped_due={s.skipped_due})")
+    latest = max(q.round_id for q in repulls)
+    for m in (0, 1):
+        assert s.on_push(push(s, m, 1), latest, 30.0)[0] is PushOutcome.ACCEPTED
+    s.poll(30.0, alive(0, 1))
+    assert s.versions[1] == 1
+
 def test_k2_round_stuck_below_quorum_is_pulled_again_when_fragment_is_due() -> None:
     """K = M = 2: learner 1 drops out of fragment 1's round and comes back.
 
@@ -392,17 +408,7 @@ def test_k2_round_stuck_below_quorum_is_pulled_again_when_fragment_is_due() -> N
     assert s.on_push(push(s, 0, 1), rid, 10.1)[0] is PushOutcome.ACCEPTED
     assert s.poll(10.2, alive(0)) == ([], None, [])  # learner 1 is gone: below quorum, nothing to do
     # learner 1 is back and both train on past fragment 1's next due step (5) and the one after (9)
-    repulls = []
-    for step in range(2, 10):
-        for m in (0, 1):
-            repulls += [q for q in s.on_meta(m, step, 0.0, 10.0 + step, alive(0, 1)) if q.fragment == 1]
-    assert any(1 in q.learners for q in repulls), (
-        f"fragment 1 never pulled again from the returned learner (skipped_due={s.skipped_due})")
-    latest = max(q.round_id for q in repulls)
-    for m in (0, 1):
-        assert s.on_push(push(s, m, 1), latest, 30.0)[0] is PushOutcome.ACCEPTED
-    s.poll(30.0, alive(0, 1))
-    assert s.versions[1] == 1
+    repulled_and_merged(s, "the returned learner")
 
 
 def test_k2_round_with_a_declined_learner_is_pulled_again_when_fragment_is_due() -> None:
@@ -417,14 +423,4 @@ def test_k2_round_with_a_declined_learner_is_pulled_again_when_fragment_is_due()
     assert s.on_push(push(s, 1, 1, c_steps=0, c_tokens=0), rid, 10.0)[0] is PushOutcome.DECLINED
     assert s.on_push(push(s, 0, 1), rid, 10.1)[0] is PushOutcome.ACCEPTED
     assert s.poll(10.2, alive(0, 1)) == ([], None, [])
-    repulls = []
-    for step in range(2, 10):
-        for m in (0, 1):
-            repulls += [q for q in s.on_meta(m, step, 0.0, 10.0 + step, alive(0, 1)) if q.fragment == 1]
-    assert any(1 in q.learners for q in repulls), (
-        f"fragment 1 never pulled again from the learner that declined (skipped_due={s.skipped_due})")
-    latest = max(q.round_id for q in repulls)
-    for m in (0, 1):
-        assert s.on_push(push(s, m, 1), latest, 30.0)[0] is PushOutcome.ACCEPTED
-    s.poll(30.0, alive(0, 1))
-    assert s.versions[1] == 1
+    repulled_and_merged(s, "the learner that declined")

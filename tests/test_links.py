@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import random
 import socket
-import socketserver
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -47,20 +46,6 @@ BIG = 50_000
 
 # ----------------------------------------------------------------------------- helpers
 
-
-class _EchoHandler(socketserver.BaseRequestHandler):
-    def handle(self) -> None:
-        self.request.settimeout(SOCK_TIMEOUT_S)
-        try:
-            while data := self.request.recv(65536):
-                self.request.sendall(data)
-        except OSError:
-            pass
-
-
-class _EchoServer(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
 
 
 class Recorder:
@@ -171,17 +156,6 @@ def _shape(client: ToxiproxyClient, learner: int, *attrs: str) -> list[tuple[str
 
 
 # ----------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="module")
-def echo() -> Iterator[str]:
-    srv = _EchoServer(("127.0.0.1", 0), _EchoHandler)
-    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield f"127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
-    thread.join(SOCK_TIMEOUT_S)
 
 
 @dataclass

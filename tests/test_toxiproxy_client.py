@@ -14,7 +14,6 @@ import math
 import shutil
 import signal
 import socket
-import socketserver
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ import pytest
 import toxiproxy.api
 from toxiproxy.api import APIConsumer
 
+from chaos.toxiproxy_backend import free_port
 from chaos.toxiproxy_client import ProxyInfo, ToxicInfo, ToxiproxyClient, ToxiproxyError
 from chaos.toxiproxy_server import VERSION, EmbeddedToxiproxy
 
@@ -35,26 +35,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 # ----------------------------------------------------------------------------- helpers
 
-
-class _EchoHandler(socketserver.BaseRequestHandler):
-    def handle(self) -> None:
-        self.request.settimeout(SOCK_TIMEOUT_S)
-        try:
-            while data := self.request.recv(65536):
-                self.request.sendall(data)
-        except OSError:
-            pass
-
-
-class _EchoServer(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _echo_through(info: ProxyInfo, payload: bytes = b"hello through the proxy") -> bytes:
@@ -78,17 +58,6 @@ def _check(err: pytest.ExceptionInfo[ToxiproxyError], status: int | None, *needl
 # ----------------------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(scope="module")
-def echo() -> Iterator[str]:
-    srv = _EchoServer(("127.0.0.1", 0), _EchoHandler)
-    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield f"127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
-    thread.join(SOCK_TIMEOUT_S)
-
-
 @pytest.fixture(scope="module", params=["embedded", "toxiproxy-server"])
 def server(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
     """(kind, API url) of a running server of each kind."""
@@ -99,7 +68,7 @@ def server(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
     exe = shutil.which("toxiproxy-server")
     if exe is None:
         pytest.skip("no `toxiproxy-server` binary on PATH; the Go server is exercised only where it is installed")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([exe, "-host", "127.0.0.1", "-port", str(port)], stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -299,13 +268,13 @@ def test_reset(client: ToxiproxyClient, proxy: ProxyInfo) -> None:
                                     "127.0.0.1:70000"])
 def test_listen_must_name_its_host(listen: str) -> None:
     # A closed port: a ValueError (not "unreachable") proves nothing was sent.
-    c = ToxiproxyClient(f"http://127.0.0.1:{_free_port()}", timeout_s=1.0)
+    c = ToxiproxyClient(f"http://127.0.0.1:{free_port()}", timeout_s=1.0)
     with pytest.raises(ValueError, match="listen"):
         c.create_proxy("p", "127.0.0.1:9", listen=listen)
 
 
 def test_arguments_are_checked_before_sending() -> None:
-    c = ToxiproxyClient(f"http://127.0.0.1:{_free_port()}", timeout_s=1.0)
+    c = ToxiproxyClient(f"http://127.0.0.1:{free_port()}", timeout_s=1.0)
     bad_calls = [
         lambda: c.create_proxy("p", "", listen="127.0.0.1:0"),
         lambda: c.create_proxy("p", ":8080"),
@@ -354,7 +323,7 @@ def test_proxy_info_address_parts() -> None:
 
 
 def test_unreachable_server_fails_fast() -> None:
-    c = ToxiproxyClient(f"http://127.0.0.1:{_free_port()}", timeout_s=5.0)
+    c = ToxiproxyClient(f"http://127.0.0.1:{free_port()}", timeout_s=5.0)
     for call, op in [(c.version, "version"), (c.proxies, "proxies"),
                      (lambda: c.update_toxic("p", "t", latency=1), "update_toxic")]:
         start = time.monotonic()
@@ -424,7 +393,7 @@ def test_two_clients_do_not_cross(echo: str) -> None:
 
 
 def test_cli_toxiproxy_server_runs_and_stops_on_sigterm(echo: str) -> None:
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "harness.cli", "toxiproxy-server", "--port", str(port), "--seed", "3",
            "--log-level", "warning"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

@@ -19,7 +19,6 @@ import json
 import queue
 import signal
 import socket
-import socketserver
 import subprocess
 import sys
 import threading
@@ -44,19 +43,6 @@ SOCK_TIMEOUT_S = 5.0
 
 # ----------------------------------------------------------------------------- helpers
 
-
-class _EchoHandler(socketserver.BaseRequestHandler):
-    def handle(self) -> None:
-        try:
-            while data := self.request.recv(65536):
-                self.request.sendall(data)
-        except OSError:
-            pass
-
-
-class _EchoServer(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
 
 
 class _TimeoutRequests:
@@ -133,16 +119,6 @@ def _closed_port() -> int:
 def server() -> Iterator[EmbeddedToxiproxy]:
     with EmbeddedToxiproxy(seed=1234) as srv:
         yield srv
-
-
-@pytest.fixture(scope="module")
-def echo() -> Iterator[str]:
-    srv = _EchoServer(("127.0.0.1", 0), _EchoHandler)
-    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    yield f"127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-    srv.server_close()
 
 
 @pytest.fixture
