@@ -98,13 +98,19 @@ def test_decoupled_keeps_training_through_a_partition_and_reintegrates(tmp_path)
     print(f"decoupled: partition {t1 - t0:.2f} s, {len(during)} merges during it, longest gap in it "
           f"{max(gaps):.3f} s, final eval {rep['final_eval_loss']}")
     assert max(gaps) < (t1 - t0) / 4, f"global model stalled {max(gaps):.2f} s in a {t1 - t0:.2f} s partition"
+    # A partition longer than timeouts.liveness_s is noticed by both sides and the learner reconnects after
+    # the heal; a shorter one leaves the connection open and traffic simply resumes on it. Both are correct;
+    # which one happens depends on how fast learner 0 covers the 80 steps of the partition.
     rejoin = [e for e in evs if e["ev"] == "learner_join" and e["learner"] == 1 and e["t"] > t1]
-    assert rejoin, "learner 1 did not reconnect after the heal"
-    counted = [e for e in merges if e["t"] > rejoin[0]["t"] and 1 in e["participants"]]
+    if t1 - t0 > sc.timeouts.liveness_s + 1.0:
+        assert rejoin, f"learner 1 did not reconnect after a {t1 - t0:.2f} s partition"
+        assert rep["per_learner"]["1"]["link"]["reconnects"] >= 1
+    back = rejoin[0]["t"] if rejoin else t1
+    counted = [e for e in merges if e["t"] > back and 1 in e["participants"]]
     assert counted, "learner 1's pushes after the heal never took part in a merge"
     w = counted[0]["weights"][counted[0]["participants"].index(1)]
     assert w > 0, counted[0]
-    assert rep["per_learner"]["1"]["steps"] == steps and rep["per_learner"]["1"]["link"]["reconnects"] >= 1
+    assert rep["per_learner"]["1"]["steps"] == steps
     assert rep["final_eval_loss"] < rep["initial_eval_loss"] - 1.0
     assert rep["faults"][0]["end_reason"] == "learner 0 reached step 160"
     assert no_survivors(res)

@@ -27,8 +27,11 @@ MAX_GAP_S = 1.5
 """Longest the global model may stand still while at least K = 1 learner is alive (fault-free: ~0.1 s)."""
 REJOIN_S = 10.0
 """A failed learner must be back (its first step after the restart) within this of its repair delay ending."""
-LOSS_TOLERANCE = 0.25
-"""Final eval loss may exceed the fault-free run of the same seed by at most this (nats per byte)."""
+LOSS_TOLERANCE = 0.4
+"""Final eval loss may exceed the fault-free run of the same seed by at most this (nats per byte). Runs are
+asynchronous, so the fault-free run itself varies: 2.674, 2.592 and 2.443 in three runs of this scenario
+(spread 0.23). 0.25 flaked (a freeze run at 2.737 against a fault-free 2.443); 0.4 is that spread plus the
+fault's own cost."""
 
 
 def scenario(faults: list[dict[str, Any]], chips: int = 2, algorithm: str = "decoupled", steps: int = STEPS) -> Any:
