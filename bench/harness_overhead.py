@@ -10,6 +10,11 @@ Overhead = 1 - harness steps/s / bare steps/s.
     python bench/harness_overhead.py [--steps 400] [--chips 1] [--repeats 3]
 
 Throughput is timed from step WARMUP_STEPS to the last step in both setups.
+
+Two more columns say where the harness's time goes on a 2-core machine, where the syncer shares the
+chips' memory system: "link ms/step" is the CPU the host's link threads used (encoding pushes, decoding
+merged fragments, loopback TCP) per step, and a control row runs the bare loop next to a neighbour
+process that does memory-bound torch work for the syncer's measured share of a core.
 """
 
 from __future__ import annotations
@@ -65,20 +70,38 @@ def bare_chip(rank: int, size: int, port: int, steps: int, out: mp.Queue) -> Non
     dist.destroy_process_group()
 
 
-def bare(steps: int, chips: int) -> tuple[float, float]:
+def neighbour(duty: float, stop: mp.Event) -> None:
+    """Memory-bound torch work `duty` of every 10 ms: the load the syncer puts on the other core."""
+    torch.set_num_threads(1)
+    a, b = torch.randn(300_000), torch.randn(300_000)
+    while not stop.is_set():
+        t_end = time.perf_counter() + 0.01 * duty
+        while time.perf_counter() < t_end:
+            a.copy_((a * b + a).clamp_(-1, 1))
+        stop.wait(0.01 * (1 - duty))
+
+
+def bare(steps: int, chips: int, neighbour_duty: float = 0.0) -> tuple[float, float, float]:
     ctx = mp.get_context("forkserver")
+    stop = ctx.Event()
+    nb = ctx.Process(target=neighbour, args=(neighbour_duty, stop)) if neighbour_duty > 0 else None
+    if nb is not None:
+        nb.start()
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     q = ctx.Queue()
     procs = [ctx.Process(target=bare_chip, args=(r, chips, store.port, steps, q)) for r in range(chips)]
     for p in procs:
         p.start()
-    rate = q.get(timeout=600)
+    rate, cpu = q.get(timeout=600)
     for p in procs:
         p.join(timeout=60)
-    return rate
+    if nb is not None:
+        stop.set()
+        nb.join(timeout=10)
+    return rate, cpu, 0.0
 
 
-def harness(steps: int, chips: int, eval_every_s: float, proxy: str) -> tuple[float, float]:
+def harness(steps: int, chips: int, eval_every_s: float, proxy: str) -> tuple[float, float, float]:
     sc = builtin()
     sc = sc.replace(topology=type(sc.topology)(learners=1, chips_per_learner=chips),
                     train=type(sc.train)(steps=steps), eval=type(sc.eval)(every_s=eval_every_s),
@@ -86,12 +109,20 @@ def harness(steps: int, chips: int, eval_every_s: float, proxy: str) -> tuple[fl
                     links=type(sc.links)(proxy=proxy))
     with tempfile.TemporaryDirectory() as d:
         res = run_scenario(sc, d)
-        evs = [e for e in read_events(res.run_dir / EVENTS_FILE) if e["ev"] == "step" and e["learner"] == 0]
+        every = read_events(res.run_dir / EVENTS_FILE)
+    evs = [e for e in every if e["ev"] == "step" and e["learner"] == 0]
+    link_cpu = sum(sum(e["threads"].values()) for e in every if e["ev"] == "link_cpu" and e["learner"] == 0)
+    syncer = [e for e in every if e["ev"] == "syncer_done"]
+    _SYNCER_SHARE.append(syncer[0]["cpu_s"] / res.report["wall_s"] if syncer and res.report["wall_s"] else 0.0)
     t = {e["step"]: e["t"] for e in evs}
     cpu = {e["step"]: e["cpu_s"] for e in evs if "cpu_s" in e}
     last = max(s for s in cpu if s <= steps)
     return ((steps - WARMUP_STEPS) / (t[steps] - t[WARMUP_STEPS]),
-            1e3 * (cpu[last] - cpu[WARMUP_STEPS]) / (last - WARMUP_STEPS))
+            1e3 * (cpu[last] - cpu[WARMUP_STEPS]) / (last - WARMUP_STEPS), 1e3 * link_cpu / steps)
+
+
+_SYNCER_SHARE: list[float] = []
+"""Syncer CPU seconds per wall second in each harness run: the neighbour control's duty."""
 
 
 def main() -> None:
@@ -100,23 +131,27 @@ def main() -> None:
     ap.add_argument("--chips", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
-    rows: dict[str, list[tuple[float, float]]] = {}
+    rows: dict[str, list[tuple[float, float, float]]] = {}
     for _ in range(a.repeats):  # interleaved, so slow phases of a noisy machine hit every configuration
         rows.setdefault("bare loop (Gloo only)", []).append(bare(a.steps, a.chips))
+        duty = statistics.median(_SYNCER_SHARE) if _SYNCER_SHARE else 0.2
+        rows.setdefault("bare + syncer-load neighbour", []).append(bare(a.steps, a.chips, duty))
         rows.setdefault("harness, proxy, eval every 3 s", []).append(harness(a.steps, a.chips, 3.0, "embedded"))
         rows.setdefault("harness, proxy, eval off", []).append(harness(a.steps, a.chips, 3600.0, "embedded"))
         rows.setdefault("harness, no proxy, eval off", []).append(harness(a.steps, a.chips, 3600.0, "off"))
-    base = statistics.median(r for r, _ in rows["bare loop (Gloo only)"])
-    base_cpu = statistics.median(c for _, c in rows["bare loop (Gloo only)"])
+    base = statistics.median(r for r, _, _ in rows["bare loop (Gloo only)"])
+    base_cpu = statistics.median(c for _, c, _ in rows["bare loop (Gloo only)"])
     print(f"{a.chips} chip(s) x 1 learner, steps {WARMUP_STEPS}..{a.steps}, median of {a.repeats} interleaved runs")
     print("steps/s: per learner (= per chip), wall clock; chip CPU ms/step: CPU time of the chip process (host)")
     print(f"{'configuration':32} {'steps/s':>8} {'min':>7} {'max':>7} {'overhead':>9} {'CPU ms/step':>12} "
-          f"{'CPU overhead':>13}")
+          f"{'CPU overhead':>13} {'link ms/step':>13}")
     for name, vals in rows.items():
-        med = statistics.median(r for r, _ in vals)
-        cpu = statistics.median(c for _, c in vals)
-        print(f"{name:32} {med:8.2f} {min(r for r, _ in vals):7.2f} {max(r for r, _ in vals):7.2f} "
-              f"{100 * (1 - med / base):8.1f}% {cpu:12.2f} {100 * (cpu / base_cpu - 1):12.1f}%")
+        med = statistics.median(r for r, _, _ in vals)
+        cpu = statistics.median(c for _, c, _ in vals)
+        link = statistics.median(k for _, _, k in vals)
+        print(f"{name:32} {med:8.2f} {min(r for r, _, _ in vals):7.2f} {max(r for r, _, _ in vals):7.2f} "
+              f"{100 * (1 - med / base):8.1f}% {cpu:12.2f} {100 * (cpu / base_cpu - 1):12.1f}% {link:13.2f}")
+    print(f"neighbour duty (syncer CPU share, median): {statistics.median(_SYNCER_SHARE):.2f}")
 
 
 if __name__ == "__main__":

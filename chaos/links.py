@@ -183,6 +183,7 @@ class LinkChaos:
         """Start the fault a schedule entry describes."""
         if spec.action not in LINK_ACTIONS:
             raise ValueError(f"not a link action: {spec.action}")
+        assert spec.learner is not None, "validated: link actions have a learner"
         p = spec.params()
         if spec.action == "degrade":
             return self.degrade(spec.learner, latency_ms=p.get("latency_ms", 0.0), jitter_ms=p.get("jitter_ms", 0.0),

@@ -5,16 +5,28 @@ checked alive first, so a fault can only ever hit a process of this run.
 `kill_chip` / `kill_learner` / `crash_host` are one shot (SIGKILL: no cleanup
 runs, like a chip or host that dies); the learner's recovery policy decides
 what happens next. `freeze` sends SIGSTOP to the learner's chips and returns
-a scope whose `clear()` sends SIGCONT: a hung host that comes back. `slow`
-duty-cycles SIGSTOP/SIGCONT from outside the training loop so the learner
-runs `speed` of the time (an older hardware generation, or, scoped, a
-transient straggler); it follows the learner across restarts, since it asks
-the registry for the current pids every cycle.
+a scope whose `clear()` sends SIGCONT: a hung host that comes back.
+`kill_syncer` SIGKILLs the synchronizer; the supervisor restores it from its
+checkpoint after the repair delay.
+
+`slow` holds a learner to `speed` of the others (an older hardware
+generation, or, scoped, a transient straggler) from outside its training
+loop, with SIGSTOP/SIGCONT. Where the run's progress is known (the
+supervisor passes each learner's step), it is a feedback controller: every
+`period_s / 4` the learner is stopped while it is more than one step ahead
+of `speed` x the mean progress of the learners that are not slowed, and runs
+otherwise, so its achieved speed relative to them is the profile, whatever
+the machine's load. Without progress (or with no unslowed learner left) it
+falls back to a fixed duty cycle (`speed` of every `period_s`). `jitter`
+varies the target per period, uniformly in speed x (1 +- jitter), from the
+run's seed. It follows the learner across restarts: it asks the registry for
+the current pids every tick.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import signal
 import threading
 from collections.abc import Callable
@@ -29,6 +41,8 @@ log = logging.getLogger(__name__)
 
 PidsOf = Callable[[int], list[int]]
 """learner -> pids of its live chip processes, ordered by rank (rank 0 is the learner's host)."""
+ProgressOf = Callable[[], dict[int, int]]
+"""-> the highest inner step seen so far per learner (the supervisor's view of the event log)."""
 
 
 def _no_event(ev: str, /, **fields: Any) -> None:
@@ -41,12 +55,15 @@ class ProcessFault:
 
     kind: str
     learner: int
+    """The learner hit; -1 for the syncer."""
     pids: list[int] = field(default_factory=list)
     owner: ProcessChaos | None = None
     cleared: bool = False
     stop: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
     cycles: int = 0
+    stopped_s: float = 0.0
+    """slow: seconds the learner was held stopped."""
 
     def clear(self) -> None:
         if self.owner is not None:
@@ -62,12 +79,34 @@ class ProcessFault:
 class ProcessChaos:
     """Signals to a run's chip processes; counts what it sent."""
 
-    def __init__(self, pids_of: PidsOf, learners: int, on_event: Callable[..., None] | None = None) -> None:
+    def __init__(self, pids_of: PidsOf, learners: int, on_event: Callable[..., None] | None = None,
+                 syncer_pid: Callable[[], int | None] | None = None, progress: ProgressOf | None = None,
+                 seed: int = 0) -> None:
         self.pids_of = pids_of
         self.learners = learners
         self.on_event = on_event or _no_event
+        self.syncer_pid = syncer_pid
+        self.progress = progress
+        self.seed = seed
         self.sent: dict[str, int] = {}
+        self.repair_s: dict[int | str, float] = {}
+        """Repair delays asked for by kills that fired (learner, or "syncer"); the supervisor pops them."""
+        self._slowed: dict[int, ProcessFault] = {}
         self._lock = threading.Lock()
+
+    def slowed(self) -> bool:
+        """Whether a `slow` fault is active (the supervisor then reads progress at its fault poll rate)."""
+        with self._lock:
+            return bool(self._slowed)
+
+    def kill_syncer(self, repair_s: float | None = None) -> ProcessFault:
+        """SIGKILL the synchronizer; it is restored from its last checkpoint after the repair delay."""
+        pid = self.syncer_pid() if self.syncer_pid is not None else None
+        if pid is None:
+            raise ProcessLookupError("the syncer is not running")
+        if repair_s is not None:
+            self.repair_s["syncer"] = repair_s
+        return self._signal("kill_syncer", -1, [pid], signal.SIGKILL)
 
     def kill_chip(self, learner: int, chip: int) -> ProcessFault:
         """SIGKILL one chip of a learner: its Gloo group breaks and the learner fails as a whole."""
@@ -93,30 +132,65 @@ class ProcessChaos:
             pids = [pids[chip]]
         return self._signal("freeze", learner, pids, signal.SIGSTOP, chip=chip)
 
-    def slow(self, learner: int, speed: float, period_s: float = 0.2) -> ProcessFault:
-        """Let the learner run only `speed` of every `period_s` (SIGCONT ... SIGSTOP), until cleared."""
+    def slow(self, learner: int, speed: float, period_s: float = 0.2, jitter: float = 0.0) -> ProcessFault:
+        """Hold the learner to `speed` of the unslowed learners' progress (SIGSTOP/SIGCONT), until cleared."""
         if not 0.0 < speed < 1.0:
             raise ValueError(f"speed = {speed}: must be in (0, 1)")
+        if not 0.0 <= jitter < 1.0:
+            raise ValueError(f"jitter = {jitter}: must be in [0, 1)")
         self._pids(learner)
         fault = ProcessFault("slow", learner, owner=self)
-        fault.thread = threading.Thread(target=self._duty_cycle, args=(fault, speed, period_s),
+        with self._lock:
+            if learner in self._slowed:
+                raise ValueError(f"learner {learner} is already slowed")
+            self._slowed[learner] = fault
+            self.sent["slow"] = self.sent.get("slow", 0) + 1
+        fault.thread = threading.Thread(target=self._hold_to_speed, args=(fault, speed, period_s, jitter),
                                         name=f"slow-{learner}", daemon=True)
         fault.thread.start()
-        with self._lock:
-            self.sent["slow"] = self.sent.get("slow", 0) + 1
-        self.on_event("process_fault", kind="slow", learner=learner, speed=speed, period_s=period_s)
+        self.on_event("process_fault", kind="slow", learner=learner, speed=speed, period_s=period_s,
+                      jitter=jitter, mode="progress" if self.progress is not None else "duty")
         return fault
 
-    def _duty_cycle(self, fault: ProcessFault, speed: float, period_s: float) -> None:
-        run_s, stop_s = period_s * speed, period_s * (1.0 - speed)
-        while not fault.stop.wait(run_s):
-            pids = self.pids_of(fault.learner)
-            self._send_all(pids, signal.SIGSTOP)
-            stopped = fault.stop.wait(stop_s)
-            self._send_all(pids, signal.SIGCONT)  # always: never leave a learner stopped
-            fault.cycles += 1
-            if stopped:
-                break
+    def _reference(self, learner: int, start: dict[int, int]) -> float | None:
+        """Mean steps since the fault started over the learners that are not slowed and have a process."""
+        assert self.progress is not None
+        now = self.progress()
+        with self._lock:
+            slowed = set(self._slowed)
+        refs = [now.get(m, 0) - start.get(m, 0) for m in range(self.learners)
+                if m not in slowed and m != learner and self.pids_of(m)]
+        return sum(refs) / len(refs) if refs else None
+
+    def _hold_to_speed(self, fault: ProcessFault, speed: float, period_s: float, jitter: float) -> None:
+        rng = random.Random(f"{self.seed}/slow/{fault.learner}")
+        start = dict(self.progress()) if self.progress is not None else {}
+        tick = period_s / 4
+        target, next_draw, t = speed, 0.0, 0.0
+        stopped = False
+        try:
+            while not fault.stop.is_set():
+                if t >= next_draw:  # a new target speed each period (jitter 0: always `speed`)
+                    target = speed * (1.0 + jitter * rng.uniform(-1.0, 1.0))
+                    next_draw = t + period_s
+                ref = self._reference(fault.learner, start) if self.progress is not None else None
+                if ref is not None:
+                    own = self.progress().get(fault.learner, 0) - start.get(fault.learner, 0)  # type: ignore[misc]
+                    want_stop = own > target * ref + 1.0
+                else:  # duty cycle: run the first `target` of each period
+                    want_stop = (t % period_s) >= target * period_s
+                if want_stop != stopped:
+                    self._send_all(self.pids_of(fault.learner), signal.SIGSTOP if want_stop else signal.SIGCONT)
+                    stopped = want_stop
+                    fault.cycles += int(want_stop)
+                if fault.stop.wait(tick):
+                    break
+                t += tick
+                fault.stopped_s += tick if stopped else 0.0
+        finally:
+            self._send_all(self.pids_of(fault.learner), signal.SIGCONT)  # never leave a learner stopped
+            with self._lock:
+                self._slowed.pop(fault.learner, None)
 
     @staticmethod
     def _send_all(pids: list[int], sig: signal.Signals) -> None:
@@ -129,6 +203,11 @@ class ProcessChaos:
     def apply(self, spec: FaultSpec) -> ProcessFault:
         if spec.action not in PROCESS_ACTIONS:
             raise ValueError(f"not a process action: {spec.action}")
+        if spec.action == "kill_syncer":
+            return self.kill_syncer(spec.repair_s)
+        assert spec.learner is not None, "validated: every action but kill_syncer has a learner"
+        if spec.repair_s is not None:
+            self.repair_s[spec.learner] = spec.repair_s
         if spec.action == "kill_chip":
             return self.kill_chip(spec.learner, spec.chip or 0)
         if spec.action == "crash_host":
@@ -136,7 +215,7 @@ class ProcessChaos:
         if spec.action == "kill_learner":
             return self.kill_learner(spec.learner)
         if spec.action == "slow":
-            return self.slow(spec.learner, spec.speed or 0.5, spec.period_s or 0.2)
+            return self.slow(spec.learner, spec.speed or 0.5, spec.period_s or 0.2, spec.jitter or 0.0)
         return self.freeze(spec.learner, spec.chip)
 
     # -- internals -------------------------------------------------------------------------------
@@ -158,7 +237,8 @@ class ProcessChaos:
                 log.warning("%s: pid %d of learner %d is already gone", kind, pid, learner)
         with self._lock:
             self.sent[kind] = self.sent.get(kind, 0) + 1
-        self.on_event("process_fault", kind=kind, learner=learner, pids=hit, signal=sig.name,
+        self.on_event("process_fault", kind=kind, learner=learner if learner >= 0 else None, pids=hit,
+                      signal=sig.name,
                       **{k: v for k, v in fields.items() if v is not None})
         return ProcessFault(kind, learner, hit, owner=self)
 
@@ -171,7 +251,8 @@ class ProcessChaos:
             fault.stop.set()
             if fault.thread is not None:
                 fault.thread.join(timeout=5.0)
-            self.on_event("process_fault_off", kind="slow", learner=fault.learner, cycles=fault.cycles)
+            self.on_event("process_fault_off", kind="slow", learner=fault.learner, cycles=fault.cycles,
+                          stopped_s=round(fault.stopped_s, 3))
             return
         if fault.kind != "freeze":
             return

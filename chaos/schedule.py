@@ -31,8 +31,12 @@ from typing import Any
 LINK_ACTIONS = ("degrade", "partition", "flap", "reset_peer", "slice", "limit_data")
 """Actions on one learner's link, carried out through its Toxiproxy proxy (chaos/links.py)."""
 
-PROCESS_ACTIONS = ("kill_chip", "kill_learner", "crash_host", "freeze", "slow")
-"""Actions on a learner's processes, by pid (chaos/processes.py). Kills are one shot; a freeze lasts to `until`."""
+PROCESS_ACTIONS = ("kill_chip", "kill_learner", "crash_host", "freeze", "slow", "kill_syncer")
+"""Actions on a run's processes, by pid (chaos/processes.py). Kills are one shot; a freeze lasts to `until`.
+`kill_syncer` hits the synchronizer and is the only action without a `learner`."""
+
+KILL_ACTIONS = ("kill_chip", "kill_learner", "crash_host", "kill_syncer")
+"""One-shot SIGKILLs; the supervisor restarts what they killed after `repair_s` (or recovery's default)."""
 
 ACTIONS = LINK_ACTIONS + PROCESS_ACTIONS
 
@@ -44,11 +48,12 @@ ACTION_PARAMS: dict[str, tuple[str, ...]] = {
     "reset_peer": ("timeout_ms",),
     "slice": ("average_size", "size_variation", "delay_us"),
     "limit_data": ("bytes",),
-    "kill_chip": ("chip",),
-    "kill_learner": (),
-    "crash_host": (),
+    "kill_chip": ("chip", "repair_s"),
+    "kill_learner": ("repair_s",),
+    "crash_host": ("repair_s",),
+    "kill_syncer": ("repair_s",),
     "freeze": ("chip",),
-    "slow": ("speed", "period_s"),
+    "slow": ("speed", "period_s", "jitter"),
 }
 
 
@@ -88,9 +93,9 @@ class FaultSpec:
 
     action: str
     """One of ACTIONS: degrade, partition, flap, reset_peer, slice, limit_data, kill_chip, kill_learner,
-    crash_host, freeze, slow."""
-    learner: int
-    """The learner whose link (or process, for process actions) the fault hits."""
+    crash_host, freeze, slow, kill_syncer."""
+    learner: int | None = None
+    """The learner whose link (or process, for process actions) the fault hits; unset only for kill_syncer."""
     at: Trigger = field(default_factory=lambda: Trigger(time_s=0.0))
     """When the fault starts (default: at run start)."""
     until: Trigger | None = None
@@ -123,6 +128,11 @@ class FaultSpec:
     """kill_chip, freeze: which chip (rank) of the learner; freeze without it stops all the learner's chips."""
     speed: float | None = None
     """slow: fraction of full speed the learner may run at (an older chip generation, or a straggler)."""
+    jitter: float | None = None
+    """slow: the target speed varies per period, uniformly in speed x (1 +- jitter), seeded (default 0)."""
+    repair_s: float | None = None
+    """kill_chip, kill_learner, crash_host, kill_syncer: seconds until the supervisor restarts what was killed
+    (unset: recovery.repair_s, or recovery.syncer_repair_s for the syncer)."""
 
     def params(self) -> dict[str, Any]:
         """The action's parameters that are set."""
@@ -130,7 +140,8 @@ class FaultSpec:
 
     def describe(self) -> str:
         ps = ", ".join(f"{k}={v}" for k, v in self.params().items())
-        return f"{self.action}(learner {self.learner}{', ' + ps if ps else ''})"
+        who = "syncer" if self.learner is None else f"learner {self.learner}"
+        return f"{self.action}({who}{', ' + ps if ps else ''})"
 
 
 _RANGES: dict[str, tuple[float, float]] = {
@@ -146,6 +157,8 @@ _RANGES: dict[str, tuple[float, float]] = {
     "bytes": (0, 1 << 40),
     "chip": (0, 1023),
     "speed": (0.05, 0.95),
+    "repair_s": (0.0, 3600.0),
+    "jitter": (0.0, 0.9),
 }
 _MODES = ("blackhole", "refuse")
 
@@ -190,7 +203,10 @@ def parse_fault(raw: Any, key: str, learners: int) -> FaultSpec:
     if action not in ACTIONS:
         raise ScheduleError(f"{key}.action = {action!r}: must be one of {', '.join(ACTIONS)}")
     learner = raw.get("learner")
-    if isinstance(learner, bool) or not isinstance(learner, int) or not 0 <= learner < learners:
+    if action == "kill_syncer":
+        if learner is not None:
+            raise ScheduleError(f"{key}.learner: kill_syncer hits the syncer; leave learner unset")
+    elif isinstance(learner, bool) or not isinstance(learner, int) or not 0 <= learner < learners:
         raise ScheduleError(f"{key}.learner = {learner!r}: must be in [0, {learners - 1}]")
     allowed = ACTION_PARAMS[action]
     kwargs: dict[str, Any] = {"action": action, "learner": learner}

@@ -142,5 +142,7 @@ def chip_main(spec: ChipSpec) -> None:
     finally:
         if link is not None:
             link.close(flush_timeout_s=t.socket_op_s * 2)
+            events.log("link_cpu", learner=spec.learner, threads=link.thread_cpu_s,
+                       main_thread_cpu_s=round(time.thread_time(), 4), cpu_s=cpu_seconds())
         dist.destroy_process_group()
         events.close()

@@ -76,8 +76,12 @@ class SyncerLink:
         self.frames_rejected = 0
         self._ping_seq = 0
         self._resume: tuple[int, dict[str, Tensor]] | None = None
-        self._threads = [threading.Thread(target=self._manage, name=f"link{learner}-mgr", daemon=True),
-                         threading.Thread(target=self._write, name=f"link{learner}-wr", daemon=True)]
+        self.thread_cpu_s: dict[str, float] = {}
+        """CPU seconds each link thread used, filled in as it exits (what the link costs the host)."""
+        self._threads = [threading.Thread(target=self._timed, args=(self._manage,), name=f"link{learner}-mgr",
+                                          daemon=True),
+                         threading.Thread(target=self._timed, args=(self._write,), name=f"link{learner}-wr",
+                                          daemon=True)]
 
     # -- public -----------------------------------------------------------------------------------
     def start(self) -> SyncerLink:
@@ -169,6 +173,12 @@ class SyncerLink:
             th.join(timeout=max(0.1, deadline - time.monotonic()) + self.t.socket_op_s)
 
     # -- internals --------------------------------------------------------------------------------
+    def _timed(self, body: Any) -> None:
+        try:
+            body()
+        finally:
+            self.thread_cpu_s[threading.current_thread().name] = round(time.thread_time(), 4)
+
     def _check_fatal(self) -> None:
         if self.fatal is not None:
             raise LinkFatal(self.fatal)

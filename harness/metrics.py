@@ -86,3 +86,37 @@ def downtime(merge_times: list[float], start: float, end: float,
     span = end - start
     return {"uptime": round(1 - down / span, 4) if span > 0 else None, "downtime_s": round(down, 3),
             "window_s": window_s, "intervals": [[round(a - start, 3), round(b - start, 3)] for a, b in intervals]}
+
+
+def achieved_speeds(evs: list[dict[str, Any]], learners: int) -> list[dict[str, Any]]:
+    """For every `slow` fault: the learner's steps over the mean steps of the learners that were not slowed,
+    in the window where all of them were training (from the fault's start to its end, or to the first of them
+    finishing). That ratio is what a speed profile means: an older chip does `speed` x the steps of a new one."""
+    ons = [e for e in evs if e["ev"] == "process_fault" and e.get("kind") == "slow"]
+    offs = {e["learner"]: e["t"] for e in evs if e["ev"] == "process_fault_off" and e.get("kind") == "slow"}
+    slowed = {e["learner"] for e in ons}
+    steps: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    done: dict[int, float] = {}
+    for e in evs:
+        if e["ev"] == "step":
+            steps[e["learner"]].append((e["t"], int(e["step"])))
+        elif e["ev"] == "learner_done":
+            done[e["learner"]] = e["t"]
+    refs = [m for m in range(learners) if m not in slowed and steps.get(m)]
+    out = []
+    for on in ons:
+        m = on["learner"]
+        t0 = on["t"]
+        t1 = min([offs.get(m, float("inf")), *(done.get(r, float("inf")) for r in [m, *refs])])
+        if not refs or t1 == float("inf") or t1 <= t0:
+            out.append({"learner": m, "speed": on["speed"], "achieved": None, "window_s": 0.0})
+            continue
+
+        def progress(r: int, a: float = t0, b: float = t1) -> int:
+            inside = [s for t, s in steps[r] if a <= t <= b]
+            return max(inside) - min(inside) if len(inside) > 1 else 0
+
+        ref = sum(progress(r) for r in refs) / len(refs)
+        out.append({"learner": m, "speed": on["speed"], "achieved": round(progress(m) / ref, 4) if ref else None,
+                    "window_s": round(t1 - t0, 3), "steps": progress(m), "reference_steps": round(ref, 1)})
+    return out

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from harness.events import EVENTS_FILE, EventLog, read_events
-from harness.metrics import downtime, goodput
+from harness.metrics import achieved_speeds, downtime, goodput
 from harness.rundir import CHECKPOINT_FILE, CONFIG_FILE, read_json
 from harness.scenario import Scenario, from_dict
 from trainers.data import eval_batches, make_splits
@@ -120,6 +120,8 @@ def build_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         "goodput": goodput(evs, sc.algorithm, sc.topology.learners, sc.topology.chips_per_learner,
                            sc.diloco.fragments, sc.diloco.sync_every),
         "availability": downtime([e["t"] for e in merges], train_start, train_end),
+        "speed_profiles": achieved_speeds(evs, sc.topology.learners),
+        "syncer_restarts": sum(1 for e in evs if e["ev"] == "syncer_restart"),
     }
 
 

@@ -10,6 +10,7 @@ so a run can be replayed from its directory alone.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -102,7 +103,15 @@ class RecoveryConfig:
     repair_s: float = bounded(2.0, 0.0, 3600.0)
     """Repair delay: seconds between a learner's failure and its restart."""
     max_restarts: int = bounded(3, 0, 1000)
-    """Restarts allowed per learner; one more failure fails the run."""
+    """Restarts allowed per learner (and for the syncer); one more failure fails the run."""
+    syncer_policy: str = choice("fail", ("fail", "restart"))
+    """fail: a syncer that dies fails the run; restart: after syncer_repair_s the supervisor starts a new
+    syncer on the same port, which restores the per-fragment checkpoint (Decoupled DiLoCo only)."""
+    syncer_repair_s: float = bounded(1.0, 0.0, 3600.0)
+    """Seconds between the syncer's death and its restart (a kill_syncer fault's repair_s overrides it)."""
+    syncer_checkpoint: str = choice("every_merge", ("every_merge", "off"))
+    """every_merge: each merged fragment's state is written atomically (fsync, rename) before it is
+    broadcast, so a restarted syncer loses nothing any learner has seen; off: no syncer checkpoint."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +145,9 @@ class Scenario:
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     faults: tuple[FaultSpec, ...] = ()
     """Scheduled faults, `[[faults]]` tables (chaos/schedule.py): action, learner, at, until, parameters."""
+    random_faults_source: str = ""
+    """Record only: the `[random_faults]` table (JSON) whose draws were appended to `faults` before the run
+    (chaos/fault_generator.py). The draws are already explicit entries, so a replay does not draw again."""
 
     def replace(self, **changes: Any) -> Scenario:
         """A copy with top-level fields changed, validated again. `faults` may be given as tables."""
@@ -247,6 +259,13 @@ def validate(sc: Scenario) -> None:
         if f.action in ("kill_chip", "kill_learner", "crash_host") and sc.recovery.policy == "fail":
             raise ScenarioError(f"faults[{i}].action = {f.action!r}: needs recovery.policy = 'restart' "
                                 "(with 'fail' the first lost chip ends the run)")
+        if f.action == "kill_syncer":
+            if sc.algorithm != "decoupled":
+                raise ScenarioError(f"faults[{i}].action = 'kill_syncer': supported for algorithm = 'decoupled' "
+                                    f"only, not {sc.algorithm!r} (its syncer keeps no checkpoint to restore)")
+            if sc.recovery.syncer_policy != "restart" or sc.recovery.syncer_checkpoint != "every_merge":
+                raise ScenarioError(f"faults[{i}].action = 'kill_syncer': needs recovery.syncer_policy = 'restart' "
+                                    "and recovery.syncer_checkpoint = 'every_merge'")
     if sc.links.proxy == "off" and any(f.action in LINK_ACTIONS for f in sc.faults):
         raise ScenarioError("links.proxy = 'off': link faults need proxies; use auto or embedded")
     if sc.diloco.min_quorum > m:
@@ -279,8 +298,49 @@ def validate(sc: Scenario) -> None:
         )
 
 
+def _int_or(table: dict[str, Any], section: str, key: str, default: int, least: int = 1) -> int:
+    """table[section][key] if it is a usable integer (>= least), else the default (_build reports it later)."""
+    v = table.get(section, {}).get(key, default) if isinstance(table.get(section, {}), dict) else default
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= least else default
+
+
+def _expand_random_faults(table: dict[str, Any]) -> dict[str, Any]:
+    """Replace a `[random_faults]` table by the explicit `[[faults]]` entries it draws (seeded)."""
+    from chaos.fault_generator import expand
+    from chaos.fault_generator import validate as validate_random
+
+    raw = table["random_faults"]
+    learners = _int_or(table, "topology", "learners", Topology().learners)
+    chips = _int_or(table, "topology", "chips_per_learner", Topology().chips_per_learner)
+    steps = _int_or(table, "train", "steps", TrainConfig().steps)
+    seed = table.get("seed", 0) if isinstance(table.get("seed", 0), int) else 0
+    try:
+        cfg = validate_random(raw, "random_faults", learners, chips, steps)
+    except ValueError as e:
+        raise ScenarioError(str(e)) from None
+    drawn = expand(cfg, learners=learners, chips_per_learner=chips, steps=steps, seed=seed)
+    restarts = _int_or(table, "recovery", "max_restarts", RecoveryConfig().max_restarts, least=0)
+    kills: dict[int, int] = {}
+    for f in drawn:
+        if f["action"] in ("kill_chip", "kill_learner", "crash_host"):
+            kills[f["learner"]] = kills.get(f["learner"], 0) + 1
+    worst = max(kills.items(), key=lambda kv: kv[1], default=None)
+    if worst is not None and worst[1] > restarts:
+        raise ScenarioError(f"random_faults: the draw kills learner {worst[0]} {worst[1]} times, but "
+                            f"recovery.max_restarts = {restarts}; raise it to at least {worst[1]}, "
+                            "or raise random_faults.mtbf_steps")
+    out = {k: v for k, v in table.items() if k != "random_faults"}
+    existing = table.get("faults", [])
+    out["faults"] = [*(existing if isinstance(existing, (list, tuple)) else [existing]), *drawn]
+    out["random_faults_source"] = json.dumps(raw if isinstance(raw, dict) else str(raw), sort_keys=True,
+                                             default=str)
+    return out
+
+
 def from_dict(table: dict[str, Any]) -> Scenario:
-    """Build and validate a Scenario from a parsed TOML table."""
+    """Build and validate a Scenario from a parsed TOML table (a `[random_faults]` table is drawn first)."""
+    if "random_faults" in table:
+        table = _expand_random_faults(table)
     sc = _build(Scenario, table, "")
     validate(sc)
     return sc

@@ -104,6 +104,11 @@ class Supervisor:
         self.generation: dict[int, int] = {}
         self.restart_at: dict[int, float] = {}
         self.restarts: dict[int, int] = {}
+        self.procs_chaos: ProcessChaos | None = None
+        self.syncer_port = 0
+        self.syncer_restart_at: float | None = None  # set while the syncer is down, waiting for its repair
+        self.syncer_restarts = 0
+        self._syncer_stop: Any = None
 
     def _start(self, name: str, target: Any, args: tuple) -> None:
         p = context().Process(target=target, args=args, name=name, daemon=False)
@@ -123,15 +128,9 @@ class Supervisor:
             self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                                        timeout=datetime.timedelta(seconds=t.startup_s))
             self.events.log("store_ready", port=self.store.port)
-            ctx = context()
-            parent, child = ctx.Pipe(duplex=False)
-            stop = ctx.Event()
-            spec = SyncerSpec(str(self.run_dir), sc.to_dict(), self.secret.hex(), os.getpid())
-            self._start("syncer", syncer_main, (spec, child, stop))
-            child.close()
-            if not parent.poll(t.startup_s):
-                raise RunFailed(f"syncer did not report its port within timeouts.startup_s = {t.startup_s}s")
-            port = parent.recv()
+            stop = context().Event()
+            self._syncer_stop = stop
+            port = self._start_syncer(restore=False)
             ports = {m: port for m in range(sc.topology.learners)}
             if sc.links.proxy != "off":
                 from harness.link_proxies import RunLinks
@@ -139,7 +138,9 @@ class Supervisor:
                 self.links = RunLinks.open(sc, port, self.events, fragment_bytes(sc))
                 ports = self.links.ports
             self.ports = ports
-            procs = ProcessChaos(self._chip_pids, sc.topology.learners, on_event=self.events.log)
+            procs = ProcessChaos(self._chip_pids, sc.topology.learners, on_event=self.events.log,
+                                 syncer_pid=self._syncer_pid, progress=self._progress, seed=sc.seed)
+            self.procs_chaos = procs
             self.faults = FaultRunner(sc.faults, self.links.chaos if self.links else None, self.events, procs)
             for m in range(sc.topology.learners):
                 self._start_learner(m, generation=0, start_step=0)
@@ -166,6 +167,41 @@ class Supervisor:
         write_json(self.run_dir / REPORT_FILE, report)
         self.events.close()
         return RunResult(self.run_dir, report, [p.pid for p in [*self.procs.values(), *self.retired]])
+
+    def _start_syncer(self, restore: bool) -> int:
+        """Start the syncer (or, with `restore`, its replacement on the same port); returns its port."""
+        t = self.sc.timeouts
+        parent, child = context().Pipe(duplex=False)
+        if "syncer" in self.procs:
+            self.retired.append(self.procs["syncer"])
+        spec = SyncerSpec(str(self.run_dir), self.sc.to_dict(), self.secret.hex(), os.getpid(),
+                          port=self.syncer_port, restore=restore)
+        self._start("syncer", syncer_main, (spec, child, self._syncer_stop))
+        child.close()
+        if not parent.poll(t.startup_s):
+            raise RunFailed(f"syncer did not report its port within timeouts.startup_s = {t.startup_s}s")
+        self.syncer_port = parent.recv()
+        parent.close()
+        return self.syncer_port
+
+    def _syncer_pid(self) -> int | None:
+        p = self.procs.get("syncer")
+        return p.pid if p is not None and p.exitcode is None and self.syncer_restart_at is None else None
+
+    def _progress(self) -> dict[int, int]:
+        return dict(self.faults.schedule.progress.steps) if self.faults is not None else {}
+
+    def _syncer_failed(self, code: int, now: float) -> None:
+        rec = self.sc.recovery
+        if rec.syncer_policy != "restart" or self.syncer_restarts >= rec.max_restarts:
+            why = ("recovery.syncer_policy = 'fail'" if rec.syncer_policy != "restart"
+                   else f"max_restarts = {rec.max_restarts} used")
+            raise RunFailed(f"syncer exited with code {code} ({why})")
+        repair = rec.syncer_repair_s
+        if self.procs_chaos is not None:
+            repair = self.procs_chaos.repair_s.pop("syncer", repair)
+        self.syncer_restart_at = now + repair
+        self.events.log("syncer_down", exitcode=code, repair_s=repair)
 
     def _chips_of(self, m: int) -> list[Any]:
         return [self.procs[f"learner{m}.chip{r}"] for r in range(self.sc.topology.chips_per_learner)]
@@ -199,9 +235,12 @@ class Supervisor:
                 _signal_tree(p.pid, signal.SIGKILL)
         for p in self._chips_of(m):
             p.join(timeout=self.sc.timeouts.shutdown_s)
+        repair = rec.repair_s
+        if self.procs_chaos is not None:
+            repair = self.procs_chaos.repair_s.pop(m, repair)
         self.learner_state[m] = "down"
-        self.restart_at[m] = now + rec.repair_s
-        self.events.log("learner_down", learner=m, exitcodes=exitcodes, step=step, repair_s=rec.repair_s)
+        self.restart_at[m] = now + repair
+        self.events.log("learner_down", learner=m, exitcodes=exitcodes, step=step, repair_s=repair)
 
     def _watch(self, stop: Any, t0: float) -> None:
         t = self.sc.timeouts
@@ -232,9 +271,16 @@ class Supervisor:
                     self._start_learner(m, self.generation[m] + 1, step)
                     self.events.log("learner_restart", learner=m, generation=self.generation[m], start_step=step,
                                     restarts=self.restarts[m])
-            if syncer.exitcode is not None and syncer.exitcode != 0:
-                raise RunFailed(f"syncer exited with code {syncer.exitcode}")
-            if all(self.learner_state[m] == "done" for m in m_all):
+            if self.syncer_restart_at is None and syncer.exitcode is not None and syncer.exitcode != 0:
+                self._syncer_failed(syncer.exitcode, now)
+            elif self.syncer_restart_at is not None and now >= self.syncer_restart_at:
+                self.syncer_restarts += 1
+                self._start_syncer(restore=True)
+                self.syncer_restart_at = None
+                syncer = self.procs["syncer"]
+                self.events.log("syncer_restart", restarts=self.syncer_restarts, port=self.syncer_port,
+                                child_pid=syncer.pid)
+            if self.syncer_restart_at is None and all(self.learner_state[m] == "done" for m in m_all):
                 stop.set()
                 syncer.join(timeout=t.shutdown_s + 30)
                 if syncer.exitcode != 0:
@@ -243,7 +289,10 @@ class Supervisor:
                     self.on_events(tail.poll())
                 return
             down = [self.restart_at[m] - now for m in m_all if self.learner_state[m] == "down"]
-            poll_s = min([FAULT_POLL_S if faults.pending() else POLL_S, *[max(0.0, d) for d in down]])
+            if self.syncer_restart_at is not None:
+                down.append(self.syncer_restart_at - now)
+            fast = faults.pending() or (self.procs_chaos is not None and self.procs_chaos.slowed())
+            poll_s = min([FAULT_POLL_S if fast else POLL_S, *[max(0.0, d) for d in down]])
             live = [p for p in self.procs.values() if p.exitcode is None]
             _wait_any(live, poll_s)
 

@@ -13,10 +13,21 @@ superseded anyway) and is cut after `timeouts.liveness_s` of silence.
 A learner is *alive* while it has an authenticated connection that has not
 said BYE. Every frame that fails its checks is counted, logged and ends that
 connection; nothing from it reaches the merge.
+
+Crash safety (Decoupled DiLoCo, `recovery.syncer_checkpoint = "every_merge"`):
+every merged fragment is written to `syncer_state/fragment-<p>.pt`
+(write, fsync, rename, fsync the directory) *before* it is broadcast, so no
+learner ever holds a version the syncer could lose. A syncer started with
+`restore` loads those files, binds the same port and carries on; what a crash
+loses is only what was never acknowledged to anyone: rounds still open (the
+learners' counters were not reset for them, so those steps are pulled again
+later) and the online step-time estimates.
 """
 
 from __future__ import annotations
 
+import glob
+import hashlib
 import itertools
 import logging
 import os
@@ -57,6 +68,18 @@ EVAL_SEQS = 16
 
 
 DATA_FRAMES = frozenset({MsgType.PUSH, MsgType.GRADS, MsgType.PARAMS})
+STATE_DIR = "syncer_state"
+"""Under the run directory: one checkpoint file per fragment (Decoupled DiLoCo)."""
+
+
+def fragment_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """A short content hash of a fragment (names and bytes, in name order): merge and restore events carry it,
+    so a test can check that a restored fragment is exactly the last one broadcast."""
+    h = hashlib.sha256()
+    for n in sorted(tensors):
+        h.update(n.encode())
+        h.update(tensors[n].detach().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 @dataclass
@@ -89,7 +112,8 @@ def max_frame_bytes(sc: Scenario) -> int:
 class SyncerService:
     """Runs one algorithm's syncer core behind a TCP listener until told to stop."""
 
-    def __init__(self, sc: Scenario, run_dir: str, secret: bytes, events: EventLog) -> None:
+    def __init__(self, sc: Scenario, run_dir: str, secret: bytes, events: EventLog, port: int = 0,
+                 restore: bool = False) -> None:
         self.sc = sc
         self.run_dir = run_dir
         self.secret = secret
@@ -111,7 +135,9 @@ class SyncerService:
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.frames_rejected = 0
-        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.persist = sc.algorithm == "decoupled" and sc.recovery.syncer_checkpoint == "every_merge"
+        self.frag_tokens = [0.0] * len(getattr(self.core, "partition", []))
+        self.listener = socket.create_server(("127.0.0.1", port))  # SO_REUSEADDR: a restart rebinds at once
         self.listener.settimeout(0.2)
         self.port = self.listener.getsockname()[1]
         self._cids = itertools.count(1)
@@ -119,7 +145,39 @@ class SyncerService:
         splits = make_splits(sc.data, m)
         self._eval_set = eval_batches(splits.holdout, sc.model.seq_len, EVAL_SEQS, sc.eval.batches)
         self._eval_model = build_model(sc.model, sc.seed)
-        self.tokens_merged = 0
+        self.tokens_merged = 0.0
+        self.checkpoints = 0
+        self.checkpoint_s = 0.0
+        self._cumulative: dict[int, float] = {}  # tokens merged up to each record, until it is logged
+        if restore:
+            self._restore()
+
+    # -- crash safety ----------------------------------------------------------------------------
+    def _state_path(self, p: int) -> str:
+        return os.path.join(self.run_dir, STATE_DIR, f"fragment-{p}.pt")
+
+    def _persist(self, recs: list[MergeRecord]) -> None:
+        """Write the merged fragments' state, atomically, before anyone is told of them."""
+        t0 = time.monotonic()
+        os.makedirs(os.path.join(self.run_dir, STATE_DIR), exist_ok=True)
+        for p in sorted({r.fragment for r in recs}):
+            st = self.core.fragment_state(p)
+            st["tokens_merged"] = self.frag_tokens[p]
+            atomic_torch_save(st, self._state_path(p))
+        self.checkpoint_s += time.monotonic() - t0
+        self.checkpoints += 1
+
+    def _restore(self) -> None:
+        paths = sorted(glob.glob(os.path.join(self.run_dir, STATE_DIR, "fragment-*.pt")))
+        states = [torch.load(p, weights_only=True) for p in paths]
+        self.core.restore(states)
+        for st in states:
+            self.frag_tokens[int(st["fragment"])] = float(st["tokens_merged"])
+        self.tokens_merged = sum(self.frag_tokens)
+        self.events.log("syncer_restore", fragments=[int(st["fragment"]) for st in states],
+                        versions=list(self.core.versions), merges=self.core.merges, clock=self.core.clock,
+                        tokens_merged=self.tokens_merged,
+                        digests={p: fragment_digest(self.core.fragment(p)) for p in range(len(self.core.partition))})
 
     # -- state helpers ---------------------------------------------------------------------------
     def global_params(self) -> dict[str, torch.Tensor]:
@@ -399,6 +457,7 @@ class SyncerService:
 
     def _merge_decoupled(self) -> float | None:
         merges, wake, empty = self.core.poll(time.monotonic(), self.alive())
+        self._account(merges)
         for rec in merges:
             self._broadcast_merge(rec)
         for p in empty:
@@ -415,15 +474,25 @@ class SyncerService:
         self.core.note_sync_time(time.monotonic() - rec.merged_at)
         w = rec.weights
         tokens = sum(rec.c_tokens) / len(self.core.partition)
-        self.tokens_merged += tokens
         self.events.log(
             "merge", fragment=rec.fragment, version=rec.version, merges=self.core.merges, round=rec.round_id,
             participants=rec.participants, weights=[round(x, 6) for x in w], c_steps=rec.c_steps,
             c_tokens=rec.c_tokens, step_ranges=rec.step_ranges, base_versions=rec.base_versions,
             reason=rec.reason, grace_s=rec.grace_s, quorum_wait_s=(rec.quorum_at or rec.merged_at) - rec.started_at,
             wait_s=rec.merged_at - rec.started_at, broadcast_s=time.monotonic() - t0,
-            tokens=tokens, tokens_merged=self.tokens_merged, outer_grad_norm=rec.outer_grad_norm,
+            tokens=tokens, tokens_merged=self._cumulative.pop(id(rec), self.tokens_merged),
+            outer_grad_norm=rec.outer_grad_norm, digest=fragment_digest(rec.tensors),
         )
+
+    def _account(self, recs: list[MergeRecord]) -> None:
+        """Count the merges' tokens and, if crash safety is on, persist them: all before any broadcast."""
+        for rec in recs:
+            tokens = sum(rec.c_tokens) / len(self.core.partition)
+            self.frag_tokens[rec.fragment] += tokens
+            self.tokens_merged += tokens
+            self._cumulative[id(rec)] = self.tokens_merged
+        if recs and self.persist:
+            self._persist(recs)
 
     def _on_sync_result(self, learner: int, res: SyncRound | None | bool, reply: MsgType, key: str,
                         value: int) -> None:
@@ -451,11 +520,14 @@ class SyncerService:
 
     def _finish(self) -> None:
         if self.algorithm == "decoupled":
-            for rec in self.core.drain(time.monotonic()):
+            drained = self.core.drain(time.monotonic())
+            self._account(drained)
+            for rec in drained:
                 self._broadcast_merge(rec)
         self.save_checkpoint("global.pt")
         self.events.log("syncer_done", merges=self.core.merges, tokens_merged=self.tokens_merged,
-                        frames_rejected=self.frames_rejected, cpu_s=cpu_seconds())
+                        frames_rejected=self.frames_rejected, cpu_s=cpu_seconds(), checkpoints=self.checkpoints,
+                        checkpoint_s=round(self.checkpoint_s, 4))
         self.stop.set()
         self.listener.close()
         with self.lock:
@@ -492,6 +564,10 @@ class SyncerSpec:
     scenario: dict
     secret_hex: str
     parent_pid: int
+    port: int = 0
+    """0: any free port; a restarted syncer rebinds the port the learners' links (and proxies) point at."""
+    restore: bool = False
+    """Load the per-fragment checkpoint of a syncer that crashed."""
 
 
 def syncer_main(spec: SyncerSpec, port_conn: Any, stop_requested: Any) -> None:
@@ -503,7 +579,7 @@ def syncer_main(spec: SyncerSpec, port_conn: Any, stop_requested: Any) -> None:
     become_run_process(spec.parent_pid)
     sc = scenario_mod.from_dict(spec.scenario)
     events = EventLog(os.path.join(spec.run_dir, EVENTS_FILE), "syncer")
-    svc = SyncerService(sc, spec.run_dir, bytes.fromhex(spec.secret_hex), events)
+    svc = SyncerService(sc, spec.run_dir, bytes.fromhex(spec.secret_hex), events, spec.port, spec.restore)
     port_conn.send(svc.port)
     port_conn.close()
     try:

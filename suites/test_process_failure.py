@@ -34,6 +34,11 @@ asynchronous, so the fault-free run itself varies: 2.674, 2.592 and 2.443 in thr
 fault's own cost."""
 
 
+SYNCER_REPAIR_S = 1.5
+SYNCER_BACK_S = 5.0
+"""After its repair delay, the restored syncer must merge again within this."""
+
+
 def scenario(faults: list[dict[str, Any]], chips: int = 2, algorithm: str = "decoupled", steps: int = STEPS) -> Any:
     return from_dict({
         "name": "process-failure",
@@ -44,7 +49,8 @@ def scenario(faults: list[dict[str, Any]], chips: int = 2, algorithm: str = "dec
         "diloco": {"fragments": 4, "sync_every": 4, "overlap": 1},
         "eval": {"every_s": 2.0, "batches": 2},
         "timeouts": {"run_s": 240.0},
-        "recovery": {"policy": "restart", "repair_s": REPAIR_S, "max_restarts": 2},
+        "recovery": {"policy": "restart", "repair_s": REPAIR_S, "max_restarts": 2,
+                     "syncer_policy": "restart", "syncer_repair_s": SYNCER_REPAIR_S},
         "faults": faults,
     })
 
@@ -152,4 +158,79 @@ def test_chip_loss_failure_stalls_the_synchronous_baselines(tmp_path, algorithm)
     assert resume["step"] > 0 and (algorithm == "ddp" or resume["step"] % sync_every == 0), resume
     assert all(d["steps"] == steps for d in rep["per_learner"].values()), "the baseline resumes after the repair"
     assert rep["global_model_finite"] is True and rep["final_eval_loss"] < rep["initial_eval_loss"] - 1.0
+    assert no_survivors(res)
+
+
+def test_syncer_crash_failure_restores_and_loses_nothing_seen(tmp_path, fault_free):
+    """SIGKILL the syncer mid-run. Learners keep training through the outage; the supervisor restarts it on the
+    same port after its repair delay; it restores every fragment from its checkpoint (written before each
+    broadcast), so no fragment version any learner applied is lost, and merging resumes from those versions."""
+    res = run_scenario(scenario([{"action": "kill_syncer", "at": {"merges": 60}}]), tmp_path)
+    rep, evs = res.report, read_events(res.run_dir / "events.jsonl")
+    kill = next(e for e in evs if e["ev"] == "process_fault")
+    assert kill["kind"] == "kill_syncer" and kill["signal"] == "SIGKILL"
+    down = next(e for e in evs if e["ev"] == "syncer_down")
+    restart = next(e for e in evs if e["ev"] == "syncer_restart")
+    restore = next(e for e in evs if e["ev"] == "syncer_restore")
+    assert restart["t"] - down["t"] >= SYNCER_REPAIR_S
+    before = [e for e in evs if e["ev"] == "merge" and e["t"] < kill["t"]]
+    after = [e for e in evs if e["ev"] == "merge" and e["t"] > restore["t"]]
+    # nothing seen is lost: each fragment comes back at (at least) the last version broadcast, with its content
+    for p in range(4):
+        last = [e for e in before if e["fragment"] == p][-1]
+        restored = restore["versions"][p]
+        assert restored >= last["version"], f"fragment {p}: restored v{restored} < broadcast v{last['version']}"
+        if restored == last["version"]:
+            assert restore["digests"][str(p)] == last["digest"], f"fragment {p}: restored content differs"
+        applied = [v for e in evs if e["ev"] == "apply" and e["t"] < kill["t"]
+                   for q, v in zip(e["fragments"], e["versions"], strict=True) if q == p]
+        assert max(applied, default=0) <= restored, f"fragment {p}: a learner applied a version the syncer lost"
+        first_after = next(e for e in after if e["fragment"] == p)
+        assert first_after["version"] == restored + 1, "merging resumes from the restored version"
+    steps_out = {m: [e for e in evs if e["ev"] == "step" and e["learner"] == m and down["t"] < e["t"] < restart["t"]]
+                 for m in (0, 1)}
+    figures = {"syncer_outage_s": round(after[0]["t"] - kill["t"], 3), "merges_before": len(before),
+               "restored_versions": restore["versions"], "merges_after": len(after),
+               "steps_in_outage": {m: len(v) for m, v in steps_out.items()},
+               "final_eval": rep["final_eval_loss"], "fault_free_eval": fault_free["final_eval_loss"]}
+    print(figures)
+    assert all(len(v) >= 5 for v in steps_out.values()), f"learners stalled while the syncer was down: {figures}"
+    assert after[0]["t"] - restart["t"] < SYNCER_BACK_S, figures
+    assert {0, 1} <= {m for e in after for m in e["participants"]}, "both learners rejoined the restored syncer"
+    assert rep["syncer_restarts"] == 1 and rep["merge_count"] == len(before) + len(after) + sum(
+        1 for e in evs if e["ev"] == "merge" and kill["t"] <= e["t"] <= restore["t"])
+    assert all(d["steps"] == STEPS for d in rep["per_learner"].values())
+    assert rep["final_eval_loss"] <= fault_free["final_eval_loss"] + LOSS_TOLERANCE, figures
+    assert rep["global_model_finite"] is True
+    assert no_survivors(res)
+
+
+def test_random_failures_failure_drawn_schedule_fires_and_heals(tmp_path, fault_free):
+    """A seeded `[random_faults]` table (per-chip MTBF, exponential repair times) draws explicit faults before the
+    run: here a chip loss on learner 1 and a freeze of learner 0. Every drawn fault fires on its step, every
+    killed learner comes back after its own drawn repair delay, and training ends as well as without faults."""
+    table = scenario([]).to_dict()
+    table.pop("random_faults_source")
+    table["faults"] = []
+    table["random_faults"] = {"mtbf_steps": 400, "actions": {"kill_chip": 2, "freeze": 1}, "repair": "exponential",
+                              "repair_mean_s": 1.0, "repair_min_s": 0.5, "repair_max_s": 2.0, "freeze_s": 1.5,
+                              "start_step": 30, "min_gap_steps": 60}
+    sc = from_dict(table)
+    assert [f.action for f in sc.faults] == ["kill_chip", "freeze"], "the seeded draw this test is written for"
+    res = run_scenario(sc, tmp_path)
+    rep, evs = res.report, read_events(res.run_dir / "events.jsonl")
+    starts = [e for e in evs if e["ev"] == "fault_start"]
+    assert [(e["action"], e["learner"]) for e in starts] == [(f.action, f.learner) for f in sc.faults]
+    for e, f in zip(starts, sc.faults, strict=True):
+        assert "missed" not in e and e["progress"]["steps"][str(f.learner)] >= f.at.step
+    down = next(e for e in evs if e["ev"] == "learner_down")
+    restart = next(e for e in evs if e["ev"] == "learner_restart")
+    assert down["repair_s"] == sc.faults[0].repair_s, "the drawn repair delay, not recovery.repair_s"
+    assert restart["t"] - down["t"] >= sc.faults[0].repair_s
+    figures = {"faults": [f.describe() for f in sc.faults], "final_eval": rep["final_eval_loss"],
+               "fault_free_eval": fault_free["final_eval_loss"], "longest_gap_s": rep["longest_gap_s"],
+               "uptime": rep["availability"]["uptime"]}
+    print(figures)
+    assert all(d["steps"] == STEPS for d in rep["per_learner"].values())
+    assert rep["final_eval_loss"] <= fault_free["final_eval_loss"] + LOSS_TOLERANCE, figures
     assert no_survivors(res)

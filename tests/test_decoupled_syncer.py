@@ -424,3 +424,46 @@ def test_k2_round_with_a_declined_learner_is_pulled_again_when_fragment_is_due()
     assert s.on_push(push(s, 0, 1), rid, 10.1)[0] is PushOutcome.ACCEPTED
     assert s.poll(10.2, alive(0, 1)) == ([], None, [])
     repulled_and_merged(s, "the learner that declined")
+
+
+# -- crash safety -------------------------------------------------------------------------------
+
+
+def test_a_jumping_clock_asks_each_fragment_once() -> None:
+    """A learner back from an outage reports a step far ahead: one pull per fragment, not one per due step."""
+    s = make(min_quorum=1)
+    pulls = s.on_meta(0, 40, 0.0, 1.0, alive(0, 1))
+    assert sorted(q.fragment for q in pulls) == [0, 1, 2, 3]
+    assert s.clock == 40
+
+
+def test_fragment_state_restores_values_versions_momentum_and_clock() -> None:
+    s = make(min_quorum=1)
+    for p in (1, 2):
+        rid = open_round(s, p)
+        s.on_push(push(s, 0, p, shift=0.05 * p), rid, 10.0)
+    merged = s.poll(11.0, alive(0))[0]
+    assert {r.fragment for r in merged} == {1, 2}
+    states = [s.fragment_state(p) for p in range(P)]
+    fresh = make(min_quorum=1)
+    fresh.restore(states)
+    assert fresh.versions == s.versions and fresh.merges == s.merges == 2
+    assert fresh.clock == s.clock and fresh.round_ids == s.round_ids
+    for n, t in s.params.items():
+        assert_close(fresh.params[n], t)
+    # the momentum came back too: the same next outer step gives the same result
+    for syncer in (s, fresh):
+        rid = syncer.on_meta(0, 6, 0.0, 20.0, alive(0))
+        rid = next(q.round_id for q in rid if q.fragment == 2)
+        syncer.on_push(push(syncer, 0, 2, shift=0.02), rid, 20.0)
+        syncer.poll(21.0, alive(0))
+    for n in s.partition[2]:
+        assert_close(fresh.params[n], s.params[n])
+
+
+def test_restore_rejects_a_checkpoint_of_another_model() -> None:
+    s = make()
+    st = s.fragment_state(0)
+    st["params"] = {"not.a.tensor": torch.zeros(1)}
+    with pytest.raises(ValueError, match="saved fragment 0 holds"):
+        make().restore([st])

@@ -172,3 +172,43 @@ def test_load_missing_file(tmp_path) -> None:
     with pytest.raises(ScenarioError, match="does not exist") as info:
         load(tmp_path / "absent.toml")
     assert "absent.toml" in str(info.value)
+
+
+RANDOM = {"topology": {"learners": 2, "chips_per_learner": 2}, "train": {"steps": 300}, "seed": 4,
+          "recovery": {"policy": "restart", "max_restarts": 10},
+          "random_faults": {"mtbf_steps": 300, "actions": {"kill_chip": 2, "freeze": 1}, "min_gap_steps": 30}}
+
+
+def test_random_faults_are_drawn_into_explicit_entries_once():
+    sc = from_dict(RANDOM)
+    assert sc.faults and {f.action for f in sc.faults} <= {"kill_chip", "freeze"}
+    assert all(f.at.step is not None and f.at.learner == f.learner for f in sc.faults)
+    assert from_dict(RANDOM).faults == sc.faults, "same seed, same draw"
+    assert from_dict({**RANDOM, "seed": 5}).faults != sc.faults
+    again = from_dict(sc.to_dict())  # the resolved config.json: the draw is not repeated on replay
+    assert again.faults == sc.faults and again.random_faults_source == sc.random_faults_source
+    assert '"mtbf_steps": 300' in sc.random_faults_source
+
+
+def test_random_faults_bad_values_and_too_few_restarts_are_rejected():
+    with pytest.raises(ScenarioError, match=r"random_faults\.mtbf_steps = 0"):
+        from_dict({**RANDOM, "random_faults": {"mtbf_steps": 0}})
+    with pytest.raises(ScenarioError, match=r"unknown key random_faults\.mtbf\b"):
+        from_dict({**RANDOM, "random_faults": {"mtbf": 10}})
+    with pytest.raises(ScenarioError, match=r"recovery\.max_restarts = 0"):
+        from_dict({**RANDOM, "random_faults": {"mtbf_steps": 100},
+                   "recovery": {"policy": "restart", "max_restarts": 0}})
+
+
+def test_kill_syncer_needs_decoupled_and_a_restart_policy():
+    base = {"recovery": {"syncer_policy": "restart"}, "faults": [{"action": "kill_syncer", "at": {"merges": 5}}]}
+    sc = from_dict(base)
+    assert sc.faults[0].learner is None and sc.faults[0].describe() == "kill_syncer(syncer)"
+    with pytest.raises(ScenarioError, match="kill_syncer': supported for algorithm = 'decoupled' only"):
+        from_dict({**base, "algorithm": "ddp"})
+    with pytest.raises(ScenarioError, match="needs recovery.syncer_policy = 'restart'"):
+        from_dict({"faults": base["faults"]})
+    with pytest.raises(ScenarioError, match=r"faults\[0\]\.learner: kill_syncer hits the syncer"):
+        from_dict({**base, "faults": [{"action": "kill_syncer", "learner": 0}]})
+    with pytest.raises(ScenarioError, match=r"faults\[0\]\.repair_s = -1"):
+        from_dict({**base, "faults": [{"action": "kill_syncer", "repair_s": -1}]})

@@ -115,6 +115,39 @@ class DecoupledSyncer:
     def fragment(self, p: int) -> dict[str, Tensor]:
         return {n: self.params[n] for n in self.partition[p]}
 
+    # -- persistence ----------------------------------------------------------------------------
+    def fragment_state(self, p: int) -> dict:
+        """Everything a restarted syncer needs about fragment p: its global value, version, outer momentum,
+        last round id, and the clock and reported steps at that moment. One fragment per file, so a merge
+        writes only what it changed, and each file is consistent on its own."""
+        key = f"frag{p}"
+        bufs = self.outer.state_dict()["buffers"].get(key, {})
+        return {"fragment": p, "version": self.versions[p], "round_id": self.round_ids[p],
+                "params": {n: t.detach().clone() for n, t in self.fragment(p).items()}, "momentum": bufs,
+                "clock": self.clock, "reported_step": dict(self.reported_step)}
+
+    def restore(self, states: list[dict]) -> None:
+        """Load fragment states written by `fragment_state` (any subset; the others keep their initial value).
+
+        The merge count is the sum of versions (every merge bumps exactly one version); the clock and
+        reported steps are the newest saved. Open rounds are not restored: the learners' counters were not
+        reset for them, so that progress is pulled again in a later round."""
+        buffers = self.outer.state_dict()["buffers"]
+        for st in states:
+            p = int(st["fragment"])
+            if set(st["params"]) != set(self.partition[p]):
+                raise ValueError(f"saved fragment {p} holds {sorted(st['params'])}, expected {self.partition[p]}")
+            for n, t in st["params"].items():
+                self.params[n].copy_(t)
+            self.versions[p] = int(st["version"])
+            self.round_ids[p] = int(st["round_id"])
+            buffers[f"frag{p}"] = st["momentum"]
+            self.clock = max(self.clock, int(st["clock"]))
+            for m, step in st["reported_step"].items():
+                self.reported_step[int(m)] = max(int(step), self.reported_step.get(int(m), 0))
+        self.outer.load_state_dict({"buffers": buffers})
+        self.merges = sum(self.versions)
+
     # -- the clock ------------------------------------------------------------------------------
     def on_meta(self, learner: int, step: int, step_time_s: float, now: float, alive: frozenset[int]) -> list[Pull]:
         """A learner's per-step metadata. Returns the pulls to send (rounds opened by the clock)."""
@@ -126,9 +159,14 @@ class DecoupledSyncer:
             return []
         target = steps[self.cfg.min_quorum - 1]
         pulls: list[Pull] = []
+        handled: set[int] = set()  # a clock that jumps (a learner back from an outage) asks once per fragment
         for s in range(self.clock + 1, target + 1):
             for p in self.schedule.fragments_due(s):
                 rnd = self.rounds[p]
+                if p in handled:
+                    self.skipped_due += 1
+                    continue
+                handled.add(p)
                 if rnd is not None:
                     # The previous round of p is still open (below quorum): it serves for this due step
                     # too, and every alive learner that has not pushed to it is asked (again): a learner
