@@ -57,6 +57,12 @@ def bare_chip(rank: int, size: int, port: int, steps: int, out: mp.Queue) -> Non
         def broadcast_(self, flat: torch.Tensor, src: int = 0) -> None:
             dist.broadcast(flat, src)
 
+        def pending_reform(self) -> bool:
+            return False
+
+        def reform(self) -> None:
+            raise RuntimeError("the bare loop never re-forms its group")
+
     core = LearnerCore(0, sc.model, sc.train, sc.diloco, sc.seed, Gloo())
     shard = make_splits(sc.data, sc.topology.learners).shards[0]
     first = cpu0 = 0.0

@@ -21,7 +21,16 @@ from harness.link import SyncerLink
 from harness.procutil import become_run_process, cpu_seconds
 from harness.syncer_service import max_frame_bytes
 from trainers.data import make_splits, train_batch
-from trainers.learner import LearnerCore, initial_pull, resume_sync, run_ddp, run_decoupled, run_diloco
+from trainers.learner import (
+    CollectiveFailed,
+    LearnerCore,
+    initial_pull,
+    resume_sync,
+    run_ddp,
+    run_decoupled,
+    run_diloco,
+    sync_replicas,
+)
 
 CPU_MARK_EVERY = 50
 """Every this many steps, the host's step event carries the process's CPU seconds so far (cost accounting)."""
@@ -50,21 +59,85 @@ class ChipSpec:
     parent_pid: int
     start_step: int = 0
     """0 for a fresh learner; for a restarted one, the step it resumes after (it pulls the global model first)."""
+    members: tuple[int, ...] = ()
+    """Chip ids (ranks at generation 0) in this generation's group, in rank order; empty: all `size` chips."""
+    joining: bool = False
+    """A repaired chip joining a running learner (shrink policy): it takes the host's state, then trains."""
+
+
+def members_key(learner: int, generation: int) -> str:
+    """TCPStore key where the supervisor publishes a generation's members (comma-separated chip ids)."""
+    return f"learner{learner}/gen{generation}/members"
 
 
 class GlooCollective:
-    """The learner's Gloo group (the process's default group)."""
+    """The learner's Gloo group (the process's default group), re-formable under the shrink policy.
 
-    def __init__(self) -> None:
-        self.rank = dist.get_rank()
-        self.size = dist.get_world_size()
+    Each chip keeps its id (its rank at generation 0, which also picks its data); its rank in the group is
+    its position in the current generation's members. A generation's group lives under its own store
+    prefix `learner<m>/gen<g>/`, so a re-formed group never meets the keys of a broken one. The supervisor
+    decides memberships and publishes them under `members_key` (a shrink at once; a grow through the
+    repaired chip, once it has built its replica, so the members never wait on its start-up); the chips only
+    wait for them (bounded)."""
+
+    RECHECK_S = 0.2
+    """The host looks for a new membership at most this often (a store round trip)."""
+
+    def __init__(self, store: dist.Store, learner: int, chip: int, generation: int, members: list[int],
+                 timeout_s: float, reform_timeout_s: float, events: EventLog, announce: bool = False) -> None:
+        self.store, self.learner, self.chip = store, learner, chip
+        self.timeout_s, self.reform_timeout_s, self.events = timeout_s, reform_timeout_s, events
+        self._checked = 0.0
+        if announce:  # a repaired chip, ready to train: publish the membership the supervisor gave it
+            store.set(members_key(learner, generation), ",".join(map(str, members)))
+        self._form(generation, members)
+
+    def _form(self, generation: int, members: list[int]) -> None:
+        if self.chip not in members:
+            raise CollectiveFailed(f"chip {self.chip} is not a member of generation {generation}: {members}")
+        group = f"learner{self.learner}/gen{generation}"
+        dist.init_process_group("gloo", store=dist.PrefixStore(group + "/", self.store),
+                                rank=members.index(self.chip), world_size=len(members),
+                                timeout=datetime.timedelta(seconds=self.timeout_s))
+        self.generation, self.members = generation, members
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+        self.events.log("gloo_group", learner=self.learner, group=group, rank=self.rank, size=self.size,
+                        chip=self.chip, members=members)
 
     def allreduce_mean_(self, flat: torch.Tensor) -> None:
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        try:
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        except RuntimeError as e:
+            raise CollectiveFailed(str(e)[:300]) from e
         flat.div_(self.size)
 
     def broadcast_(self, flat: torch.Tensor, src: int = 0) -> None:
-        dist.broadcast(flat, src=src)
+        try:
+            dist.broadcast(flat, src=src)
+        except RuntimeError as e:
+            raise CollectiveFailed(str(e)[:300]) from e
+
+    def pending_reform(self) -> bool:
+        now = time.monotonic()
+        if now - self._checked < self.RECHECK_S:
+            return False
+        self._checked = now
+        return self.store.check([members_key(self.learner, self.generation + 1)])
+
+    def reform(self) -> None:
+        key = members_key(self.learner, self.generation + 1)
+        try:
+            self.store.wait([key], datetime.timedelta(seconds=self.reform_timeout_s))
+            members = [int(x) for x in self.store.get(key).decode().split(",")]
+        except RuntimeError as e:  # the store's timeout: no new membership came (not a loss the supervisor saw)
+            raise CollectiveFailed(f"no membership for generation {self.generation + 1} within "
+                                   f"{self.reform_timeout_s}s: {e}") from e
+        dist.destroy_process_group()
+        self._form(self.generation + 1, members)
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def chip_main(spec: ChipSpec) -> None:
@@ -76,15 +149,18 @@ def chip_main(spec: ChipSpec) -> None:
     t = sc.timeouts
     store = dist.TCPStore("127.0.0.1", spec.store_port, is_master=False,
                           timeout=datetime.timedelta(seconds=t.startup_s))
-    group = f"learner{spec.learner}/gen{spec.generation}"
-    dist.init_process_group("gloo", store=dist.PrefixStore(group + "/", store), rank=spec.rank,
-                            world_size=spec.size, timeout=datetime.timedelta(seconds=gloo_timeout_s(sc)))
-    events.log("gloo_group", learner=spec.learner, group=group, rank=spec.rank, size=spec.size)
+    # Build the replica and load the data before joining the group: a repaired chip joining a running
+    # learner keeps the others waiting in the group's first collective only for the state transfer.
+    core = LearnerCore(spec.learner, sc.model, sc.train, sc.diloco, sc.seed,
+                       shrinkable=sc.recovery.policy == "shrink")
+    shard = make_splits(sc.data, sc.topology.learners).shards[spec.learner]
+    seq, bs = sc.model.seq_len, sc.data.batch_size
+    members = list(spec.members) or list(range(spec.size))
+    coll = GlooCollective(store, spec.learner, spec.rank, spec.generation, members, gloo_timeout_s(sc),
+                          t.gloo_s, events, announce=spec.joining)
+    core.collective = coll
     link = None
     try:
-        core = LearnerCore(spec.learner, sc.model, sc.train, sc.diloco, sc.seed, GlooCollective())
-        shard = make_splits(sc.data, sc.topology.learners).shards[spec.learner]
-        seq, bs = sc.model.seq_len, sc.data.batch_size
 
         def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
             return train_batch(shard, seq, bs, sc.seed, spec.learner, spec.rank, step)
@@ -98,7 +174,16 @@ def chip_main(spec: ChipSpec) -> None:
             events.log("apply", learner=spec.learner, step=step, fragments=[p for p, _ in applied],
                        versions=[v for _, v in applied])
 
-        if spec.rank == 0:
+        if spec.joining:  # a repaired chip: the members re-form with it at a step boundary and send their state
+            step = sync_replicas(core)
+            events.log("chip_joined", learner=spec.learner, chip=spec.rank, step=step, rank=coll.rank,
+                       size=coll.size, generation=coll.generation)
+
+        def on_regroup(step: int, why: str) -> None:
+            events.log("regroup", learner=spec.learner, chip=spec.rank, step=step, rank=coll.rank, size=coll.size,
+                       generation=coll.generation, members=coll.members, why=why)
+
+        if coll.rank == 0:
             link = SyncerLink("127.0.0.1", spec.syncer_port, spec.learner, bytes.fromhex(spec.secret_hex), t,
                               max_frame_bytes(sc), events).start()
             link.wait_connected(t.connect_s)
@@ -127,7 +212,7 @@ def chip_main(spec: ChipSpec) -> None:
                 if spec.rank == 0:
                     events.log("resume", learner=spec.learner, step=step)
         if sc.algorithm == "decoupled":
-            run_decoupled(core, batch, link, on_step, on_apply)
+            run_decoupled(core, batch, link, on_step, on_apply, on_regroup=on_regroup)
         elif sc.algorithm == "diloco":
             run_diloco(core, batch, link, on_step,
                        lambda r, s: events.log("apply", learner=spec.learner, step=s, round=r))
@@ -144,5 +229,5 @@ def chip_main(spec: ChipSpec) -> None:
             link.close(flush_timeout_s=t.socket_op_s * 2)
             events.log("link_cpu", learner=spec.learner, threads=link.thread_cpu_s,
                        main_thread_cpu_s=round(time.thread_time(), 4), cpu_s=cpu_seconds())
-        dist.destroy_process_group()
+        coll.close()
         events.close()

@@ -97,9 +97,12 @@ class LinksConfig:
 class RecoveryConfig:
     """What the supervisor does when a learner fails (a chip process dies or its Gloo group breaks)."""
 
-    policy: str = choice("fail", ("fail", "restart"))
+    policy: str = choice("fail", ("fail", "restart", "shrink"))
     """fail: the run fails (any chip failure is a bug to see); restart: the whole learner is stopped and,
-    after repair_s, started again as a new Gloo group; it pulls the global model and resumes its steps."""
+    after repair_s, started again as a new Gloo group; it pulls the global model and resumes its steps;
+    shrink (decoupled only): when chips other than the host die, the survivors re-form a smaller group on a
+    fresh store prefix and keep training with fewer tokens per step; each lost chip is started again after
+    repair_s and joins at a step boundary. A lost host (chip 0, the link) falls back to restart."""
     repair_s: float = bounded(2.0, 0.0, 3600.0)
     """Repair delay: seconds between a learner's failure and its restart."""
     max_restarts: int = bounded(3, 0, 1000)
@@ -266,6 +269,9 @@ def validate(sc: Scenario) -> None:
             if sc.recovery.syncer_policy != "restart" or sc.recovery.syncer_checkpoint != "every_merge":
                 raise ScenarioError(f"faults[{i}].action = 'kill_syncer': needs recovery.syncer_policy = 'restart' "
                                     "and recovery.syncer_checkpoint = 'every_merge'")
+    if sc.recovery.policy == "shrink" and sc.algorithm != "decoupled":
+        raise ScenarioError(f"recovery.policy = 'shrink': supported for algorithm = 'decoupled' only, not "
+                            f"{sc.algorithm!r}; use 'restart'")
     if sc.links.proxy == "off" and any(f.action in LINK_ACTIONS for f in sc.faults):
         raise ScenarioError("links.proxy = 'off': link faults need proxies; use auto or embedded")
     if sc.diloco.min_quorum > m:

@@ -27,7 +27,7 @@ import psutil
 import torch.distributed as dist
 
 from chaos.processes import ProcessChaos
-from harness.chip import ChipSpec, chip_main
+from harness.chip import ChipSpec, chip_main, members_key
 from harness.events import EVENTS_FILE, EventLog, EventTail
 from harness.fault_runner import FaultRunner
 from harness.rundir import CONFIG_FILE, PROCESSES_FILE, REPORT_FILE, make_run_dir, write_json
@@ -39,9 +39,14 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.25
 """How often the supervisor reads new events and checks its processes."""
+GROW_MARGIN = 0.1
+"""A repaired chip is not started when its learner is in this last fraction of its steps (it could not join
+before the learner finishes)."""
 FAULT_POLL_S = 0.05
 """The same while a scheduled fault waits for its trigger: a fault fires within this of its step."""
-PRELOAD = ["torch", "torch.distributed", "harness.chip", "harness.syncer_service"]
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "harness.chip", "harness.syncer_service"]
+"""Imported once in the forkserver. torch._dynamo is what the first AdamW construction imports (1.6 s of CPU
+per chip process on this machine, measured with -X importtime); preloaded, a chip is ready in ~0.1 s."""
 _ctx: Any = None
 
 
@@ -104,6 +109,9 @@ class Supervisor:
         self.generation: dict[int, int] = {}
         self.restart_at: dict[int, float] = {}
         self.restarts: dict[int, int] = {}
+        self.members: dict[int, list[int]] = {}  # chip ids in the learner's current group (shrink policy)
+        self.joining: dict[int, set[int]] = {}  # repaired chips started but not yet in the group
+        self.chip_repair_at: dict[tuple[int, int], float] = {}  # (learner, chip) -> when the lost chip returns
         self.procs_chaos: ProcessChaos | None = None
         self.syncer_port = 0
         self.syncer_restart_at: float | None = None  # set while the syncer is down, waiting for its repair
@@ -204,7 +212,8 @@ class Supervisor:
         self.events.log("syncer_down", exitcode=code, repair_s=repair)
 
     def _chips_of(self, m: int) -> list[Any]:
-        return [self.procs[f"learner{m}.chip{r}"] for r in range(self.sc.topology.chips_per_learner)]
+        """The processes of learner m's current members, in rank order."""
+        return [self.procs[f"learner{m}.chip{r}"] for r in self.members[m]]
 
     def _chip_pids(self, m: int) -> list[int]:
         """Live chip pids of learner m by rank: the registry process faults act on."""
@@ -223,6 +232,72 @@ class Supervisor:
             self._start(name, chip_main, (cs,))
         self.generation[m] = generation
         self.learner_state[m] = "up"
+        self.members[m] = list(range(sc.topology.chips_per_learner))
+        self.joining[m] = set()
+        for key in [k for k in self.chip_repair_at if k[0] == m]:
+            del self.chip_repair_at[key]
+
+    def _shrink(self, m: int, lost: list[int], now: float, step: int) -> None:
+        """Shrink policy: the surviving chips re-form a smaller group; the lost ones come back after repair."""
+        rec = self.sc.recovery
+        self.restarts[m] = self.restarts.get(m, 0) + 1
+        self.generation[m] += 1
+        self.members[m] = [r for r in self.members[m] if r not in lost]
+        self.store.set(members_key(m, self.generation[m]), ",".join(map(str, self.members[m])))
+        repair = rec.repair_s
+        if self.procs_chaos is not None:
+            repair = self.procs_chaos.repair_s.pop(m, repair)
+        for r in lost:
+            self.chip_repair_at[(m, r)] = now + repair
+        self.events.log("learner_shrink", learner=m, lost=lost, members=self.members[m],
+                        generation=self.generation[m], step=step, repair_s=repair)
+
+    def _grow(self, m: int, r: int, step: int) -> None:
+        """A repaired chip starts and joins its learner's group at the host's next step boundary."""
+        sc = self.sc
+        self.generation[m] += 1
+        members = sorted([*self.members[m], r])
+        name = f"learner{m}.chip{r}"
+        self.retired.append(self.procs[name])
+        cs = ChipSpec(str(self.run_dir), sc.to_dict(), m, r, sc.topology.chips_per_learner, self.generation[m],
+                      self.store.port, self.ports[m], self.secret.hex(), os.getpid(), members=tuple(members),
+                      joining=True)
+        self._start(name, chip_main, (cs,))
+        self.members[m] = members
+        self.joining[m].add(r)  # it publishes the membership itself once its replica is built
+        self.events.log("learner_grow", learner=m, chip=r, members=members, generation=self.generation[m],
+                        step=step)
+
+    def _check_learner(self, m: int, now: float, step: int) -> None:
+        """An up learner: done, failed (restart, or shrink when only non-host chips died), or a chip to rejoin."""
+        rec = self.sc.recovery
+        codes = {r: p.exitcode for r, p in zip(self.members[m], self._chips_of(m), strict=True)}
+        settled = {r: c for r, c in codes.items() if r not in self.joining[m]}
+        lost = [r for r, c in codes.items() if c not in (None, 0)]
+        if lost:
+            shrinkable = (rec.policy == "shrink" and 0 not in lost and not set(lost) & self.joining[m]
+                          and self.restarts.get(m, 0) < rec.max_restarts)
+            if shrinkable:
+                self._shrink(m, lost, now, step)
+            else:
+                self._learner_failed(m, {f"learner{m}.chip{r}": c for r, c in codes.items()}, now, step)
+            return
+        if all(c == 0 for c in settled.values()):
+            for r in self.joining[m]:  # the learner finished before a repaired chip could join
+                _signal_tree(self.procs[f"learner{m}.chip{r}"].pid, signal.SIGKILL)
+                self.events.log("chip_join_abandoned", learner=m, chip=r)
+            self.members[m] = [r for r in self.members[m] if r not in self.joining[m]]
+            self.joining[m] = set()
+            self.learner_state[m] = "done"
+            return
+        for (lm, r), at in sorted(self.chip_repair_at.items()):
+            if lm == m and now >= at:
+                del self.chip_repair_at[(lm, r)]
+                if step < self.sc.train.steps * (1 - GROW_MARGIN):
+                    self._grow(m, r, step)
+                else:
+                    self.events.log("chip_repair_skipped", learner=m, chip=r, step=step,
+                                    reason=f"the learner is in its last {GROW_MARGIN:.0%} of steps")
 
     def _learner_failed(self, m: int, exitcodes: dict[str, int | None], now: float, step: int) -> None:
         """Apply the recovery policy to a learner one of whose chips died."""
@@ -253,6 +328,9 @@ class Supervisor:
             new = tail.poll()
             if self.on_events is not None:
                 self.on_events(new)
+            for e in new:
+                if e.get("ev") == "chip_joined":
+                    self.joining.get(e["learner"], set()).discard(e["chip"])
             faults.tick(new, time.monotonic() - t0)
             now = time.monotonic()
             if now - t0 > t.run_s:
@@ -260,11 +338,7 @@ class Supervisor:
             for m in m_all:
                 state = self.learner_state[m]
                 if state == "up":
-                    codes = {f"learner{m}.chip{r}": p.exitcode for r, p in enumerate(self._chips_of(m))}
-                    if any(c not in (None, 0) for c in codes.values()):
-                        self._learner_failed(m, codes, now, faults.schedule.progress.steps.get(m, 0))
-                    elif all(c == 0 for c in codes.values()):
-                        self.learner_state[m] = "done"
+                    self._check_learner(m, now, faults.schedule.progress.steps.get(m, 0))
                 elif state == "down" and now >= self.restart_at[m]:
                     self.restarts[m] = self.restarts.get(m, 0) + 1
                     step = faults.schedule.progress.steps.get(m, 0)
@@ -289,6 +363,7 @@ class Supervisor:
                     self.on_events(tail.poll())
                 return
             down = [self.restart_at[m] - now for m in m_all if self.learner_state[m] == "down"]
+            down += [at - now for at in self.chip_repair_at.values()]
             if self.syncer_restart_at is not None:
                 down.append(self.syncer_restart_at - now)
             fast = faults.pending() or (self.procs_chaos is not None and self.procs_chaos.slowed())

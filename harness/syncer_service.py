@@ -439,6 +439,18 @@ class SyncerService:
         if outcome is PushOutcome.LATE:
             self.events.log("push_superseded", learner=learner, fragment=push.fragment, reason="late",
                             first_step=push.first_step, last_step=push.last_step)
+        elif outcome is PushOutcome.STALE:
+            into = self.core.merged_into[(learner, push.fragment)]
+            self.events.log("push_superseded", learner=learner, fragment=push.fragment,
+                            reason=f"stale: its work is already in version {into[0]}, not yet applied",
+                            first_step=push.first_step, last_step=push.last_step, base_version=push.base_version)
+            if self.core.missed_broadcast(push):  # it stepped on without the merge: send the fragment again
+                with self.lock:
+                    conn = self.by_learner.get(learner)
+                if conn is not None:
+                    p = push.fragment
+                    self._send(conn, merged_to_message(p, self.core.versions[p], self.core.fragment(p)))
+                    self.events.log("fragment_resent", learner=learner, fragment=p, version=self.core.versions[p])
         elif outcome is not PushOutcome.ACCEPTED:
             self.events.log("push_rejected", learner=learner, fragment=push.fragment, reason=outcome.value,
                             first_step=push.first_step, last_step=push.last_step)

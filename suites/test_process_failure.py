@@ -39,7 +39,8 @@ SYNCER_BACK_S = 5.0
 """After its repair delay, the restored syncer must merge again within this."""
 
 
-def scenario(faults: list[dict[str, Any]], chips: int = 2, algorithm: str = "decoupled", steps: int = STEPS) -> Any:
+def scenario(faults: list[dict[str, Any]], chips: int = 2, algorithm: str = "decoupled", steps: int = STEPS,
+             policy: str = "restart") -> Any:
     return from_dict({
         "name": "process-failure",
         "seed": 5,
@@ -49,7 +50,7 @@ def scenario(faults: list[dict[str, Any]], chips: int = 2, algorithm: str = "dec
         "diloco": {"fragments": 4, "sync_every": 4, "overlap": 1},
         "eval": {"every_s": 2.0, "batches": 2},
         "timeouts": {"run_s": 240.0},
-        "recovery": {"policy": "restart", "repair_s": REPAIR_S, "max_restarts": 2,
+        "recovery": {"policy": policy, "repair_s": REPAIR_S, "max_restarts": 2,
                      "syncer_policy": "restart", "syncer_repair_s": SYNCER_REPAIR_S},
         "faults": faults,
     })
@@ -115,6 +116,40 @@ def test_chip_loss_failure_restarts_the_learner(tmp_path, fault_free):
     first_back = next(e for e in evs if e["ev"] == "step" and e["learner"] == 1 and e["t"] > restart["t"])
     assert first_back["t"] - (down["t"] + REPAIR_S) < REJOIN_S
     check_outage(res, fault_free, "learner_restart")
+
+
+def test_chip_loss_failure_shrink_keeps_the_learner_training(tmp_path, fault_free):
+    """recovery.policy = shrink: learner 1's surviving chip re-forms a one-chip group at once and trains on with
+    half the tokens per step (which token-weighted merging sees); the repaired chip joins at a step boundary."""
+    res = run_scenario(scenario([{"action": "kill_chip", "learner": 1, "chip": 1, "at": at_step(STEPS // 4)}],
+                                policy="shrink"), tmp_path)
+    rep, evs = res.report, read_events(res.run_dir / "events.jsonl")
+    shrink = next(e for e in evs if e["ev"] == "learner_shrink")
+    grow = next(e for e in evs if e["ev"] == "learner_grow")
+    joined = next(e for e in evs if e["ev"] == "chip_joined")
+    assert shrink["learner"] == 1 and shrink["lost"] == [1] and shrink["members"] == [0]
+    assert grow["chip"] == 1 and grow["t"] - shrink["t"] >= REPAIR_S and joined["size"] == 2
+    assert not [e for e in evs if e["ev"] == "learner_restart"], "a shrink is not a restart"
+    steps1 = [e for e in evs if e["ev"] == "step" and e["learner"] == 1]
+    small = [e for e in steps1 if shrink["t"] < e["t"] < joined["t"]]
+    full = [e for e in steps1 if e["t"] < shrink["t"] - 0.5 or e["t"] > joined["t"] + 0.5]
+    assert len(small) >= 10 and {e["chips"] for e in small} == {1}, "the survivor trains on alone"
+    assert {e["tokens"] for e in full} == {2 * small[0]["tokens"]}, "half the tokens per step while shrunk"
+    merged_small = [c_tok / c_st for e in evs if e["ev"] == "merge" and shrink["t"] < e["t"] < joined["t"]
+                    for m, c_st, c_tok in zip(e["participants"], e["c_steps"], e["c_tokens"], strict=True)
+                    if m == 1 and min(r[0] for r in [e["step_ranges"][e["participants"].index(1)]]) > shrink["step"]]
+    assert merged_small and max(merged_small) == small[0]["tokens"], "merges weighted the shrunk learner's tokens"
+    steps0 = [e for e in evs if e["ev"] == "step" and e["learner"] == 0 and shrink["t"] < e["t"] < joined["t"]]
+    figures = {"shrunk_s": round(joined["t"] - shrink["t"], 3), "learner1_steps_shrunk": len(small),
+               "learner0_steps_meanwhile": len(steps0), "tokens_per_step": [small[0]["tokens"], full[0]["tokens"]],
+               "longest_gap_s": rep["longest_gap_s"], "final_eval": rep["final_eval_loss"],
+               "fault_free_eval": fault_free["final_eval_loss"]}
+    print(figures)
+    assert rep["longest_gap_s"] < MAX_GAP_S, figures
+    assert {"learner1/gen0", "learner1/gen1", "learner1/gen2"} <= set(rep["gloo_groups"])
+    assert all(d["steps"] == STEPS for d in rep["per_learner"].values())
+    assert rep["final_eval_loss"] <= fault_free["final_eval_loss"] + LOSS_TOLERANCE, figures
+    assert no_survivors(res)
 
 
 def test_learner_loss_failure_restarts_the_learner(tmp_path, fault_free):

@@ -467,3 +467,26 @@ def test_restore_rejects_a_checkpoint_of_another_model() -> None:
     st["params"] = {"not.a.tensor": torch.zeros(1)}
     with pytest.raises(ValueError, match="saved fragment 0 holds"):
         make().restore([st])
+
+
+def test_a_stale_copy_is_never_merged_twice() -> None:
+    """A learner whose work went into version v offers nothing new until it applied v: its older-based pushes
+    are declined as stale; a push that steps past the apply point means the broadcast was lost (resend)."""
+    s = make(min_quorum=1, learners=1)
+    rid = open_round(s, 1, who=alive(0))
+    first = push(s, 0, 1, c_steps=2, shift=0.05)
+    first.last_step = 3
+    assert s.on_push(first, rid, 10.0)[0] is PushOutcome.ACCEPTED
+    (rec,) = s.poll(11.0, alive(0))[0]
+    assert rec.version == 1 and s.merged_into[(0, 1)] == (1, 3)
+    rid2 = next(q.round_id for q in s.on_meta(0, 5, 0.0, 12.0, alive(0)) if q.fragment == 1)
+    again = push(s, 0, 1, c_steps=2, shift=0.05)
+    again.base_version, again.last_step = 0, 3  # the same snapshot again: its host is stalled
+    assert s.on_push(again, rid2, 12.0)[0] is PushOutcome.STALE
+    assert not s.missed_broadcast(again)
+    again.last_step = 3 + s.cfg.overlap + 1  # it stepped on without applying v1: it never got it
+    assert s.missed_broadcast(again)
+    assert s.poll(13.0, alive(0))[0] == [], "a round whose only answer was stale closes empty, merging nothing"
+    fresh = push(s, 0, 1, c_steps=2, shift=0.02)  # based on v1: new work
+    rid3 = next(q.round_id for q in s.on_meta(0, 9, 0.0, 14.0, alive(0)) if q.fragment == 1)
+    assert s.on_push(fresh, rid3, 14.0)[0] is PushOutcome.ACCEPTED

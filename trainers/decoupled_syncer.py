@@ -15,8 +15,11 @@ Delta_m = Theta_p - theta_{m,p}, RDA on non-embedding tensors, weighted mean
 on embeddings, then the outer step.
 
 Every push ends in exactly one of: merged, rejected (with a reason), or
-superseded (a newer push of the same learner in the same round, or a late
-answer to a round that already merged).
+superseded (a newer push of the same learner in the same round, a late
+answer to a round that already merged, or a stale copy whose work an earlier
+merge already holds: a learner merged into version v of a fragment offers
+nothing new until it has applied v, so its pushes based on an older version
+are declined, never merged twice).
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ class PushOutcome(enum.Enum):
     REJECTED_NONFINITE = "rejected_nonfinite"
     REJECTED_SHAPE = "rejected_shape"
     REJECTED_FRAGMENT = "rejected_fragment"
+    STALE = "stale"
+    """The learner's copy still carries work already merged: it has not applied the version that merge made
+    (its host is stalled, or the broadcast was lost). Merging it again would count that work twice."""
 
 
 @dataclass
@@ -108,6 +114,8 @@ class DecoupledSyncer:
         self.step_times = StepTimeTracker()
         self.sync_time = EwmaEstimator(alpha=0.2)
         self.reported_step: dict[int, int] = {}
+        self.merged_into: dict[tuple[int, int], tuple[int, int]] = {}
+        """(learner, fragment) -> (version its last merged push went into, last step that push covered)."""
         self.clock = 0
         self.merges = 0
         self.skipped_due = 0
@@ -124,7 +132,8 @@ class DecoupledSyncer:
         bufs = self.outer.state_dict()["buffers"].get(key, {})
         return {"fragment": p, "version": self.versions[p], "round_id": self.round_ids[p],
                 "params": {n: t.detach().clone() for n, t in self.fragment(p).items()}, "momentum": bufs,
-                "clock": self.clock, "reported_step": dict(self.reported_step)}
+                "clock": self.clock, "reported_step": dict(self.reported_step),
+                "merged_into": {m: list(v) for (m, q), v in self.merged_into.items() if q == p}}
 
     def restore(self, states: list[dict]) -> None:
         """Load fragment states written by `fragment_state` (any subset; the others keep their initial value).
@@ -145,6 +154,8 @@ class DecoupledSyncer:
             self.clock = max(self.clock, int(st["clock"]))
             for m, step in st["reported_step"].items():
                 self.reported_step[int(m)] = max(int(step), self.reported_step.get(int(m), 0))
+            for m, (version, last) in st.get("merged_into", {}).items():
+                self.merged_into[(int(m), p)] = (int(version), int(last))
         self.outer.load_state_dict({"buffers": buffers})
         self.merges = sum(self.versions)
 
@@ -208,6 +219,9 @@ class DecoupledSyncer:
         if push.c_steps <= 0 or push.c_tokens <= 0:
             rnd.declined.add(push.learner)
             return PushOutcome.DECLINED, None
+        if self.is_stale(push):
+            rnd.declined.add(push.learner)
+            return PushOutcome.STALE, None
         expected = self.fragment(p)
         if set(push.tensors) != set(expected) or any(push.tensors[n].shape != t.shape for n, t in expected.items()):
             return PushOutcome.REJECTED_SHAPE, None
@@ -220,6 +234,17 @@ class DecoupledSyncer:
         if rnd.quorum_at is None and len(rnd.pushes) >= self.cfg.min_quorum:
             rnd.quorum_at = now
         return PushOutcome.ACCEPTED, superseded
+
+    def is_stale(self, push: FragmentPush) -> bool:
+        """Whether the push is based on a version older than one its learner's work was already merged into."""
+        into = self.merged_into.get((push.learner, push.fragment))
+        return into is not None and push.base_version < into[0]
+
+    def missed_broadcast(self, push: FragmentPush) -> bool:
+        """A stale push from a learner that has stepped past the point where it should have applied the merge
+        (last merged step + overlap): it never got that broadcast, so it should be sent the fragment again."""
+        into = self.merged_into.get((push.learner, push.fragment))
+        return into is not None and push.last_step > into[1] + self.cfg.overlap
 
     def note_sync_time(self, seconds: float) -> None:
         """Feed xi_sync: the measured time of one merge plus its broadcast."""
@@ -286,6 +311,8 @@ class DecoupledSyncer:
         self.versions[p] += 1
         self.rounds[p] = None
         self.merges += 1
+        for m, q in zip(learners, pushes, strict=True):
+            self.merged_into[(m, p)] = (self.versions[p], q.last_step)
         norm = float(torch.sqrt(sum((d.double() ** 2).sum() for d in delta.values())))
         return MergeRecord(
             fragment=p, version=self.versions[p], round_id=rnd.round_id, participants=learners,

@@ -30,14 +30,29 @@ from trainers.fragments import FragmentSchedule, partition_tensors
 from trainers.model import ModelConfig, TinyGPT, build_model
 
 
+class CollectiveFailed(RuntimeError):
+    """A collective among the learner's chips failed (a chip died, or hung past the group's timeout).
+
+    With the `shrink` policy the loop re-forms the group (`Collective.reform`) and carries on; otherwise it
+    propagates and the learner fails as a whole."""
+
+
 class Collective(Protocol):
-    """Collectives among the chips of one learner. Every call is bounded by the group's timeout."""
+    """Collectives among the chips of one learner. Every call is bounded by the group's timeout and raises
+    CollectiveFailed when the group is broken."""
 
     rank: int
     size: int
 
     def allreduce_mean_(self, flat: Tensor) -> None: ...
     def broadcast_(self, flat: Tensor, src: int = 0) -> None: ...
+    def pending_reform(self) -> bool:
+        """Host only: whether a new membership (a repaired chip joining) is waiting to be formed."""
+        ...
+
+    def reform(self) -> None:
+        """Every member: form the group's next membership (raises CollectiveFailed if it cannot)."""
+        ...
 
 
 class SoloCollective:
@@ -51,6 +66,12 @@ class SoloCollective:
 
     def broadcast_(self, flat: Tensor, src: int = 0) -> None:
         return None
+
+    def pending_reform(self) -> bool:
+        return False
+
+    def reform(self) -> None:
+        raise CollectiveFailed("a one-chip learner has no group to re-form")
 
 
 @dataclass
@@ -176,6 +197,8 @@ class LearnerCore:
     step_time_s: float = 0.0
     timing: dict[str, float] = field(default_factory=dict)
     """Seconds spent per phase of the loop (compute, allreduce, apply, publish): where a step's time goes."""
+    shrinkable: bool = False
+    """Re-form the group when a collective fails (the shrink policy) instead of failing the learner."""
 
     def __post_init__(self) -> None:
         self.model = build_model(self.model_cfg, self.seed)
@@ -272,25 +295,29 @@ StepHook = Callable[[int, float, int], None]
 """Called on the host after every inner step with (step, loss, learner tokens)."""
 
 
-def _sync_applies(core: LearnerCore, link: DecoupledLink | None) -> list[tuple[int, int]]:
-    """Decide on rank 0 which merged fragments to apply now, and share values with every chip."""
+def _sync_applies(core: LearnerCore, link: DecoupledLink | None) -> tuple[list[tuple[int, int]], bool]:
+    """Decide on rank 0 which merged fragments to apply now, and share values with every chip.
+
+    Returns (applied (fragment, version) pairs, whether the group re-forms after this step: rank 0 asks its
+    collective, and the answer travels in the same control broadcast so every chip agrees)."""
     coll = core.collective
     n_frag = len(core.partition)
-    control = torch.zeros(1 + 2 * n_frag, dtype=torch.int64)
+    control = torch.zeros(2 + 2 * n_frag, dtype=torch.int64)
     if coll.rank == 0:
         assert link is not None
         for merged in link.poll():
             core.receive(merged)
         due = core.due_applies()
         control[0] = len(due)
+        control[1] = int(coll.pending_reform())
         for i, p in enumerate(due):
-            control[1 + 2 * i] = p
-            control[2 + 2 * i] = core.frags[p].pending.version  # type: ignore[union-attr]
+            control[2 + 2 * i] = p
+            control[3 + 2 * i] = core.frags[p].pending.version  # type: ignore[union-attr]
     if coll.size > 1:
         coll.broadcast_(control)
     applied = []
     for i in range(int(control[0])):
-        p, version = int(control[1 + 2 * i]), int(control[2 + 2 * i])
+        p, version = int(control[2 + 2 * i]), int(control[3 + 2 * i])
         if coll.rank == 0:
             pending = core.frags[p].pending
             assert pending is not None
@@ -301,7 +328,38 @@ def _sync_applies(core: LearnerCore, link: DecoupledLink | None) -> list[tuple[i
             coll.broadcast_(flat)
         core.apply_fragment(p, version, flat)
         applied.append((p, version))
-    return applied
+    return applied, bool(control[1])
+
+
+def host_state(core: LearnerCore) -> tuple[int, dict[str, Tensor]]:
+    """Rank 0's step, parameters and AdamW moments, in the form `resume_sync` takes."""
+    tensors = {n: p.detach() for n, p in core.named.items()}
+    for n, p in core.named.items():
+        st = core.optimizer.opt.state.get(p)
+        if not st or "exp_avg" not in st:
+            return core.step, {n: p.detach() for n, p in core.named.items()}
+        tensors[f"opt.exp_avg.{n}"] = st["exp_avg"]
+        tensors[f"opt.exp_avg_sq.{n}"] = st["exp_avg_sq"]
+    return core.step, tensors
+
+
+def sync_replicas(core: LearnerCore) -> int:
+    """After the group re-formed: every chip takes rank 0's step, parameters and AdamW state (so a survivor
+    that was one collective behind, or a repaired chip that just joined, continues from the host's replica)."""
+    return resume_sync(core, host_state(core) if core.collective.rank == 0 else None)
+
+
+RegroupHook = Callable[[int, str], None]
+"""Called on every chip after its group re-formed, with (step, why)."""
+
+
+def regroup(core: LearnerCore, why: str, on_regroup: RegroupHook | None = None) -> None:
+    """Re-form the learner's group and make the replicas identical again."""
+    core.optimizer.opt.zero_grad(set_to_none=False)  # a failed step's local gradients must not leak into the next
+    core.collective.reform()
+    sync_replicas(core)
+    if on_regroup is not None:
+        on_regroup(core.step, why)
 
 
 ApplyHook = Callable[[int, list[tuple[int, int]]], None]
@@ -367,24 +425,36 @@ def initial_pull(core: LearnerCore, link: DecoupledLink | None, wait: Callable[[
         for st in core.frags:
             if st.pending is not None:
                 st.pending_apply_at = core.step
-    return _sync_applies(core, link)
+    return _sync_applies(core, link)[0]
 
 
 def run_decoupled(
     core: LearnerCore, batch: BatchFn, link: DecoupledLink | None, on_step: StepHook,
     on_apply: ApplyHook | None = None, should_stop: Callable[[], bool] = lambda: False,
+    on_regroup: RegroupHook | None = None,
 ) -> None:
     """Decoupled DiLoCo: train, apply merged fragments when due, publish a snapshot for the syncer's pulls.
 
     Never waits for the syncer: the link answers pulls from the latest snapshot in its own thread. At the
     end, every fragment with progress not yet merged is pushed unsolicited (final) so the syncer can drain it.
+    With `core.shrinkable` (the shrink policy), a broken group is re-formed with the chips that are left and
+    training goes on with fewer tokens per step; a repaired chip joins the same way at a step boundary.
     """
-    is_host = core.collective.rank == 0
     while core.step < core.train_cfg.steps and not should_stop():
-        x, y = batch(core.step + 1)
-        loss, tokens = core.inner_step(x, y)
-        t0 = time.perf_counter()
-        applied = _sync_applies(core, link)
+        is_host = core.collective.rank == 0
+        before = core.step
+        try:
+            x, y = batch(core.step + 1)
+            loss, tokens = core.inner_step(x, y)
+            t0 = time.perf_counter()
+            applied, reform = _sync_applies(core, link)
+        except CollectiveFailed as e:
+            if not core.shrinkable:
+                raise
+            if is_host and core.step > before:  # the step itself was done before the group broke
+                on_step(core.step, loss, tokens)
+            regroup(core, f"collective failed: {e}", on_regroup)
+            continue
         t1 = time.perf_counter()
         if is_host:
             on_step(core.step, loss, tokens)
@@ -394,7 +464,9 @@ def run_decoupled(
             link.publish(core.snapshot(), core.partition)
         core._add("apply", t1 - t0)
         core._add("publish", time.perf_counter() - t1)
-    if is_host:
+        if reform:
+            regroup(core, "membership changed", on_regroup)
+    if core.collective.rank == 0:
         assert link is not None
         snap = core.snapshot()
         for p, names in enumerate(core.partition):
