@@ -185,7 +185,8 @@ def _trigger(raw: Any, key: str, learners: int, is_until: bool) -> Trigger:
             raise ScheduleError(f"{key}.learner: only valid together with {key}.step")
         if raw["learner"] >= learners:
             raise ScheduleError(f"{key}.learner = {raw['learner']}: must be in [0, {learners - 1}]")
-    return Trigger(**{k: (float(v) if k in ("time_s", "after_s") else v) for k, v in raw.items()})
+    fields: dict[str, Any] = {k: (float(v) if k in ("time_s", "after_s") else v) for k, v in raw.items()}
+    return Trigger(**fields)
 
 
 def parse_fault(raw: Any, key: str, learners: int) -> FaultSpec:

@@ -293,7 +293,8 @@ def _proxy_info(value: Any) -> ProxyInfo:
     """From a library ``Proxy`` or a JSON object."""
     get = value.get if isinstance(value, dict) else lambda key: getattr(value, key)
     name, listen, upstream, enabled = get("name"), get("listen"), get("upstream"), get("enabled")
-    if not all(isinstance(v, str) for v in (name, listen, upstream)) or not isinstance(enabled, bool):
+    if not (isinstance(name, str) and isinstance(listen, str) and isinstance(upstream, str)
+            and isinstance(enabled, bool)):
         raise ValueError(f"not a proxy: {value!r}")
     return ProxyInfo(name=name, listen=listen, upstream=upstream, enabled=enabled)
 
@@ -303,8 +304,8 @@ def _toxic_info(value: Any) -> ToxicInfo:
     get = value.get if isinstance(value, dict) else lambda key: getattr(value, key)
     name, type_, stream, toxicity = get("name"), get("type"), get("stream"), get("toxicity")
     attributes = get("attributes") or {}
-    if not all(isinstance(v, str) for v in (name, type_, stream)) or not isinstance(attributes, dict) \
-            or isinstance(toxicity, bool) or not isinstance(toxicity, int | float):
+    if not (isinstance(name, str) and isinstance(type_, str) and isinstance(stream, str)) \
+            or not isinstance(attributes, dict) or isinstance(toxicity, bool) or not isinstance(toxicity, int | float):
         raise ValueError(f"not a toxic: {value!r}")
     attrs: dict[str, int] = {}
     for key, attr in attributes.items():

@@ -1070,8 +1070,8 @@ class _Core:
             return {"GET": self._proxy_index, "POST": self._proxy_create}, ()
         if len(seg) >= 2 and seg[0] == "proxies":
             if len(seg) == 2:
-                update = self._proxy_update
-                methods = {
+                update: Callable[..., Any] = self._proxy_update
+                methods: dict[str, Callable[..., Any]] = {
                     "GET": self._proxy_show,
                     "POST": update,
                     "PATCH": update,
@@ -1082,7 +1082,7 @@ class _Core:
                 return {"GET": self._toxic_index, "POST": self._toxic_create}, (seg[1],)
             if len(seg) == 4 and seg[2] == "toxics":
                 update = self._toxic_update
-                methods = {
+                methods = {  # same type as above
                     "GET": self._toxic_show,
                     "POST": update,
                     "PATCH": update,

@@ -168,7 +168,7 @@ def chip_main(spec: ChipSpec) -> None:
         def on_step(step: int, loss: float, tokens: int) -> None:
             extra = {"cpu_s": round(time.process_time(), 4)} if step % CPU_MARK_EVERY == 0 else {}
             events.log("step", learner=spec.learner, step=step, loss=round(loss, 5), tokens=tokens,
-                       chips=core.collective.size, **extra)
+                       chips=core.collective.size, compute_s=round(core.last_compute_s, 5), **extra)
 
         def on_apply(step: int, applied: list[tuple[int, int]]) -> None:
             events.log("apply", learner=spec.learner, step=step, fragments=[p for p, _ in applied],
@@ -189,6 +189,8 @@ def chip_main(spec: ChipSpec) -> None:
             link.wait_connected(t.connect_s)
         if spec.start_step > 0:  # a restarted learner resumes where it stopped, from the global model
             core.step = spec.start_step
+            for st in core.frags:  # counters count from here (a fragment the pull does not update included)
+                st.first_step = spec.start_step + 1
             if sc.algorithm == "decoupled":
                 deadline = time.monotonic() + 2 * t.connect_s
 

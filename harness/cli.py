@@ -4,6 +4,10 @@
     diloco-chaos run ... --incident INCIDENT.toml   the same, with an incident's [[faults]] on top
     diloco-chaos replay RUN_DIR   run a recorded run again (config, seed, fault schedule) and compare
     diloco-chaos scenarios        list the built-in scenarios
+    diloco-chaos report RUN_DIR [--open]   write RUN_DIR/report.html (plots, timeline, metrics); print its path
+    diloco-chaos compare [SCENARIO.toml] [--builtin chip-loss] [--runs-dir DIR]
+                                  the same scenario and faults under ddp, diloco and decoupled (and
+                                  fault-free ddp): goodput, uptime, tokens/s, final eval side by side
     diloco-chaos toxiproxy-server [--host H] [--port P] [--seed N] [--log-level L]
                                   run the embedded Toxiproxy-compatible server until SIGINT/SIGTERM
 
@@ -90,6 +94,51 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return EXIT_RUN_FAILED if diffs else 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from harness.html_report import missing_inputs, write_report
+
+    missing = missing_inputs(args.run_dir)
+    if missing:
+        print(f"diloco-chaos: cannot report: {args.run_dir!r} has no {' and no '.join(missing)} "
+              "(not a finished run directory)", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    path = write_report(args.run_dir)
+    print(path)
+    if args.open:
+        import webbrowser
+
+        webbrowser.open(path.resolve().as_uri())
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    import os
+
+    from harness.compare import compare, plot, table
+
+    try:
+        sc = scenario_mod.load(args.scenario) if args.scenario else scenario_mod.builtin(args.builtin)
+        if args.seed is not None:
+            sc = sc.replace(seed=args.seed)
+    except scenario_mod.ScenarioError as e:
+        print(f"diloco-chaos: invalid scenario: {e}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    try:
+        rows = compare(sc, args.runs_dir, baseline=not args.no_baseline,
+                       on_run=lambda r: print(f"{r['run']}: final eval {r['final_eval_loss']}, "
+                                              f"goodput {r['goodput']}, uptime {r['uptime']} ({r['run_dir']})",
+                                              flush=True))
+    except RunFailed as e:
+        print(f"diloco-chaos: compare failed: {e}", file=sys.stderr)
+        return EXIT_RUN_FAILED
+    print(table(rows))
+    os.makedirs(args.runs_dir, exist_ok=True)
+    png = plot(rows, os.path.join(args.runs_dir, f"compare-{sc.name}.png"))
+    if png is not None:
+        print(f"plot: {png}")
+    return 0
+
+
 def cmd_toxiproxy_server(args: argparse.Namespace) -> int:
     from chaos import toxiproxy_server
 
@@ -119,6 +168,17 @@ def main(argv: list[str] | None = None) -> int:
     rp.set_defaults(func=cmd_replay)
     sc = sub.add_parser("scenarios", help="list the built-in scenarios")
     sc.set_defaults(func=lambda a: print("\n".join(scenario_mod.builtin_names())) or 0)
+    rep = sub.add_parser("report", help="write a run's self-contained HTML report (eval loss, faults, timeline)")
+    rep.add_argument("run_dir", help="a run directory (holds events.jsonl and report.json)")
+    rep.add_argument("--open", action="store_true", help="open the report in a web browser")
+    rep.set_defaults(func=cmd_report)
+    cmp = sub.add_parser("compare", help="one scenario under ddp, diloco and decoupled, side by side")
+    cmp.add_argument("scenario", nargs="?", help="scenario TOML file (default: built-in 'chip-loss')")
+    cmp.add_argument("--builtin", default="chip-loss", help="name of a built-in scenario")
+    cmp.add_argument("--seed", type=int, help="override the seed")
+    cmp.add_argument("--runs-dir", default="runs", help="where run directories are created (default: runs)")
+    cmp.add_argument("--no-baseline", action="store_true", help="skip the fault-free ddp reference run")
+    cmp.set_defaults(func=cmd_compare)
     tps = sub.add_parser("toxiproxy-server", help="run the embedded Toxiproxy-compatible server (foreground)")
     tps.add_argument("--host", default="127.0.0.1", help="API listen host (default 127.0.0.1)")
     tps.add_argument("--port", type=int, default=8474, help="API listen port (default 8474)")

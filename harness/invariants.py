@@ -276,7 +276,7 @@ def availability(run: Run, *, min_uptime: float, window_s: float = DOWNTIME_WIND
     span = r.train_span()
     d = downtime([float(e["t"]) for e in r.of("merge")], *span, window_s=window_s) if span else None
     up = d["uptime"] if d else None
-    if up is None:
+    if up is None or d is None or span is None:
         return InvariantResult("availability", False, None, min_uptime, "no training span (fewer than two "
                                "step times) to measure uptime over", "uptime", "", ">=")
     worst = sorted(d["intervals"], key=lambda iv: iv[0] - iv[1])[:3]

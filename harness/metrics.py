@@ -1,7 +1,10 @@
 """Goodput and uptime from a run's event log (definitions and formulas in docs/metrics.md).
 
-goodput: chip-seconds spent on inner steps whose contribution reached the global model, over the chip-seconds
-allocated to the run (M x C x the training span). A step of learner m counts for the fraction of fragments
+goodput: chip-seconds spent computing inner steps whose contribution reached the global model, over the
+chip-seconds allocated to the run (M x C x the training span). A step's chip-seconds are its compute time
+(`compute_s` of the step event: forward, backward, the learner's all-reduce, optimizer) x its chips; time a
+chip waits for the syncer (a synchronous baseline's barrier) is allocated but not good.
+A step of learner m counts for the fraction of fragments
 whose merges took in a push of m covering that step (decoupled: per fragment, the merge's step_ranges;
 diloco: the round that contains the step; ddp: the step's own merge). Steps lost in a crash, superseded or
 never merged count zero; time a learner spent down counts as allocated and not good.
@@ -33,6 +36,8 @@ def _steps(evs: list[dict[str, Any]]) -> dict[int, list[tuple[int, float, float,
                 last[m] = e["t"]  # a (re)started learner's first step starts when it was ready
             continue
         t0 = last.get(m, starts.get(m, e["t"]))
+        if "compute_s" in e:  # what the step computed; the rest of the interval was waiting
+            t0 = max(t0, e["t"] - float(e["compute_s"]))
         out[m].append((int(e["step"]), t0, e["t"], int(e.get("chips", 1))))
         last[m] = e["t"]
     return out
@@ -119,4 +124,83 @@ def achieved_speeds(evs: list[dict[str, Any]], learners: int) -> list[dict[str, 
         ref = sum(progress(r) for r in refs) / len(refs)
         out.append({"learner": m, "speed": on["speed"], "achieved": round(progress(m) / ref, 4) if ref else None,
                     "window_s": round(t1 - t0, 3), "steps": progress(m), "reference_steps": round(ref, 1)})
+    return out
+
+
+def _summary(xs: list[float]) -> dict[str, Any]:
+    if not xs:
+        return {"n": 0, "mean": None, "p50": None, "max": None}
+    s = sorted(xs)
+    return {"n": len(s), "mean": round(sum(s) / len(s), 4), "p50": round(s[len(s) // 2], 4), "max": round(s[-1], 4)}
+
+
+def merge_stats(evs: list[dict[str, Any]], fragments: int) -> dict[str, Any]:
+    """Per merge: quorum size (participants), time waited for the quorum and in the grace window, and the
+    staleness of each merged push (the fragment's version before this merge - the version the push was
+    based on: 0 = the learner had the latest); tokens merged per learner (its c_tokens / P per merge)."""
+    merges = [e for e in evs if e["ev"] == "merge" and "participants" in e]
+    staleness: list[float] = []
+    tokens: dict[str, float] = defaultdict(float)
+    for e in merges:
+        for i, m in enumerate(e["participants"]):
+            if "base_versions" in e:
+                staleness.append(float(e["version"] - 1 - e["base_versions"][i]))
+            if "c_tokens" in e and i < len(e["c_tokens"]):
+                tokens[str(m)] += e["c_tokens"][i] / (fragments if "base_versions" in e else 1)
+    return {"quorum_size": _summary([float(len(e["participants"])) for e in merges]),
+            "quorum_wait_s": _summary([e["quorum_wait_s"] for e in merges if "quorum_wait_s" in e]),
+            "grace_wait_s": _summary([max(0.0, e["wait_s"] - e["quorum_wait_s"]) for e in merges
+                                      if "wait_s" in e and "quorum_wait_s" in e]),
+            "staleness_versions": _summary(staleness),
+            "tokens_merged_per_learner": {m: round(v, 1) for m, v in sorted(tokens.items())}}
+
+
+def learner_availability(evs: list[dict[str, Any]], learners: int, start: float, end: float) -> dict[str, Any]:
+    """Per learner: the fraction of [start, end] (the training span) it was alive as the syncer saw it, i.e.
+    between its `learner_join` and the next `learner_leave` (or the syncer going down)."""
+    alive_since: dict[int, float] = {}
+    up: dict[int, float] = defaultdict(float)
+    for e in sorted(evs, key=lambda e: e["t"]):
+        t = min(max(e["t"], start), end)
+        if e["ev"] == "learner_join":
+            alive_since.setdefault(e["learner"], t)
+        elif e["ev"] in ("learner_leave", "learner_bye") and e["learner"] in alive_since:
+            up[e["learner"]] += t - alive_since.pop(e["learner"])
+        elif e["ev"] in ("syncer_down", "syncer_start"):
+            for m, t0 in alive_since.items():
+                up[m] += t - t0
+            alive_since.clear()
+    for m, t0 in alive_since.items():
+        up[m] += end - t0
+    span = end - start
+    return {str(m): round(up[m] / span, 4) if span > 0 else None for m in range(learners)}
+
+
+_REACTIONS = ("learner_down", "learner_shrink", "learner_leave", "syncer_down")
+_BACK = {"learner_down": "learner_restart", "learner_shrink": "chip_joined", "syncer_down": "syncer_restore"}
+
+
+def fault_response(evs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per fault that hit a process or link: time to detect (fault start -> the first reaction to it: the
+    supervisor's learner_down / learner_shrink / syncer_down, or the syncer dropping the learner), and time to
+    rejoin (that reaction -> the learner stepping again, the repaired chip joined, or the syncer restored)."""
+    out = []
+    ordered = sorted(evs, key=lambda e: e["t"])
+    for f in (e for e in ordered if e["ev"] == "fault_start"):
+        who = f.get("learner")
+        react = next((e for e in ordered if e["t"] >= f["t"] and e["ev"] in _REACTIONS
+                      and (e.get("learner") == who or e["ev"] == "syncer_down")), None)
+        row: dict[str, Any] = {"index": f["index"], "action": f["action"], "learner": who,
+                               "detect_s": round(react["t"] - f["t"], 3) if react else None,
+                               "reaction": react["ev"] if react else None, "rejoin_s": None}
+        if react is not None:
+            back_ev = _BACK.get(react["ev"])
+            back = next((e for e in ordered if e["t"] > react["t"] and (
+                (back_ev is not None and e["ev"] == back_ev and e.get("learner", who) == who)
+                or (react["ev"] == "learner_leave" and e["ev"] == "learner_join" and e["learner"] == who))), None)
+            if back is not None and react["ev"] == "learner_down":  # back = stepping again after the restart
+                back = next((e for e in ordered if e["t"] > back["t"] and e["ev"] == "step"
+                             and e["learner"] == who), None)
+            row["rejoin_s"] = round(back["t"] - react["t"], 3) if back else None
+        out.append(row)
     return out

@@ -46,13 +46,13 @@ def _close_inherited_forkserver_fd() -> None:
     from multiprocessing import forkserver
 
     fs = forkserver._forkserver  # the stdlib keeps the inherited fd here; it has no public accessor
-    fd = getattr(fs, "_forkserver_alive_fd", None)
+    fd = getattr(fs, "_forkserver_alive_fd", None)  # private, absent from the stubs
     if fd is not None:
         try:
             os.close(fd)
         except OSError:
             pass
-        fs._forkserver_alive_fd = None
+        fs._forkserver_alive_fd = None  # type: ignore[attr-defined]
 
 
 def _watchdog(supervisor_pid: int) -> None:

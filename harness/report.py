@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from harness.events import EVENTS_FILE, EventLog, read_events
-from harness.metrics import achieved_speeds, downtime, goodput
+from harness.metrics import achieved_speeds, downtime, fault_response, goodput, learner_availability, merge_stats
 from harness.rundir import CHECKPOINT_FILE, CONFIG_FILE, read_json
 from harness.scenario import Scenario, from_dict
 from trainers.data import eval_batches, make_splits
@@ -121,6 +121,9 @@ def build_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
                            sc.diloco.fragments, sc.diloco.sync_every),
         "availability": downtime([e["t"] for e in merges], train_start, train_end),
         "speed_profiles": achieved_speeds(evs, sc.topology.learners),
+        "learner_availability": learner_availability(evs, sc.topology.learners, train_start, train_end),
+        "fault_response": fault_response(evs),
+        "merges": merge_stats(evs, sc.diloco.fragments if sc.algorithm == "decoupled" else 1),
         "syncer_restarts": sum(1 for e in evs if e["ev"] == "syncer_restart"),
     }
 

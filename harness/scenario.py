@@ -24,14 +24,14 @@ from trainers.config import ALGORITHMS, DilocoConfig, TrainConfig, bounded, choi
 from trainers.data import CORPUS_NAMES, DataConfig
 from trainers.model import ModelConfig
 
-_MODEL_RANGES = {
+_MODEL_RANGES: dict[str, tuple[float, float]] = {
     "seq_len": (8, 4096),
     "d_model": (8, 4096),
     "n_layers": (1, 64),
     "n_heads": (1, 64),
     "d_ff": (8, 16384),
 }
-_DATA_RANGES = {"holdout_fraction": (0.01, 0.5), "batch_size": (1, 4096)}
+_DATA_RANGES: dict[str, tuple[float, float]] = {"holdout_fraction": (0.01, 0.5), "batch_size": (1, 4096)}
 
 
 class ScenarioError(ValueError):
@@ -211,8 +211,9 @@ def _build(cls: type, table: Any, prefix: str, ranges: dict[str, tuple[float, fl
             kwargs[name] = tuple(_fault(v, i, table) for i, v in enumerate(value))
             continue
         if dataclasses.is_dataclass(f.type) or (f.default_factory is not dataclasses.MISSING):  # nested table
-            sub = f.default_factory()  # type: ignore[misc]
-            sub_ranges = {"model": _MODEL_RANGES, "data": _DATA_RANGES}.get(name)
+            sub = f.default_factory()  # type: ignore[misc,operator]
+            sub_ranges: dict[str, tuple[float, float]] | None = {"model": _MODEL_RANGES,
+                                                                  "data": _DATA_RANGES}.get(name)
             kwargs[name] = _build(type(sub), value, key, sub_ranges)
             continue
         default = f.default

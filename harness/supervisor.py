@@ -314,7 +314,7 @@ class Supervisor:
         if self.procs_chaos is not None:
             repair = self.procs_chaos.repair_s.pop(m, repair)
         self.learner_state[m] = "down"
-        self.restart_at[m] = now + repair
+        self.restart_at[m] = time.monotonic() + repair  # from when it is down (its survivors stopped), as logged
         self.events.log("learner_down", learner=m, exitcodes=exitcodes, step=step, repair_s=repair)
 
     def _watch(self, stop: Any, t0: float) -> None:

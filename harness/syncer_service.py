@@ -177,7 +177,9 @@ class SyncerService:
         self.events.log("syncer_restore", fragments=[int(st["fragment"]) for st in states],
                         versions=list(self.core.versions), merges=self.core.merges, clock=self.core.clock,
                         tokens_merged=self.tokens_merged,
-                        digests={p: fragment_digest(self.core.fragment(p)) for p in range(len(self.core.partition))})
+                        digests={p: fragment_digest(self.core.fragment(p)) for p in range(len(self.core.partition))},
+                        merged_into={p: {m: list(v) for (m, q), v in self.core.merged_into.items() if q == p}
+                                     for p in range(len(self.core.partition))})
 
     # -- state helpers ---------------------------------------------------------------------------
     def global_params(self) -> dict[str, torch.Tensor]:
@@ -433,6 +435,9 @@ class SyncerService:
         outcome, superseded = self.core.on_push(push, round_id, time.monotonic())
         if outcome is PushOutcome.DECLINED:
             return
+        if round_id is None and push.final:  # a final unsolicited push joins (or opens) the fragment's round
+            rnd = self.core.rounds[push.fragment] if 0 <= push.fragment < len(self.core.rounds) else None
+            round_id = rnd.round_id if rnd is not None else None
         self.events.log("push", learner=learner, fragment=push.fragment, round=round_id, c_steps=push.c_steps,
                         c_tokens=push.c_tokens, first_step=push.first_step, last_step=push.last_step,
                         base_version=push.base_version, outcome=outcome.value, final=push.final)
@@ -455,8 +460,9 @@ class SyncerService:
             self.events.log("push_rejected", learner=learner, fragment=push.fragment, reason=outcome.value,
                             first_step=push.first_step, last_step=push.last_step)
         if superseded is not None:
-            self.events.log("push_superseded", learner=learner, fragment=push.fragment,
-                            first_step=superseded.first_step, last_step=superseded.last_step)
+            self.events.log("push_superseded", learner=learner, fragment=push.fragment, round=round_id,
+                            reason="newer push in the same round", first_step=superseded.first_step,
+                            last_step=superseded.last_step)
 
     def _send_pull(self, pull: Any) -> None:
         msg = Message(MsgType.PULL, {"fragment": pull.fragment, "round": pull.round_id})

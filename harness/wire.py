@@ -262,7 +262,7 @@ def _parse_entry(raw: object, index: int) -> tuple[str, torch.dtype, list[int], 
     return name, dtype, shape, nbytes
 
 
-def decode_payload(msg_type: int, payload: bytes) -> Message:
+def decode_payload(msg_type: int, payload: bytes | bytearray | memoryview) -> Message:
     """Decode a frame's payload into a :class:`Message`; raises :class:`BadPayload` on malformed content.
 
     ``payload`` may be any bytes-like object. The returned tensors own fresh

@@ -411,19 +411,21 @@ def test_k2_round_stuck_below_quorum_is_pulled_again_when_fragment_is_due() -> N
     repulled_and_merged(s, "the returned learner")
 
 
-def test_k2_round_with_a_declined_learner_is_pulled_again_when_fragment_is_due() -> None:
+def test_k2_round_with_a_declined_learner_merges_the_one_push() -> None:
     """K = M = 2: learner 1 had nothing new for fragment 1 when pulled (c_steps 0) and declined.
 
-    Learner 0's push alone can never make the quorum of 2. By fragment 1's next due step (5) learner 1
-    has trained 4 more steps, so it must be asked again; otherwise fragment 1 is frozen for the run.
-    """
+    Its answer counts toward the quorum (its contribution is zero), so learner 0's push merges at once
+    instead of waiting for fragment 1's next due step; learner 1 is asked again in the next round."""
     s = make(min_quorum=2)
     s.on_meta(1, 1, 0.0, 9.0, alive(0, 1))
     rid = open_round(s, 1)
     assert s.on_push(push(s, 1, 1, c_steps=0, c_tokens=0), rid, 10.0)[0] is PushOutcome.DECLINED
     assert s.on_push(push(s, 0, 1), rid, 10.1)[0] is PushOutcome.ACCEPTED
-    assert s.poll(10.2, alive(0, 1)) == ([], None, [])
-    repulled_and_merged(s, "the learner that declined")
+    (rec,) = s.poll(10.2, alive(0, 1))[0]
+    assert rec.fragment == 1 and rec.participants == [0] and s.versions[1] == 1
+    nxt = [q for step in range(2, 6) for m in (0, 1) for q in s.on_meta(m, step, 0.0, 11.0 + step, alive(0, 1))
+           if q.fragment == 1]
+    assert nxt and all(q.learners == alive(0, 1) for q in nxt), "the next round asks both again"
 
 
 # -- crash safety -------------------------------------------------------------------------------
@@ -490,3 +492,17 @@ def test_a_stale_copy_is_never_merged_twice() -> None:
     fresh = push(s, 0, 1, c_steps=2, shift=0.02)  # based on v1: new work
     rid3 = next(q.round_id for q in s.on_meta(0, 9, 0.0, 14.0, alive(0)) if q.fragment == 1)
     assert s.on_push(fresh, rid3, 14.0)[0] is PushOutcome.ACCEPTED
+
+
+def test_the_clock_follows_the_learners_still_here_when_the_leaders_leave() -> None:
+    """K = 1: learner 0 finished at step 8 (no longer alive); learner 1 at step 4 must still be pulled as it
+    trains on, instead of waiting to pass step 8 (a run's tail would otherwise be global downtime)."""
+    s = make(min_quorum=1)
+    s.on_meta(0, 8, 0.0, 1.0, alive(0, 1))
+    s.on_meta(1, 4, 0.0, 1.1, alive(0, 1))
+    assert s.clock == 8
+    for p in range(P):
+        s.rounds[p] = None  # the rounds of the first 8 steps are done
+    assert s.on_meta(1, 4, 0.0, 2.0, alive(1)) == [] and s.clock == 4
+    pulls = s.on_meta(1, 5, 0.0, 2.1, alive(1))
+    assert [(q.fragment, q.learners) for q in pulls] == [(1, alive(1))]

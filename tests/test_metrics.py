@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.metrics import downtime, goodput
+from harness.metrics import achieved_speeds, downtime, fault_response, goodput, learner_availability, merge_stats
 
 
 def steps(m: int, n: int, t0: float = 0.0, chips: int = 1) -> list[dict]:
@@ -45,3 +45,43 @@ def test_downtime_counts_gaps_beyond_the_window() -> None:
     assert d["uptime"] == pytest.approx(0.6)
     assert downtime([], 0.0, 0.5)["uptime"] == 1.0
     assert downtime([], 0.0, 3.0)["downtime_s"] == pytest.approx(2.0)
+
+
+def test_merge_stats_quorum_waits_staleness_and_tokens_per_learner() -> None:
+    evs = [{"ev": "merge", "t": 1.0, "version": 3, "participants": [0, 1], "base_versions": [2, 0],
+            "c_tokens": [40, 80], "quorum_wait_s": 0.1, "wait_s": 0.3},
+           {"ev": "merge", "t": 2.0, "version": 4, "participants": [0], "base_versions": [3],
+            "c_tokens": [20], "quorum_wait_s": 0.2, "wait_s": 0.2}]
+    st = merge_stats(evs, fragments=2)
+    assert st["quorum_size"] == {"n": 2, "mean": 1.5, "p50": 2.0, "max": 2.0}
+    assert st["grace_wait_s"]["max"] == pytest.approx(0.2) and st["quorum_wait_s"]["mean"] == pytest.approx(0.15)
+    assert st["staleness_versions"]["max"] == 2.0, "learner 1 pushed against version 0 into version 3"
+    assert st["tokens_merged_per_learner"] == {"0": 30.0, "1": 40.0}
+
+
+def test_learner_availability_from_joins_leaves_and_syncer_outages() -> None:
+    evs = [{"ev": "learner_join", "learner": 0, "t": 0.0}, {"ev": "learner_join", "learner": 1, "t": 0.0},
+           {"ev": "learner_leave", "learner": 1, "t": 4.0}, {"ev": "learner_join", "learner": 1, "t": 6.0},
+           {"ev": "syncer_down", "t": 8.0}, {"ev": "learner_join", "learner": 0, "t": 9.0}]
+    assert learner_availability(evs, 2, 0.0, 10.0) == {"0": 0.9, "1": 0.6}
+
+
+def test_fault_response_detect_and_rejoin_times() -> None:
+    evs = [{"ev": "fault_start", "index": 0, "action": "kill_chip", "learner": 1, "t": 10.0},
+           {"ev": "learner_down", "learner": 1, "t": 10.2},
+           {"ev": "learner_restart", "learner": 1, "t": 12.2},
+           {"ev": "step", "learner": 1, "step": 31, "t": 13.0},
+           {"ev": "fault_start", "index": 1, "action": "kill_syncer", "learner": None, "t": 20.0},
+           {"ev": "syncer_down", "t": 20.1}, {"ev": "syncer_restore", "t": 21.6}]
+    rows = fault_response(evs)
+    assert rows[0]["detect_s"] == pytest.approx(0.2) and rows[0]["rejoin_s"] == pytest.approx(2.8)
+    assert rows[1]["reaction"] == "syncer_down" and rows[1]["rejoin_s"] == pytest.approx(1.5)
+
+
+def test_achieved_speed_is_relative_to_the_unslowed_learners_in_the_common_window() -> None:
+    evs = [{"ev": "process_fault", "kind": "slow", "learner": 1, "speed": 0.5, "t": 0.0}]
+    evs += [{"ev": "step", "learner": 0, "step": s, "t": s * 0.1} for s in range(1, 101)]
+    evs += [{"ev": "step", "learner": 1, "step": s, "t": s * 0.2} for s in range(1, 101)]
+    evs += [{"ev": "learner_done", "learner": 0, "t": 10.0}]
+    (p,) = achieved_speeds(evs, 2)
+    assert p["achieved"] == pytest.approx(0.5, abs=0.02) and p["window_s"] == pytest.approx(10.0)

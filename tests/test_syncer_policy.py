@@ -181,3 +181,18 @@ def test_step_time_tracker() -> None:
     assert t.estimate([2]) is None
     with pytest.raises(ValueError):
         t.update(0, -1.0)
+
+
+def test_declines_count_toward_the_quorum_but_a_merge_needs_a_push() -> None:
+    """K = M: a learner with nothing new (it declined) must not hold the round until the fragment is due again."""
+    cfg = QuorumConfig(min_quorum=3, overlap=2, grace_gamma=0.5, grace_cap_s=0.5, grace_enabled=False)
+    base = dict(started_at=0.0, step_time_s=0.1, sync_time_s=0.0)
+    waiting = decide(1.0, RoundState(quorum_at=None, reported=frozenset({0}), alive=frozenset({1}),
+                                     declined=frozenset({2}), **base), cfg)
+    assert waiting.action is Action.WAIT and "quorum 2/3" in waiting.reason
+    merged = decide(1.0, RoundState(quorum_at=0.5, reported=frozenset({0, 1}), alive=frozenset({0, 1}),
+                                    declined=frozenset({2}), **base), cfg)
+    assert merged.action is Action.MERGE
+    only_declines = decide(1.0, RoundState(quorum_at=0.5, reported=frozenset(), alive=frozenset({0}),
+                                           declined=frozenset({1, 2, 3}), **base), cfg)
+    assert only_declines.action is Action.WAIT and "no push yet" in only_declines.reason

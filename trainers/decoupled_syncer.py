@@ -3,7 +3,8 @@
 It owns the global fragments Theta_p, their versions and the outer Nesterov
 optimizer (one momentum state per fragment), and it drives the fragment
 schedule, as in the paper: learners report metadata (their step) every step;
-the syncer's clock is the step of the K-th most advanced alive learner; when
+the syncer's clock is the step of the K-th most advanced alive learner (it
+moves back when the learners ahead leave, so those still here are pulled); when
 that clock reaches a step at which fragment p is due (fragments staggered
 over H steps), the syncer opens a *round* for p and pulls p from every alive
 learner. Each learner answers at once from its host-RAM snapshot, whatever
@@ -169,6 +170,12 @@ class DecoupledSyncer:
         if len(steps) < self.cfg.min_quorum:
             return []
         target = steps[self.cfg.min_quorum - 1]
+        if target < self.clock:
+            # The learners that set the clock have left (finished, failed or cut off): follow the ones still
+            # here, so their steps keep being pulled and merged instead of waiting until they pass the old
+            # clock (a run's tail, or a fast learner's outage, would otherwise be global downtime).
+            self.clock = target
+            return []
         pulls: list[Pull] = []
         handled: set[int] = set()  # a clock that jumps (a learner back from an outage) asks once per fragment
         for s in range(self.clock + 1, target + 1):
@@ -193,7 +200,7 @@ class DecoupledSyncer:
                 self.round_ids[p] += 1
                 self.rounds[p] = OpenRound(self.round_ids[p], now, alive)
                 pulls.append(Pull(p, self.round_ids[p], alive))
-        self.clock = max(self.clock, target)
+        self.clock = target
         return pulls
 
     def forget(self, learner: int) -> None:
@@ -217,10 +224,10 @@ class DecoupledSyncer:
         if rnd is None or rnd.round_id != round_id:
             return PushOutcome.LATE, None
         if push.c_steps <= 0 or push.c_tokens <= 0:
-            rnd.declined.add(push.learner)
+            self._decline(rnd, push.learner, now)
             return PushOutcome.DECLINED, None
         if self.is_stale(push):
-            rnd.declined.add(push.learner)
+            self._decline(rnd, push.learner, now)
             return PushOutcome.STALE, None
         expected = self.fragment(p)
         if set(push.tensors) != set(expected) or any(push.tensors[n].shape != t.shape for n, t in expected.items()):
@@ -231,9 +238,15 @@ class DecoupledSyncer:
             self.step_times.update(push.learner, push.step_time_s)
         superseded = rnd.pushes.get(push.learner)
         rnd.pushes[push.learner] = push
-        if rnd.quorum_at is None and len(rnd.pushes) >= self.cfg.min_quorum:
+        if rnd.quorum_at is None and len(rnd.pushes) + len(rnd.declined - set(rnd.pushes)) >= self.cfg.min_quorum:
             rnd.quorum_at = now
         return PushOutcome.ACCEPTED, superseded
+
+    def _decline(self, rnd: OpenRound, learner: int, now: float) -> None:
+        """An answer with nothing to merge: it counts toward the quorum, not toward the merge."""
+        rnd.declined.add(learner)
+        if rnd.quorum_at is None and len(rnd.pushes) + len(rnd.declined - set(rnd.pushes)) >= self.cfg.min_quorum:
+            rnd.quorum_at = now
 
     def is_stale(self, push: FragmentPush) -> bool:
         """Whether the push is based on a version older than one its learner's work was already merged into."""
@@ -258,6 +271,7 @@ class DecoupledSyncer:
         reported = frozenset(rnd.pushes)
         awaited = (alive & rnd.pulled) - rnd.declined
         return RoundState(started_at=rnd.started_at, quorum_at=rnd.quorum_at, reported=reported, alive=awaited,
+                          declined=frozenset(rnd.declined),
                           step_time_s=self.step_times.estimate(reported), sync_time_s=self.sync_time.value or 0.0)
 
     def poll(self, now: float, alive: frozenset[int]) -> tuple[list[MergeRecord], float | None, list[int]]:
@@ -313,7 +327,7 @@ class DecoupledSyncer:
         self.merges += 1
         for m, q in zip(learners, pushes, strict=True):
             self.merged_into[(m, p)] = (self.versions[p], q.last_step)
-        norm = float(torch.sqrt(sum((d.double() ** 2).sum() for d in delta.values())))
+        norm = float(torch.sqrt(torch.stack([(d.double() ** 2).sum() for d in delta.values()]).sum()))
         return MergeRecord(
             fragment=p, version=self.versions[p], round_id=rnd.round_id, participants=learners,
             pulled_steps=[q.last_step for q in pushes], weights=weights,

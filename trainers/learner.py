@@ -197,6 +197,9 @@ class LearnerCore:
     step_time_s: float = 0.0
     timing: dict[str, float] = field(default_factory=dict)
     """Seconds spent per phase of the loop (compute, allreduce, apply, publish): where a step's time goes."""
+    last_compute_s: float = 0.0
+    """Seconds the last inner step computed (forward, backward, the learner's all-reduce, optimizer), without
+    any wait for the syncer: the chip time goodput counts."""
     shrinkable: bool = False
     """Re-form the group when a collective fails (the shrink policy) instead of failing the learner."""
 
@@ -242,6 +245,7 @@ class LearnerCore:
             st.c_steps += 1
             st.c_tokens += tokens
         dt = time.perf_counter() - t0
+        self.last_compute_s = dt
         self.step_time_s = dt if self.step_time_s == 0 else 0.8 * self.step_time_s + 0.2 * dt
         return loss, tokens
 
@@ -512,8 +516,10 @@ def run_ddp(core: LearnerCore, batch: BatchFn, link: SyncLink | None, on_step: S
     while core.step < core.train_cfg.steps:
         step = core.step + 1
         x, y = batch(step)
+        t0 = time.perf_counter()
         loss = core.forward_backward(x, y)
         core.allreduce_grads()
+        compute = time.perf_counter() - t0
         tokens = x.numel() * core.collective.size
         if is_host:
             assert link is not None
@@ -524,7 +530,9 @@ def run_ddp(core: LearnerCore, batch: BatchFn, link: SyncLink | None, on_step: S
         core.collective.broadcast_(flat)
         unflatten_into(flat, core.grads())
         core.step = step
+        t1 = time.perf_counter()
         core.optimizer.step(step)
+        core.last_compute_s = compute + time.perf_counter() - t1
         if is_host:
             on_step(step, loss, tokens)
 

@@ -70,6 +70,9 @@ class RoundState:
     """xi_step estimate, seconds per inner step (None before any estimate)."""
     sync_time_s: float
     """xi_sync estimate: seconds to merge and broadcast a fragment."""
+    declined: frozenset[int] = frozenset()
+    """Learner ids that answered the pull with nothing new (no steps since they last received the fragment).
+    They count toward the quorum (they answered; their contribution is zero) but bring no push."""
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,9 @@ def decide(now: float, state: RoundState, cfg: QuorumConfig) -> Decision:
     """Decide whether a fragment round merges now or keeps waiting.
 
     Branches, first match wins:
-      1. fewer than K pushes -> WAIT (no deadline: only a push can change this);
+      1. fewer than K answers (pushes plus declines) -> WAIT (no deadline: only an answer can change this);
+      1b. K answers but all of them declines -> WAIT (nothing to merge yet; poll() closes a round nobody
+          can still answer);
       2. every alive learner has reported -> MERGE (nobody left to wait for);
       3. grace window is 0 -> MERGE at quorum;
       4. now >= quorum_at + grace -> MERGE (grace expired);
@@ -117,8 +122,11 @@ def decide(now: float, state: RoundState, cfg: QuorumConfig) -> Decision:
     """
     k = cfg.min_quorum
     n = len(state.reported)
-    if n < k:
-        return Decision(Action.WAIT, f"quorum {n}/{k}: waiting for {k - n} more", 0.0, None)
+    answered = n + len(state.declined - state.reported)
+    if answered < k:
+        return Decision(Action.WAIT, f"quorum {answered}/{k}: waiting for {k - answered} more", 0.0, None)
+    if n == 0:
+        return Decision(Action.WAIT, f"{answered} declined, no push yet: waiting for one", 0.0, None)
     if state.reported >= state.alive:
         return Decision(Action.MERGE, f"all {len(state.alive)} alive learners reported", 0.0, None)
     if state.quorum_at is None:

@@ -1,0 +1,510 @@
+"""report.html: one self-contained page per run, for a person to see what the faults did to training.
+
+`write_report(run_dir)` reads the run directory (events.jsonl, report.json, and config.json when present) and
+writes `report.html` plus the two plots it embeds, `plots/eval_loss.png` and `plots/timeline.png`. The page
+needs nothing but itself: the PNGs are inlined as base64 data URIs, the CSS is inline, and there are no
+scripts, web fonts or links to fetch, so it can be attached to a CI job or a bug and opened offline years later.
+
+What it shows:
+* eval loss of the global model over time (the periodic evals of report.json's eval_curve, the final eval as
+  a star), with each fault drawn as a shaded, labelled band (F<index>) and the intervals in which the global
+  model did not advance (report.json availability.intervals, which count from the first inner step, moved to
+  run-start time) as red marks along the bottom;
+* a timeline with one row per learner and one for the syncer, colored by state (see `learner_timeline`);
+* the metrics table: the run, model quality, progress, goodput and uptime with the downtime intervals, per
+  learner steps, steps/s and time in each state, speed profiles and every fault with its timing.
+
+Fault bands: a fault that lasts (freeze, slow, the link actions) spans its `fault_start` to its `fault_end`.
+A one-shot kill (kill_chip, kill_learner, crash_host, kill_syncer) has a `fault_end` only at the end of the
+run, so its band ends at the recovery instead, as harness.metrics.fault_response measures it (report.json's
+fault_response): fault start + detect_s + rejoin_s, i.e. the killed learner stepping again after its
+restart, the repaired chip rejoining its shrunk learner, or the syncer restored from its checkpoint. A kill
+never recovered from spans to the end of the run.
+
+Times everywhere are seconds since the run's `run_start` event (the origin of report.json's times too).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import os
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from chaos.schedule import KILL_ACTIONS
+from harness.events import EVENTS_FILE, read_events
+from harness.metrics import fault_response
+from harness.rundir import CONFIG_FILE, REPORT_FILE, read_json
+
+HTML_FILE = "report.html"
+PLOTS_DIR = "plots"
+EVAL_PNG = "eval_loss.png"
+TIMELINE_PNG = "timeline.png"
+DPI = 100
+
+Segment = tuple[str, float, float]
+"""(state, t0, t1): a learner (or the syncer) was in `state` from t0 to t1, seconds since run start."""
+
+STATE_COLORS: dict[str, str] = {
+    "starting": "#c7c7c7",   # processes started, no step yet
+    "training": "#2ca02c",   # stepping at full strength
+    "slowed": "#bcbd22",     # a `slow` fault holds it to a fraction of the others' speed
+    "shrunk": "#17becf",     # stepping with fewer chips (a chip killed, waiting to rejoin)
+    "link_down": "#ff7f0e",  # stepping, but its link to the syncer is down
+    "frozen": "#1f77b4",     # SIGSTOPped by a `freeze` fault
+    "rejoining": "#9467bd",  # restarted, not stepping yet
+    "down": "#d62728",       # killed, waiting for repair
+    "done": "#f0f0f0",       # finished its steps
+    "up": "#2ca02c",         # syncer serving
+}
+"""Every state a timeline row can be in, with its color."""
+
+FAULT_COLORS = ("#e377c2", "#8c564b", "#7f7f7f", "#1f77b4", "#ff7f0e", "#9467bd", "#17becf", "#bcbd22")
+
+
+# -- states from events ------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Learner:
+    """What is known about one learner at a point of the (time-sorted) event log."""
+
+    stepping: bool = False
+    done: bool = False
+    down: bool = False
+    restarted: bool = False
+    frozen: bool = False
+    slowed: bool = False
+    link_down: bool = False
+    missing: set[int] = field(default_factory=set)
+
+    def state(self) -> str:
+        """The one state shown; when several hold, the first of this order wins."""
+        for name, holds in (("done", self.done), ("down", self.down), ("frozen", self.frozen),
+                            ("rejoining", self.restarted), ("starting", not self.stepping),
+                            ("link_down", self.link_down), ("shrunk", bool(self.missing)), ("slowed", self.slowed)):
+            if holds:
+                return name
+        return "training"
+
+    def apply(self, e: dict[str, Any]) -> None:
+        kind, ev = e.get("kind"), e["ev"]
+        if ev == "step":
+            self.stepping, self.restarted = True, False
+        elif ev == "learner_done":
+            self.done = True
+        elif ev == "learner_down":  # its processes are dead: no longer frozen, shrunk or linked
+            self.down, self.stepping, self.frozen, self.link_down = True, False, False, False
+            self.missing.clear()
+        elif ev == "learner_restart":
+            self.down, self.restarted = False, True
+        elif ev in ("process_fault", "process_fault_off") and kind in ("freeze", "slow"):
+            setattr(self, "frozen" if kind == "freeze" else "slowed", ev == "process_fault")
+        elif ev == "learner_shrink":
+            self.missing |= set(e.get("lost", []))
+        elif ev in ("chip_joined", "chip_join_abandoned"):
+            self.missing.discard(e.get("chip"))
+        elif ev == "link_down" and not self.done:
+            self.link_down = True
+        elif ev == "link_up":
+            self.link_down = False
+
+
+def _span(evs: list[dict[str, Any]]) -> tuple[float, float]:
+    """(origin, end) of a time-sorted log: its run_start and run_end, else its first and last event."""
+    t0 = next((e["t"] for e in evs if e["ev"] == "run_start"), evs[0]["t"])
+    t1 = next((e["t"] for e in evs if e["ev"] == "run_end"), evs[-1]["t"])
+    return t0, max(t0, t1)
+
+
+def _learner_ids(evs: list[dict[str, Any]]) -> list[int]:
+    n = next((e.get("learners", 0) for e in evs if e["ev"] == "run_start"), 0)
+    seen = {e["learner"] for e in evs if isinstance(e.get("learner"), int)}
+    return sorted(set(range(int(n))) | seen)
+
+
+class _Row:
+    """Builds one row's segments from state changes (zero-length segments dropped, equal neighbours merged)."""
+
+    def __init__(self, state: str, t: float) -> None:
+        self.segments: list[Segment] = []
+        self.state, self.since = state, t
+
+    def switch(self, state: str, t: float) -> None:
+        if state == self.state:
+            return
+        self._close(t)
+        self.state, self.since = state, t
+
+    def _close(self, t: float) -> None:
+        if t <= self.since:
+            return
+        if self.segments and self.segments[-1][0] == self.state and self.segments[-1][2] == self.since:
+            self.segments[-1] = (self.state, self.segments[-1][1], t)
+        else:
+            self.segments.append((self.state, self.since, t))
+
+    def finish(self, t: float) -> list[Segment]:
+        self._close(t)
+        return self.segments
+
+
+def learner_timeline(events: Iterable[dict[str, Any]]) -> dict[int, list[Segment]]:
+    """Per learner, its states over the run as [(state, t0, t1)], seconds since run start, contiguous.
+
+    States (the first that holds wins): done (after learner_done), down (learner_down -> learner_restart),
+    frozen (process_fault freeze -> process_fault_off), rejoining (learner_restart -> its next step),
+    starting (run start -> its first step), link_down (link_down -> link_up), shrunk (learner_shrink ->
+    every lost chip's chip_joined), slowed (process_fault slow -> process_fault_off), else training.
+    """
+    evs = sorted(events, key=lambda e: e["t"])
+    if not evs:
+        return {}
+    t0, t_end = _span(evs)
+    ids = _learner_ids(evs)
+    known = {m: _Learner() for m in ids}
+    rows = {m: _Row("starting", 0.0) for m in ids}
+    for e in evs:
+        m = e.get("learner")
+        if m not in known:
+            continue
+        known[m].apply(e)
+        rows[m].switch(known[m].state(), _rel(e["t"], t0, t_end))
+    return {m: row.finish(t_end - t0) for m, row in rows.items()}
+
+
+def syncer_timeline(events: Iterable[dict[str, Any]]) -> list[Segment]:
+    """The syncer's states: starting (to its first syncer_start), up, down (from its kill, or the supervisor
+    seeing it dead, to its replacement's syncer_start), done (after syncer_done)."""
+    evs = sorted(events, key=lambda e: e["t"])
+    if not evs:
+        return []
+    t0, t_end = _span(evs)
+    row = _Row("starting", 0.0)
+    for e in evs:
+        ev = e["ev"]
+        if ev == "syncer_start":
+            row.switch("up", _rel(e["t"], t0, t_end))
+        elif ev == "syncer_down" or (ev == "process_fault" and e.get("kind") == "kill_syncer"):
+            row.switch("down", _rel(e["t"], t0, t_end))
+        elif ev == "syncer_done":
+            row.switch("done", _rel(e["t"], t0, t_end))
+    return row.finish(t_end - t0)
+
+
+def _rel(t: float, t0: float, t_end: float) -> float:
+    return min(max(t, t0), t_end) - t0
+
+
+def state_durations(segments: list[Segment]) -> dict[str, float]:
+    """Seconds spent in each state, in order of first appearance."""
+    out: dict[str, float] = defaultdict(float)
+    for state, a, b in segments:
+        out[state] += b - a
+    return dict(out)
+
+
+def fault_bands(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each fault that fired, as a band: index, action, learner, describe, start_s, end_s, until (why it ends
+    there), missed (the fault hit nothing), detect_s and rejoin_s (kills). Kills end at their recovery."""
+    evs = sorted(events, key=lambda e: e["t"])
+    if not evs:
+        return []
+    t0, t_end = _span(evs)
+    ends = {e["index"]: e for e in evs if e["ev"] == "fault_end"}
+    responses = {r["index"]: r for r in fault_response(evs)}
+    out = []
+    for f in (e for e in evs if e["ev"] == "fault_start"):
+        i = f["index"]
+        resp = responses.get(i, {})
+        band = {"index": i, "action": f.get("action"), "learner": f.get("learner"), "describe": f.get("describe"),
+                "trigger": f.get("reason"), "start_s": round(_rel(f["t"], t0, t_end), 3),
+                "missed": f.get("missed"), "detect_s": resp.get("detect_s"), "rejoin_s": resp.get("rejoin_s")}
+        if f.get("action") in KILL_ACTIONS:
+            back = resp.get("detect_s") is not None and resp.get("rejoin_s") is not None
+            end = f["t"] + resp["detect_s"] + resp["rejoin_s"] if back else t_end
+            band["until"] = (_RECOVERED.get(str(resp.get("reaction")), "recovered") if back
+                             else "not recovered by run end")
+        else:
+            end = ends[i]["t"] if i in ends else t_end
+            band["until"] = ends[i].get("reason", "fault_end") if i in ends else "still on at run end"
+            if band["detect_s"] is not None and f["t"] + band["detect_s"] > end:  # a reaction to something else
+                band["detect_s"] = band["rejoin_s"] = None
+        band["end_s"] = round(_rel(end, t0, t_end), 3)
+        out.append(band)
+    return out
+
+
+# -- plots --------------------------------------------------------------------------------------------------
+
+
+_RECOVERED = {"learner_down": "until the restarted learner stepped again",
+              "learner_shrink": "until the repaired chip rejoined", "syncer_down": "until the syncer was restored",
+              "learner_leave": "until the learner rejoined the syncer"}
+"""How a kill's band ends, by the first reaction to it (harness.metrics.fault_response)."""
+
+
+def _png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    FigureCanvasAgg(fig).print_png(buf)
+    return buf.getvalue()
+
+
+def _fault_color(k: int) -> str:
+    return FAULT_COLORS[k % len(FAULT_COLORS)]
+
+
+def _draw_bands(ax: Any, bands: list[dict[str, Any]]) -> list[Patch]:
+    handles = []
+    for k, b in enumerate(bands):
+        color = _fault_color(k)
+        ax.axvspan(b["start_s"], max(b["end_s"], b["start_s"] + 0.05), color=color, alpha=0.22, lw=0)
+        ax.text(b["start_s"], 0.98 - 0.07 * (k % 4), f" F{b['index']}", transform=ax.get_xaxis_transform(),
+                va="top", ha="left", fontsize=8, color=color, fontweight="bold")
+        handles.append(Patch(color=color, alpha=0.4, label=f"F{b['index']} {b['describe']}"[:60]))
+    return handles
+
+
+def stalls(report: dict[str, Any], events: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """report.json's downtime intervals moved to seconds since run start (report.json counts them from the
+    first inner step, harness.metrics.downtime's origin)."""
+    steps = [e["t"] for e in events if e["ev"] == "step"]
+    shift = min(steps) - _span(events)[0] if steps else 0.0
+    return [(a + shift, b + shift) for a, b in report.get("availability", {}).get("intervals", [])]
+
+
+def eval_loss_png(report: dict[str, Any], bands: list[dict[str, Any]], stalled: list[tuple[float, float]],
+                  final_t: float | None) -> bytes:
+    """The eval-loss curve with the fault bands and the spans in which the global model stalled."""
+    fig = Figure(figsize=(9, 3.8), dpi=DPI, layout="constrained")
+    ax = fig.add_subplot()
+    handles = _draw_bands(ax, bands)
+    for a, b in stalled:
+        ax.axvspan(a, b, ymin=0.0, ymax=0.04, color="#d62728", lw=0)
+    curve = report.get("eval_curve", [])
+    ax.plot([p["t"] for p in curve], [p["loss"] for p in curve], marker=".", color="black", lw=1.2,
+            label="eval loss (periodic)")
+    if report.get("final_eval_loss") is not None:
+        x = final_t if final_t is not None else report.get("wall_s", 0.0)
+        ax.plot([x], [report["final_eval_loss"]], marker="*", ms=11, color="#d62728", ls="none",
+                label=f"final eval {report['final_eval_loss']:.4f}")
+    if stalled:
+        handles.append(Patch(color="#d62728", label="global model stalled"))
+    end = max(report.get("wall_s") or 0.0, *(p["t"] for p in curve), final_t or 0.0) or 1.0
+    ax.set_xlim(0, end * 1.02)
+    ax.set_xlabel("seconds since run start")
+    ax.set_ylabel("eval loss")
+    ax.grid(alpha=0.3)
+    ax.legend(handles=[*ax.get_legend_handles_labels()[0], *handles], fontsize=7, loc="upper right")
+    return _png(fig)
+
+
+def timeline_png(learners: dict[int, list[Segment]], syncer: list[Segment], bands: list[dict[str, Any]]) -> bytes:
+    """One row per learner (L0 on top) and one for the syncer, colored by state; dashed lines at fault starts."""
+    rows = [(f"learner {m}", segs) for m, segs in sorted(learners.items())] + [("syncer", syncer)]
+    fig = Figure(figsize=(9, 1.4 + 0.45 * len(rows)), dpi=DPI, layout="constrained")
+    ax = fig.add_subplot()
+    for y, (_, segs) in enumerate(reversed(rows)):
+        for state, a, b in segs:
+            ax.broken_barh([(a, b - a)], (y - 0.35, 0.7), color=STATE_COLORS.get(state, "#000000"),
+                           edgecolor="#555555", lw=0.3)
+    present = {state for _, segs in rows for state, _, _ in segs}
+    end = max((b for _, segs in rows for _, _, b in segs), default=1.0)
+    for k, band in enumerate(bands):
+        ax.axvline(band["start_s"], color=_fault_color(k), ls="--", lw=1)
+        ax.text(band["start_s"], 1.0, f"F{band['index']}", transform=ax.get_xaxis_transform(), va="bottom",
+                ha="center", fontsize=8, color=_fault_color(k), fontweight="bold")
+    ax.set_yticks(range(len(rows)), [name for name, _ in reversed(rows)])
+    ax.set_ylim(-0.6, len(rows) - 0.4)
+    ax.set_xlim(0, end or 1.0)
+    ax.set_xlabel("seconds since run start")
+    shown = [s for s in STATE_COLORS if s in present and s != "up"]  # "up" is training's color: the syncer's
+    fig.legend(handles=[Patch(color=STATE_COLORS[s], label=s.replace("_", " ")) for s in shown], fontsize=7,
+               loc="outside lower center", ncol=len(shown) or 1)
+    return _png(fig)
+
+
+# -- the page -----------------------------------------------------------------------------------------------
+
+
+def _fmt(x: Any, digits: int = 3) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def _run_rows(report: dict[str, Any], config: dict[str, Any]) -> list[tuple[str, str]]:
+    rec = config.get("recovery", {})
+    policy = (f"learners: {rec.get('policy', '-')} (repair {_fmt(rec.get('repair_s'), 1)} s), syncer: "
+              f"{rec.get('syncer_policy', '-')} (repair {_fmt(rec.get('syncer_repair_s'), 1)} s)") if rec else "-"
+    return [("scenario", _fmt(report.get("name"))), ("algorithm", _fmt(report.get("algorithm"))),
+            ("seed", _fmt(report.get("seed"))),
+            ("learners x chips", f"{report.get('learners', '-')} x {report.get('chips_per_learner', '-')}"),
+            ("recovery policy", policy), ("wall s", _fmt(report.get("wall_s"), 2)),
+            ("train s", _fmt(report.get("train_s"), 2)), ("links", _fmt(report.get("links", {}).get("backend")))]
+
+
+def _quality_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
+    return [("initial eval loss", _fmt(report.get("initial_eval_loss"), 4)),
+            ("final eval loss", _fmt(report.get("final_eval_loss"), 4)),
+            ("global model finite", _fmt(report.get("global_model_finite")))]
+
+
+def _progress_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
+    return [("tokens trained", _fmt(report.get("tokens_trained"))),
+            ("tokens merged", _fmt(report.get("tokens_merged"), 0)),
+            ("merges", _fmt(report.get("merge_count"))),
+            ("pushes (rejected / superseded)", f"{report.get('pushes', '-')} ({report.get('pushes_rejected', '-')}"
+                                               f" / {report.get('pushes_superseded', '-')})"),
+            ("longest gap s", _fmt(report.get("longest_gap_s"), 2)),
+            ("syncer restarts", _fmt(report.get("syncer_restarts")))]
+
+
+def _availability_rows(report: dict[str, Any], stalled: list[tuple[float, float]]) -> list[tuple[str, str]]:
+    gp = report.get("goodput", {})
+    av = report.get("availability", {})
+    spans = "; ".join(f"{a:.2f}-{b:.2f} s" for a, b in stalled) or "none"
+    return [("goodput", f"{_fmt(gp.get('goodput'), 4)} ({_fmt(gp.get('good_chip_s'), 1)} of "
+                        f"{_fmt(gp.get('allocated_chip_s'), 1)} chip-s)"),
+            ("uptime", f"{_fmt(av.get('uptime'), 4)} (downtime {_fmt(av.get('downtime_s'), 2)} s, "
+                       f"window {_fmt(av.get('window_s'), 1)} s)"),
+            ("downtime intervals (s since run start)", spans)]
+
+
+def _learner_rows(report: dict[str, Any], timeline: dict[int, list[Segment]]) -> list[tuple[str, str]]:
+    out = []
+    per = report.get("per_learner", {})
+    avail = report.get("learner_availability", {})
+    for m in sorted({*map(int, per), *timeline}):
+        d = per.get(str(m), {})
+        extra = f", available {_fmt(avail[str(m)], 4)}" if avail.get(str(m)) is not None else ""
+        out.append((f"learner {m} steps", f"{_fmt(d.get('steps'))} ({_fmt(d.get('steps_per_s'))} steps/s, "
+                                          f"{_fmt(d.get('tokens'))} tokens{extra})"))
+        secs = state_durations(timeline.get(m, []))
+        out.append((f"learner {m} time by state", ", ".join(f"{s.replace('_', ' ')} {v:.2f} s"
+                                                             for s, v in secs.items()) or "-"))
+    return out
+
+
+def _speed_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
+    rows = [(f"learner {p['learner']} slowed to {p['speed']}",
+             f"achieved {_fmt(p.get('achieved'), 4)} over {_fmt(p.get('window_s'), 2)} s") for p in
+            report.get("speed_profiles", [])]
+    return rows or [("speed profiles", "none")]
+
+
+def _fault_text(b: dict[str, Any]) -> str:
+    text = (f"F{b['index']} {b['describe']}: {b['start_s']:.2f} s to {b['end_s']:.2f} s "
+            f"({b['end_s'] - b['start_s']:.2f} s, {b['until']}); trigger: {b['trigger']}")
+    if b.get("detect_s") is not None:
+        text += f"; detected after {b['detect_s']:.3f} s, back after {_fmt(b.get('rejoin_s'))} s more"
+    return text + (f"; MISSED: {b['missed']}" if b.get("missed") else "")
+
+
+def _table(sections: list[tuple[str, list[tuple[str, str]]]]) -> str:
+    out = ['<table id="metrics">']
+    for title, rows in sections:
+        out.append(f'<tbody><tr class="section"><th colspan="2">{html.escape(title)}</th></tr>')
+        out += [f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows]
+        out.append("</tbody>")
+    return "\n".join([*out, "</table>"])
+
+
+def _faults_list(bands: list[dict[str, Any]]) -> str:
+    items = [f'<li id="fault-{b["index"]}" class="fault"><span class="swatch" style="background:'
+             f'{_fault_color(k)}"></span>{html.escape(_fault_text(b))}</li>' for k, b in enumerate(bands)]
+    empty = "" if bands else '<p class="none">No faults were injected.</p>'
+    return "\n".join(['<ul id="faults">', *items, "</ul>", empty])
+
+
+def _img(id_: str, png: bytes, alt: str) -> str:
+    data = base64.b64encode(png).decode("ascii")
+    return f'<img id="{id_}" alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+_CSS = """
+body { font-family: sans-serif; margin: 1.5em auto; max-width: 1000px; color: #222; }
+h1 { font-size: 1.4em; } h2 { font-size: 1.1em; margin-top: 1.6em; }
+img { max-width: 100%; border: 1px solid #ddd; }
+table { border-collapse: collapse; width: 100%; font-size: 0.9em; }
+th, td { text-align: left; padding: 3px 8px; border-bottom: 1px solid #eee; vertical-align: top; }
+tr.section th { background: #f3f3f3; font-size: 1.05em; }
+td { font-family: monospace; }
+ul#faults { font-size: 0.9em; padding-left: 1.2em; } .swatch { display: inline-block; width: 0.9em;
+  height: 0.9em; margin-right: 0.4em; vertical-align: middle; opacity: 0.6; }
+.sub { color: #666; font-size: 0.85em; }
+"""
+
+
+@dataclass
+class Page:
+    """Everything the page shows: report.json and config.json as read, and what was derived from the events."""
+
+    run_dir: Path
+    report: dict[str, Any]
+    config: dict[str, Any]
+    bands: list[dict[str, Any]]
+    timeline: dict[int, list[Segment]]
+    stalled: list[tuple[float, float]]
+    pngs: dict[str, bytes]
+
+
+def render_html(page: Page) -> str:
+    """The self-contained HTML: the two PNGs inlined, the fault list, the metrics table."""
+    report, bands, pngs = page.report, page.bands, page.pngs
+    title = f"diloco-chaos report: {report.get('name', page.run_dir.name)} ({report.get('algorithm', '?')})"
+    sections = [("run", _run_rows(report, page.config)), ("model quality", _quality_rows(report)),
+                ("progress", _progress_rows(report)),
+                ("goodput and uptime", _availability_rows(report, page.stalled)),
+                ("per learner", _learner_rows(report, page.timeline)), ("speed profiles", _speed_rows(report)),
+                ("faults", [(f"F{b['index']}", _fault_text(b)) for b in bands] or [("faults", "none")])]
+    errors = [(e.get("proc", "?"), f"{e.get('ev')}: {e.get('error')}") for e in report.get("errors", [])]
+    if errors:
+        sections.append(("errors", errors))
+    return "\n".join([
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{html.escape(title)}</title>",
+        f"<style>{_CSS}</style></head><body>", f"<h1>{html.escape(title)}</h1>",
+        f'<p class="sub">{html.escape(str(page.run_dir))}</p>',
+        "<h2>Eval loss, faults shaded</h2>", _img("eval-loss", pngs[EVAL_PNG], "eval loss over time"),
+        "<h2>Faults</h2>", _faults_list(bands),
+        "<h2>Timeline</h2>", _img("timeline", pngs[TIMELINE_PNG], "learner and syncer states over time"),
+        "<h2>Metrics</h2>", _table(sections), "</body></html>", ""])
+
+
+def missing_inputs(run_dir: str | os.PathLike[str]) -> list[str]:
+    """The files a report needs that `run_dir` lacks (empty: it can be reported on)."""
+    return [name for name in (EVENTS_FILE, REPORT_FILE) if not (Path(run_dir) / name).is_file()]
+
+
+def write_report(run_dir: str | os.PathLike[str]) -> Path:
+    """Write run_dir/report.html and run_dir/plots/{eval_loss,timeline}.png; returns the HTML's path."""
+    run_dir = Path(run_dir)
+    missing = missing_inputs(run_dir)
+    if missing:
+        raise FileNotFoundError(f"{run_dir} has no {' and no '.join(missing)}: not a finished run directory")
+    report = read_json(run_dir / REPORT_FILE)
+    config = read_json(run_dir / CONFIG_FILE) if (run_dir / CONFIG_FILE).is_file() else {}
+    events = sorted(read_events(run_dir / EVENTS_FILE), key=lambda e: e["t"])
+    bands, timeline, stalled = fault_bands(events), learner_timeline(events), stalls(report, events)
+    final = next((e["t"] for e in events if e["ev"] == "eval" and e.get("kind") == "final"), None)
+    final_s = final - _span(events)[0] if final is not None else None
+    pngs = {EVAL_PNG: eval_loss_png(report, bands, stalled, final_s),
+            TIMELINE_PNG: timeline_png(timeline, syncer_timeline(events), bands)}
+    plots = run_dir / PLOTS_DIR
+    plots.mkdir(exist_ok=True)
+    for name, data in pngs.items():
+        (plots / name).write_bytes(data)
+    out = run_dir / HTML_FILE
+    out.write_text(render_html(Page(run_dir, report, config, bands, timeline, stalled, pngs)), encoding="utf-8")
+    return out
