@@ -31,7 +31,6 @@ step count and the seed, and capping with `max_faults` only cuts the tail.
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import itertools
 import math
@@ -40,7 +39,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from chaos.schedule import ScheduleError
+from chaos.schedule import ScheduleError, config_table
 
 RANDOM_ACTIONS = ("kill_chip", "kill_learner", "crash_host", "freeze")
 """Process faults a random failure can be (chaos/schedule.py PROCESS_ACTIONS, less `slow`)."""
@@ -125,15 +124,7 @@ def _actions(key: str, v: Any) -> tuple[tuple[str, float], ...]:
 def validate(raw: Any, key: str, learners: int, chips: int, steps: int) -> RandomFaultsConfig:
     """Validate a `[random_faults]` table (TOML, or `dataclasses.asdict` of a config) for a run of `learners`
     x `chips` chips and `steps` inner steps. Raises ScheduleError (a ValueError) naming `key.field`."""
-    if isinstance(raw, RandomFaultsConfig):
-        raw = dataclasses.asdict(raw)
-    if not isinstance(raw, dict):
-        raise ScheduleError(f"{key}: must be a table")
-    raw = {k: v for k, v in raw.items() if v is not None}
-    names = [f.name for f in dataclasses.fields(RandomFaultsConfig)]
-    unknown = sorted(set(raw) - set(names))
-    if unknown:
-        raise ScheduleError(f"unknown key {key}.{unknown[0]}; allowed: {', '.join(names)}")
+    raw = config_table(raw, key, RandomFaultsConfig)
     if "mtbf_steps" not in raw:
         raise ScheduleError(f"{key}.mtbf_steps: required (mean inner steps between failures of one chip)")
     kw: dict[str, Any] = {}

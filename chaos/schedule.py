@@ -189,17 +189,24 @@ def _trigger(raw: Any, key: str, learners: int, is_until: bool) -> Trigger:
     return Trigger(**fields)
 
 
-def parse_fault(raw: Any, key: str, learners: int) -> FaultSpec:
-    """Validate one `[[faults]]` table (as parsed from TOML or JSON) into a FaultSpec."""
-    if isinstance(raw, FaultSpec):
-        raw = dataclasses.asdict(raw)
+def config_table(raw: Any, key: str, cls: type) -> dict[str, Any]:
+    """A config table for dataclass `cls` (parsed TOML/JSON, or a `cls` instance) with its unset (None)
+    entries dropped. Raises ScheduleError for a non-table or an unknown key, naming `key` and the fields."""
+    if isinstance(raw, cls):
+        raw = dataclasses.asdict(raw)  # type: ignore[call-overload]
     if not isinstance(raw, dict):
         raise ScheduleError(f"{key}: must be a table")
     raw = {k: v for k, v in raw.items() if v is not None}
-    fields = [f.name for f in dataclasses.fields(FaultSpec)]
+    fields = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(raw) - set(fields))
     if unknown:
         raise ScheduleError(f"unknown key {key}.{unknown[0]}; allowed: {', '.join(fields)}")
+    return raw
+
+
+def parse_fault(raw: Any, key: str, learners: int) -> FaultSpec:
+    """Validate one `[[faults]]` table (as parsed from TOML or JSON) into a FaultSpec."""
+    raw = config_table(raw, key, FaultSpec)
     action = raw.get("action")
     if action not in ACTIONS:
         raise ScheduleError(f"{key}.action = {action!r}: must be one of {', '.join(ACTIONS)}")

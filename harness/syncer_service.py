@@ -148,7 +148,6 @@ class SyncerService:
         self.tokens_merged = 0.0
         self.checkpoints = 0
         self.checkpoint_s = 0.0
-        self._cumulative: dict[int, float] = {}  # tokens merged up to each record, until it is logged
         if restore:
             self._restore()
 
@@ -475,14 +474,14 @@ class SyncerService:
 
     def _merge_decoupled(self) -> float | None:
         merges, wake, empty = self.core.poll(time.monotonic(), self.alive())
-        self._account(merges)
-        for rec in merges:
-            self._broadcast_merge(rec)
+        for rec, counted in zip(merges, self._account(merges), strict=True):
+            self._broadcast_merge(rec, *counted)
         for p in empty:
             self.events.log("round_empty", fragment=p)
         return wake
 
-    def _broadcast_merge(self, rec: MergeRecord) -> None:
+    def _broadcast_merge(self, rec: MergeRecord, tokens: float, tokens_merged: float) -> None:
+        """Send a merge to its participants and log it with its tokens and the total merged up to it."""
         t0 = time.monotonic()
         with self.lock:  # only the participants apply it; the others take part in the next round
             targets = {m: self.by_learner[m] for m in rec.participants if m in self.by_learner}
@@ -491,26 +490,28 @@ class SyncerService:
                 self._send(targets[m], merged_to_message(rec.fragment, rec.version, rec.tensors, pulled))
         self.core.note_sync_time(time.monotonic() - rec.merged_at)
         w = rec.weights
-        tokens = sum(rec.c_tokens) / len(self.core.partition)
         self.events.log(
             "merge", fragment=rec.fragment, version=rec.version, merges=self.core.merges, round=rec.round_id,
             participants=rec.participants, weights=[round(x, 6) for x in w], c_steps=rec.c_steps,
             c_tokens=rec.c_tokens, step_ranges=rec.step_ranges, base_versions=rec.base_versions,
             reason=rec.reason, grace_s=rec.grace_s, quorum_wait_s=(rec.quorum_at or rec.merged_at) - rec.started_at,
             wait_s=rec.merged_at - rec.started_at, broadcast_s=time.monotonic() - t0,
-            tokens=tokens, tokens_merged=self._cumulative.pop(id(rec), self.tokens_merged),
+            tokens=tokens, tokens_merged=tokens_merged,
             outer_grad_norm=rec.outer_grad_norm, digest=fragment_digest(rec.tensors),
         )
 
-    def _account(self, recs: list[MergeRecord]) -> None:
-        """Count the merges' tokens and, if crash safety is on, persist them: all before any broadcast."""
+    def _account(self, recs: list[MergeRecord]) -> list[tuple[float, float]]:
+        """Count the merges' tokens and, if crash safety is on, persist them: all before any broadcast.
+        Returns, per merge, (its tokens, the tokens merged up to and including it)."""
+        counted = []
         for rec in recs:
             tokens = sum(rec.c_tokens) / len(self.core.partition)
             self.frag_tokens[rec.fragment] += tokens
             self.tokens_merged += tokens
-            self._cumulative[id(rec)] = self.tokens_merged
+            counted.append((tokens, self.tokens_merged))
         if recs and self.persist:
             self._persist(recs)
+        return counted
 
     def _on_sync_result(self, learner: int, res: SyncRound | None | bool, reply: MsgType, key: str,
                         value: int) -> None:
@@ -539,9 +540,8 @@ class SyncerService:
     def _finish(self) -> None:
         if self.algorithm == "decoupled":
             drained = self.core.drain(time.monotonic())
-            self._account(drained)
-            for rec in drained:
-                self._broadcast_merge(rec)
+            for rec, counted in zip(drained, self._account(drained), strict=True):
+                self._broadcast_merge(rec, *counted)
         self.save_checkpoint("global.pt")
         self.events.log("syncer_done", merges=self.core.merges, tokens_merged=self.tokens_merged,
                         frames_rejected=self.frames_rejected, cpu_s=cpu_seconds(), checkpoints=self.checkpoints,

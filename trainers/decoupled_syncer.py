@@ -238,13 +238,16 @@ class DecoupledSyncer:
             self.step_times.update(push.learner, push.step_time_s)
         superseded = rnd.pushes.get(push.learner)
         rnd.pushes[push.learner] = push
-        if rnd.quorum_at is None and len(rnd.pushes) + len(rnd.declined - set(rnd.pushes)) >= self.cfg.min_quorum:
-            rnd.quorum_at = now
+        self._note_quorum(rnd, now)
         return PushOutcome.ACCEPTED, superseded
 
     def _decline(self, rnd: OpenRound, learner: int, now: float) -> None:
         """An answer with nothing to merge: it counts toward the quorum, not toward the merge."""
         rnd.declined.add(learner)
+        self._note_quorum(rnd, now)
+
+    def _note_quorum(self, rnd: OpenRound, now: float) -> None:
+        """Stamp when the round first had K answers (pushes plus declines): the grace window starts there."""
         if rnd.quorum_at is None and len(rnd.pushes) + len(rnd.declined - set(rnd.pushes)) >= self.cfg.min_quorum:
             rnd.quorum_at = now
 
