@@ -168,7 +168,8 @@ def chip_main(spec: ChipSpec) -> None:
         def on_step(step: int, loss: float, tokens: int) -> None:
             extra = {"cpu_s": round(time.process_time(), 4)} if step % CPU_MARK_EVERY == 0 else {}
             events.log("step", learner=spec.learner, step=step, loss=round(loss, 5), tokens=tokens,
-                       chips=core.collective.size, compute_s=round(core.last_compute_s, 5), **extra)
+                       chips=core.collective.size, compute_s=round(core.last_compute_s, 5),
+                       sync_s=round(core.last_sync_s, 5), **extra)
 
         def on_apply(step: int, applied: list[tuple[int, int]]) -> None:
             events.log("apply", learner=spec.learner, step=step, fragments=[p for p, _ in applied],

@@ -1,13 +1,16 @@
 """Goodput and uptime from a run's event log (definitions and formulas in docs/metrics.md).
 
-goodput: chip-seconds spent computing inner steps whose contribution reached the global model, over the
-chip-seconds allocated to the run (M x C x the training span). A step's chip-seconds are its compute time
-(`compute_s` of the step event: forward, backward, the learner's all-reduce, optimizer) x its chips; time a
-chip waits for the syncer (a synchronous baseline's barrier) is allocated but not good.
-A step of learner m counts for the fraction of fragments
-whose merges took in a push of m covering that step (decoupled: per fragment, the merge's step_ranges;
-diloco: the round that contains the step; ddp: the step's own merge). Steps lost in a crash, superseded or
-never merged count zero; time a learner spent down counts as allocated and not good.
+goodput: chip-seconds spent on inner steps whose work reached the global model, over the chip-seconds
+allocated to the run (M x C x the training span). A step's chip-seconds are its chips x its interval (from
+the learner's previous step, or from when it was ready after a (re)start) minus `sync_s`, the time the host
+spent in its link to the syncer during it: a synchronous baseline's barrier wait, Decoupled DiLoCo's taking
+and publishing fragments. A step longer than STALL_FACTOR x the learner's median is a stall (a frozen
+process, a hung collective): only that bound of it counts. A step is good if a merge took in a push of its
+learner covering it (decoupled: any fragment's merged step range; diloco: the round that contains it; ddp: the
+step's own merge). Steps lost in a crash, superseded or never merged count zero; time a learner spent down or
+idle after finishing counts as allocated and not good. This is the paper's notion (time lost to failures,
+restarts and waiting); `merged_fraction` keeps the stricter per-fragment figure for Decoupled DiLoCo, where a
+fragment's own overlap steps are overwritten when the merged value arrives.
 
 uptime: the fraction of the training span in which the global model advanced within `window_s`, i.e. 1 - the
 downtime, where downtime intervals are the gaps between consecutive merges (and the span's ends) longer than
@@ -23,9 +26,17 @@ DOWNTIME_WINDOW_S = 1.0
 """A gap between merges longer than this is downtime (beyond this allowance)."""
 
 
-def _steps(evs: list[dict[str, Any]]) -> dict[int, list[tuple[int, float, float, int]]]:
-    """learner -> [(step, start_t, end_t, chips)] for every logged inner step (start = previous step's end)."""
-    out: dict[int, list[tuple[int, float, float, int]]] = defaultdict(list)
+STALL_FACTOR = 5.0
+"""A step counts for at most this many times its learner's median step time; beyond that it is a stall."""
+
+
+def _steps(evs: list[dict[str, Any]]) -> tuple[dict[int, list[tuple[int, float, int]]], float]:
+    """learner -> [(step, seconds spent on it, chips)] for every logged inner step: its interval (from the
+    previous step's end, or the learner's ready time) minus its time in the link (`sync_s`); logs written
+    before `sync_s` existed give `compute_s` instead. Stalls are cut to STALL_FACTOR x the median.
+    Also returns the training span: from the first step's beginning to the last step's end."""
+    out: dict[int, list[tuple[int, float, int]]] = defaultdict(list)
+    first, end = float("inf"), float("-inf")
     starts = {e["learner"]: e["t"] for e in evs if e["ev"] == "learner_restart"}
     last: dict[int, float] = {}
     for e in sorted((e for e in evs if e["ev"] in ("step", "chip_start", "initial_pull", "resume")
@@ -35,12 +46,19 @@ def _steps(evs: list[dict[str, Any]]) -> dict[int, list[tuple[int, float, float,
             if e.get("rank", 0) == 0:
                 last[m] = e["t"]  # a (re)started learner's first step starts when it was ready
             continue
-        t0 = last.get(m, starts.get(m, e["t"]))
-        if "compute_s" in e:  # what the step computed; the rest of the interval was waiting
-            t0 = max(t0, e["t"] - float(e["compute_s"]))
-        out[m].append((int(e["step"]), t0, e["t"], int(e.get("chips", 1))))
+        begin = last.get(m, starts.get(m, e["t"]))
+        first, end = min(first, begin), max(end, e["t"])
+        spent = e["t"] - begin
+        if "sync_s" in e:
+            spent -= float(e["sync_s"])
+        elif "compute_s" in e:
+            spent = min(spent, float(e["compute_s"]))
+        out[m].append((int(e["step"]), max(0.0, spent), int(e.get("chips", 1))))
         last[m] = e["t"]
-    return out
+    for m, xs in out.items():
+        cap = STALL_FACTOR * sorted(d for _, d, _ in xs)[len(xs) // 2]
+        out[m] = [(s, min(d, cap), c) for s, d, c in xs]
+    return out, (end - first if out else 0.0)
 
 
 def _covered(evs: list[dict[str, Any]], algorithm: str, fragments: int, sync_every: int) -> dict[int, dict[int, float]]:
@@ -66,20 +84,22 @@ def _covered(evs: list[dict[str, Any]], algorithm: str, fragments: int, sync_eve
 
 def goodput(evs: list[dict[str, Any]], algorithm: str, learners: int, chips: int, fragments: int,
             sync_every: int) -> dict[str, Any]:
-    steps = _steps(evs)
-    all_t = [t for xs in steps.values() for _, a, b, _ in xs for t in (a, b)]
-    if not all_t:
-        return {"goodput": None, "good_chip_s": 0.0, "allocated_chip_s": 0.0, "per_learner": {}}
-    span = max(all_t) - min(all_t)
+    steps, span = _steps(evs)
+    if not steps or span <= 0:
+        return {"goodput": None, "merged_fraction": None, "good_chip_s": 0.0, "allocated_chip_s": 0.0,
+                "per_learner": {}}
     allocated = learners * chips * span
     cover = _covered(evs, algorithm, fragments, sync_every)
-    good_total, per = 0.0, {}
+    good_total = strict_total = 0.0
+    per = {}
     for m, xs in steps.items():
-        good = sum(min(1.0, cover[m].get(s, 0.0)) * (b - a) * c for s, a, b, c in xs)
-        spent = sum((b - a) * c for _, a, b, c in xs)
+        good = sum(d * c for s, d, c in xs if cover[m].get(s, 0.0) > 0)
+        strict = sum(min(1.0, cover[m].get(s, 0.0)) * d * c for s, d, c in xs)
+        spent = sum(d * c for _, d, c in xs)
         per[str(m)] = {"good_chip_s": round(good, 3), "step_chip_s": round(spent, 3)}
         good_total += good
-    return {"goodput": round(good_total / allocated, 4) if allocated > 0 else None,
+        strict_total += strict
+    return {"goodput": round(good_total / allocated, 4), "merged_fraction": round(strict_total / allocated, 4),
             "good_chip_s": round(good_total, 3), "allocated_chip_s": round(allocated, 3), "per_learner": per}
 
 

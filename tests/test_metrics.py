@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from harness.metrics import achieved_speeds, downtime, fault_response, goodput, learner_availability, merge_stats
+from harness.metrics import (
+    STALL_FACTOR,
+    achieved_speeds,
+    downtime,
+    fault_response,
+    goodput,
+    learner_availability,
+    merge_stats,
+)
 
 
 def steps(m: int, n: int, t0: float = 0.0, chips: int = 1) -> list[dict]:
@@ -12,16 +20,36 @@ def steps(m: int, n: int, t0: float = 0.0, chips: int = 1) -> list[dict]:
         {"ev": "step", "learner": m, "step": s, "t": t0 + s, "chips": chips} for s in range(1, n + 1)]
 
 
-def test_decoupled_goodput_counts_the_merged_fraction_of_each_step() -> None:
+def test_decoupled_goodput_counts_steps_some_merge_took_in_and_keeps_the_per_fragment_figure() -> None:
     evs = steps(0, 4) + steps(1, 4) + [
         {"ev": "merge", "t": 4.5, "participants": [0, 1], "step_ranges": [[1, 4], [1, 2]]},  # fragment 0
         {"ev": "merge", "t": 4.6, "participants": [0], "step_ranges": [[1, 4]]},  # fragment 1
     ]
     g = goodput(evs, "decoupled", learners=2, chips=1, fragments=2, sync_every=4)
-    # learner 0: 4 steps x 1 s fully merged; learner 1: steps 1-2 in one of two fragments -> 1 chip-s
-    assert g["good_chip_s"] == pytest.approx(5.0) and g["allocated_chip_s"] == pytest.approx(8.0)
-    assert g["goodput"] == pytest.approx(0.625)
-    assert g["per_learner"]["1"] == {"good_chip_s": 1.0, "step_chip_s": 4.0}
+    # learner 0: 4 steps x 1 s merged; learner 1: steps 1-2 merged (in one fragment), steps 3-4 never
+    assert g["good_chip_s"] == pytest.approx(6.0) and g["allocated_chip_s"] == pytest.approx(8.0)
+    assert g["goodput"] == pytest.approx(0.75)
+    assert g["per_learner"]["1"] == {"good_chip_s": 2.0, "step_chip_s": 4.0}
+    # per fragment: learner 0 fully (4), learner 1's steps 1-2 in one of two fragments (1): 5 of 8
+    assert g["merged_fraction"] == pytest.approx(0.625)
+
+
+def test_time_in_the_link_and_stalls_are_not_good() -> None:
+    evs = steps(0, 8) + [{"ev": "merge", "t": 8.5, "participants": [0], "step": s} for s in range(1, 9)]
+    evs[2]["sync_s"] = 0.5  # step 2 waited half its second at the barrier
+    for e in evs[4:]:  # step 4 ends 20 s late (a frozen process): steps 4..8 shift
+        e["t"] += 20.0 if e["ev"] == "step" else 0.0
+    g = goodput(evs, "ddp", learners=1, chips=1, fragments=1, sync_every=1)
+    # 8 steps of 1 s, step 2 counts 0.5, step 4 (21 s) counts STALL_FACTOR x the median (1 s); span 28 s
+    assert g["good_chip_s"] == pytest.approx(6.5 + STALL_FACTOR)
+    assert g["goodput"] == pytest.approx((6.5 + STALL_FACTOR) / 28.0, abs=1e-4)
+
+
+def test_logs_without_sync_s_fall_back_to_compute_s() -> None:
+    evs = steps(0, 2) + [{"ev": "merge", "t": 2.5, "participants": [0], "step": s} for s in (1, 2)]
+    for e in evs[1:3]:
+        e["compute_s"] = 0.25
+    assert goodput(evs, "ddp", learners=1, chips=1, fragments=1, sync_every=1)["goodput"] == pytest.approx(0.25)
 
 
 def test_ddp_and_diloco_goodput() -> None:

@@ -198,8 +198,11 @@ class LearnerCore:
     timing: dict[str, float] = field(default_factory=dict)
     """Seconds spent per phase of the loop (compute, allreduce, apply, publish): where a step's time goes."""
     last_compute_s: float = 0.0
-    """Seconds the last inner step computed (forward, backward, the learner's all-reduce, optimizer), without
-    any wait for the syncer: the chip time goodput counts."""
+    """Seconds the last inner step computed (forward, backward, the learner's all-reduce, optimizer)."""
+    last_sync_s: float = 0.0
+    """Host: seconds of the last step spent in the learner's link to the syncer: waiting at a synchronous
+    baseline's barrier (ddp, diloco exchanges), or, for Decoupled DiLoCo, taking the merged fragments off the
+    link and publishing the snapshot. Goodput counts a step's interval minus this (docs/metrics.md)."""
     shrinkable: bool = False
     """Re-form the group when a collective fails (the shrink policy) instead of failing the learner."""
 
@@ -258,9 +261,14 @@ class LearnerCore:
 
     def snapshot(self) -> Snapshot:
         """Copy the replica and the counters to host RAM (the syncer pulls from this copy)."""
+        params = list(self.named.values())
+        flat = flatten([p.detach() for p in params])  # one copy; the per-tensor entries are views of it
+        views, off = {}, 0
+        for n, p in self.named.items():
+            views[n] = flat[off:off + p.numel()].view_as(p)
+            off += p.numel()
         return Snapshot(
-            learner=self.learner, step=self.step, step_time_s=self.step_time_s,
-            tensors={n: p.detach().clone() for n, p in self.named.items()},
+            learner=self.learner, step=self.step, step_time_s=self.step_time_s, tensors=views,
             counters=[(st.version, st.c_steps, st.c_tokens, st.first_step) for st in self.frags],
         )
 
@@ -309,11 +317,13 @@ def _sync_applies(core: LearnerCore, link: DecoupledLink | None) -> tuple[list[t
     control = torch.zeros(2 + 2 * n_frag, dtype=torch.int64)
     if coll.rank == 0:
         assert link is not None
+        t0 = time.perf_counter()
         for merged in link.poll():
             core.receive(merged)
+        core.last_sync_s = time.perf_counter() - t0
         due = core.due_applies()
         control[0] = len(due)
-        control[1] = int(coll.pending_reform())
+        control[1] = int(core.shrinkable and coll.pending_reform())  # memberships change only under shrink
         for i, p in enumerate(due):
             control[2 + 2 * i] = p
             control[3 + 2 * i] = core.frags[p].pending.version  # type: ignore[union-attr]
@@ -461,11 +471,12 @@ def run_decoupled(
             continue
         t1 = time.perf_counter()
         if is_host:
+            assert link is not None
+            link.publish(core.snapshot(), core.partition)
+            core.last_sync_s += time.perf_counter() - t1
             on_step(core.step, loss, tokens)
             if applied and on_apply is not None:
                 on_apply(core.step, applied)
-            assert link is not None
-            link.publish(core.snapshot(), core.partition)
         core._add("apply", t1 - t0)
         core._add("publish", time.perf_counter() - t1)
         if reform:
@@ -489,24 +500,26 @@ def run_diloco(core: LearnerCore, batch: BatchFn, link: SyncLink | None, on_step
         x, y = batch(core.step + 1)
         loss, tokens = core.inner_step(x, y)
         tokens_since += tokens
-        if is_host:
+        core.last_sync_s = 0.0
+        if core.step % core.diloco_cfg.sync_every == 0 or core.step >= core.train_cfg.steps:
+            round_ += 1
+            if is_host:
+                assert link is not None
+                params = {n: p.detach().clone() for n, p in core.named.items()}
+                t0 = time.perf_counter()
+                merged = link.exchange_params(round_, core.step, tokens_since, params)
+                core.last_sync_s = time.perf_counter() - t0
+                flat = flatten([merged[n] for n in names])
+            else:
+                flat = torch.empty(sum(p.numel() for p in core.named.values()))
+            core.collective.broadcast_(flat)
+            with torch.no_grad():
+                unflatten_into(flat, list(core.named.values()))
+            tokens_since = 0
+            if is_host and on_round is not None:
+                on_round(round_, core.step)
+        if is_host:  # after the round, so the step's event carries its barrier wait
             on_step(core.step, loss, tokens)
-        if core.step % core.diloco_cfg.sync_every and core.step < core.train_cfg.steps:
-            continue
-        round_ += 1
-        if is_host:
-            assert link is not None
-            params = {n: p.detach().clone() for n, p in core.named.items()}
-            merged = link.exchange_params(round_, core.step, tokens_since, params)
-            flat = flatten([merged[n] for n in names])
-        else:
-            flat = torch.empty(sum(p.numel() for p in core.named.values()))
-        core.collective.broadcast_(flat)
-        with torch.no_grad():
-            unflatten_into(flat, list(core.named.values()))
-        tokens_since = 0
-        if is_host and on_round is not None:
-            on_round(round_, core.step)
 
 
 def run_ddp(core: LearnerCore, batch: BatchFn, link: SyncLink | None, on_step: StepHook) -> None:
@@ -523,7 +536,9 @@ def run_ddp(core: LearnerCore, batch: BatchFn, link: SyncLink | None, on_step: S
         tokens = x.numel() * core.collective.size
         if is_host:
             assert link is not None
+            t_sync = time.perf_counter()
             avg = link.exchange_grads(step, tokens, dict(zip(names, core.grads(), strict=True)))
+            core.last_sync_s = time.perf_counter() - t_sync
             flat = flatten([avg[n] for n in names])
         else:
             flat = torch.empty(sum(p.numel() for p in core.named.values()))
