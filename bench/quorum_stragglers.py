@@ -6,7 +6,7 @@ per merge, and the fraction of trained tokens that reached the global model (tok
 the token side of goodput), goodput and uptime (harness/metrics.py), steps/s over the whole run, and the
 slow learners' achieved speed relative to the fast ones while all four trained (report.json speed_profiles).
 
-    python bench/quorum_stragglers.py [--steps 200] [--seed 0]
+    python bench/quorum_stragglers.py [--steps 200] [--seed 0] [--runs-dir DIR]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ CONFIGS = {
 }
 
 
-def run(steps: int, seed: int, diloco: dict) -> dict:
+def run(steps: int, seed: int, diloco: dict, runs_dir: str | None = None) -> dict:
     sc = from_dict({
         "name": "quorum-stragglers", "seed": seed, "algorithm": "decoupled",
         "topology": {"learners": 4, "chips_per_learner": 1},
@@ -36,7 +36,7 @@ def run(steps: int, seed: int, diloco: dict) -> dict:
         "faults": [{"action": "slow", "learner": m, "speed": 0.5} for m in (2, 3)],
     })
     with tempfile.TemporaryDirectory() as d:
-        res = run_scenario(sc, d)
+        res = run_scenario(sc, runs_dir or d)  # --runs-dir keeps the run directories to look into
         merges = [e for e in read_events(res.run_dir / EVENTS_FILE) if e["ev"] == "merge"]
     rep = res.report
     return {"final": rep["final_eval_loss"], "wall": rep["wall_s"], "merges": rep["merge_count"],
@@ -52,8 +52,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--runs-dir", default=None, help="keep the run directories here (default: temporary)")
     a = ap.parse_args()
-    rows = {name: run(a.steps, a.seed, cfg) for name, cfg in CONFIGS.items()}
+    rows = {name: run(a.steps, a.seed, cfg, a.runs_dir) for name, cfg in CONFIGS.items()}
     print(f"M=4 x 1 chip, learners 2 and 3 at speed 0.5, {a.steps} steps, seed {a.seed}")
     print(f"{'configuration':22} {'final eval':>10} {'wall s':>7} {'merges':>7} {'particip.':>9} "
           f"{'merged tok':>10} {'goodput':>8} {'uptime':>7} {'fast st/s':>9} {'slow st/s':>9} {'achieved':>8}")

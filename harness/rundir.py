@@ -32,20 +32,27 @@ def make_run_dir(root: str | os.PathLike[str], name: str, algorithm: str) -> Pat
     return Path(tempfile.mkdtemp(prefix=f"{stamp}-{name}-{algorithm}-", dir=root))
 
 
-def _atomic_write(path: str | os.PathLike[str], write: Any) -> None:
-    """Write to a temp file in the same directory, fsync it, rename over `path`, fsync the directory."""
+def _atomic_write(path: str | os.PathLike[str], write: Any, durable: bool = True) -> None:
+    """Write to a temp file in the same directory, fsync it, rename over `path`, fsync the directory.
+
+    The rename makes it atomic: a reader sees the old file or the new one, never a torn one, whoever dies.
+    `durable=False` skips the two fsyncs: still atomic against a process crash (the page cache outlives the
+    process), not against the machine losing power."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    if not durable:
+        return
     dfd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dfd)
@@ -53,8 +60,8 @@ def _atomic_write(path: str | os.PathLike[str], write: Any) -> None:
         os.close(dfd)
 
 
-def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> None:
-    _atomic_write(path, lambda f: torch.save(obj, f))
+def atomic_torch_save(obj: Any, path: str | os.PathLike[str], durable: bool = True) -> None:
+    _atomic_write(path, lambda f: torch.save(obj, f), durable)
 
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:

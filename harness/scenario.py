@@ -113,8 +113,12 @@ class RecoveryConfig:
     syncer_repair_s: float = bounded(1.0, 0.0, 3600.0)
     """Seconds between the syncer's death and its restart (a kill_syncer fault's repair_s overrides it)."""
     syncer_checkpoint: str = choice("every_merge", ("every_merge", "off"))
-    """every_merge: each merged fragment's state is written atomically (fsync, rename) before it is
+    """every_merge: each merged fragment's state is written atomically (temp file, rename) before it is
     broadcast, so a restarted syncer loses nothing any learner has seen; off: no syncer checkpoint."""
+    syncer_checkpoint_fsync: bool = False
+    """Also fsync each fragment checkpoint and its directory before the broadcast: survives the machine losing
+    power, not only the syncer process dying (which the rename alone covers: the page cache outlives the
+    process), at the cost of a disk flush per merge (measured 2.7 s of 18 s in a 400-merge run here)."""
 
 
 @dataclass(frozen=True)

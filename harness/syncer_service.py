@@ -91,6 +91,10 @@ class Conn:
     peer: str
     learner: int | None = None
     outq: queue.Queue = field(default_factory=lambda: queue.Queue(OUTQ_MAX))
+    latest: dict[int, Message] = field(default_factory=dict)
+    """Fragment -> the newest merged value not yet sent; `outq` holds one ("latest", p) marker for it, so a slow
+    link carries each fragment's newest version once instead of queueing every version behind the others."""
+    latest_lock: threading.Lock = field(default_factory=threading.Lock)
     closed: threading.Event = field(default_factory=threading.Event)
     bytes_in: int = 0
     bytes_out: int = 0
@@ -162,7 +166,7 @@ class SyncerService:
         for p in sorted({r.fragment for r in recs}):
             st = self.core.fragment_state(p)
             st["tokens_merged"] = self.frag_tokens[p]
-            atomic_torch_save(st, self._state_path(p))
+            atomic_torch_save(st, self._state_path(p), durable=self.sc.recovery.syncer_checkpoint_fsync)
         self.checkpoint_s += time.monotonic() - t0
         self.checkpoints += 1
 
@@ -283,6 +287,11 @@ class SyncerService:
                     msg = Message(MsgType.HEARTBEAT, {})
                 if msg is None:
                     break
+                if isinstance(msg, tuple):  # ("latest", p): the newest value of fragment p, taken now
+                    with conn.latest_lock:
+                        msg = conn.latest.pop(msg[1], None)
+                    if msg is None:
+                        continue
                 try:
                     conn.bytes_out += send_message(wsock, msg, self.t.socket_op_s)
                 except OSError as e:
@@ -301,6 +310,16 @@ class SyncerService:
             pass
         conn.sock.close()
         self.events.log("conn_closed", learner=conn.learner, peer=conn.peer, reason=reason)
+
+    def _send_fragment(self, conn: Conn, p: int, msg: Message) -> None:
+        """Queue fragment p's newest merged value: replaces an older one still waiting on this connection."""
+        with conn.latest_lock:
+            waiting = p in conn.latest
+            if waiting:
+                self.events.log("send_coalesced", learner=conn.learner, fragment=p)
+            conn.latest[p] = msg
+        if not waiting:
+            self._send(conn, ("latest", p))  # type: ignore[arg-type]
 
     def _send(self, conn: Conn, msg: Message) -> None:
         if conn.closed.is_set():
@@ -443,17 +462,33 @@ class SyncerService:
         if outcome is PushOutcome.LATE:
             self.events.log("push_superseded", learner=learner, fragment=push.fragment, reason="late",
                             first_step=push.first_step, last_step=push.last_step)
-        elif outcome is PushOutcome.STALE:
-            into = self.core.merged_into[(learner, push.fragment)]
-            self.events.log("push_superseded", learner=learner, fragment=push.fragment,
-                            reason=f"stale: its work is already in version {into[0]}, not yet applied",
+            p = push.fragment
+            if 0 <= p < len(self.core.partition) and push.base_version < self.core.versions[p]:
+                # it missed the merge it answered for: send the current value, applied on arrival (its unmerged
+                # work on the fragment is dropped), so a learner that keeps answering late still follows the
+                # global model instead of training the fragment alone into one huge, stale outer gradient
+                with self.lock:
+                    conn = self.by_learner.get(learner)
+                if conn is not None:
+                    self._send_fragment(conn, p, merged_to_message(p, self.core.versions[p], self.core.fragment(p)))
+                    self.events.log("fragment_resent", learner=learner, fragment=p, version=self.core.versions[p],
+                                    reason="late")
+        elif outcome in (PushOutcome.STALE, PushOutcome.UNANCHORED):
+            if outcome is PushOutcome.STALE:
+                into = self.core.merged_into[(learner, push.fragment)]
+                reason = f"stale: its work is already in version {into[0]}, not yet applied"
+            else:
+                reason = (f"stale: based on version {push.base_version}, older than the "
+                          f"{self.sc.diloco.anchor_history} versions held to anchor it")
+            self.events.log("push_superseded", learner=learner, fragment=push.fragment, reason=reason,
                             first_step=push.first_step, last_step=push.last_step, base_version=push.base_version)
-            if self.core.missed_broadcast(push):  # it stepped on without the merge: send the fragment again
+            # it stepped on without the merge, or is too far behind: send it the fragment's current value
+            if outcome is PushOutcome.UNANCHORED or self.core.missed_broadcast(push):
                 with self.lock:
                     conn = self.by_learner.get(learner)
                 if conn is not None:
                     p = push.fragment
-                    self._send(conn, merged_to_message(p, self.core.versions[p], self.core.fragment(p)))
+                    self._send_fragment(conn, p, merged_to_message(p, self.core.versions[p], self.core.fragment(p)))
                     self.events.log("fragment_resent", learner=learner, fragment=p, version=self.core.versions[p])
         elif outcome is not PushOutcome.ACCEPTED:
             self.events.log("push_rejected", learner=learner, fragment=push.fragment, reason=outcome.value,
@@ -483,11 +518,12 @@ class SyncerService:
     def _broadcast_merge(self, rec: MergeRecord, tokens: float, tokens_merged: float) -> None:
         """Send a merge to its participants and log it with its tokens and the total merged up to it."""
         t0 = time.monotonic()
-        with self.lock:  # only the participants apply it; the others take part in the next round
+        with self.lock:  # the participants apply it; a learner whose answer comes late is sent it then
             targets = {m: self.by_learner[m] for m in rec.participants if m in self.by_learner}
         for m, pulled in zip(rec.participants, rec.pulled_steps, strict=True):
             if m in targets:
-                self._send(targets[m], merged_to_message(rec.fragment, rec.version, rec.tensors, pulled))
+                self._send_fragment(targets[m], rec.fragment,
+                                    merged_to_message(rec.fragment, rec.version, rec.tensors, pulled))
         self.core.note_sync_time(time.monotonic() - rec.merged_at)
         w = rec.weights
         self.events.log(

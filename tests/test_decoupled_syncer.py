@@ -506,3 +506,47 @@ def test_the_clock_follows_the_learners_still_here_when_the_leaders_leave() -> N
     assert s.on_meta(1, 4, 0.0, 2.0, alive(1)) == [] and s.clock == 4
     pulls = s.on_meta(1, 5, 0.0, 2.1, alive(1))
     assert [(q.fragment, q.learners) for q in pulls] == [(1, alive(1))]
+
+
+def _stale_merge(anchor: str) -> tuple[DecoupledSyncer, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Learner 0's push makes version 1; then learner 1's push, based on version 0 and holding version 0's value
+    plus 0.01 of its own progress, is merged alone. Returns (syncer, version-1 values, final values)."""
+    s = make(min_quorum=1, outer_anchor=anchor, outer_momentum=0.0)
+    v0 = {n: t.clone() for n, t in s.fragment(3).items()}
+    rid = open_round(s, 3, who=alive(0))
+    s.on_push(push(s, 0, 3, shift=0.05), rid, 10.1)
+    s.poll(10.1, alive(0))
+    v1 = {n: t.clone() for n, t in s.fragment(3).items()}
+    rid = next(q.round_id for q in s.on_meta(1, 7, 0.0, 11.0, alive(0, 1)) if q.fragment == 3)
+    late = FragmentPush(learner=1, fragment=3, base_version=0, c_steps=4, c_tokens=64, first_step=1, last_step=7,
+                        step_time_s=0.0, tensors={n: t + 0.01 for n, t in v0.items()})
+    assert s.on_push(late, rid, 11.1)[0] is PushOutcome.ACCEPTED
+    (rec,) = s.poll(11.1, alive(1))[0]
+    assert rec.base_versions == [0] and rec.version == 2
+    return s, v1, {n: t.clone() for n, t in s.fragment(3).items()}
+
+
+def test_base_anchor_merges_only_the_stale_learners_own_progress() -> None:
+    _, v1, after = _stale_merge("base")
+    for n in v1:  # Δ = Θ(v0) - θ = -0.01: the global moves by lr * 0.01 from version 1, never back
+        assert_close(after[n], v1[n] + 0.7 * 0.01, rtol=1e-5, atol=1e-6)
+
+
+def test_current_anchor_pulls_the_global_model_back_towards_a_stale_base() -> None:
+    """The failure mode `outer_anchor = base` exists for: Δ = Θ(v1) - θ also undoes version 1's progress."""
+    _, v1, after = _stale_merge("current")
+    moved_back = [float((after[n] - v1[n]).mean()) for n in v1]
+    assert all(x < 0 for x in moved_back), "version 1 moved up by ~0.07; the stale merge must pull it down"
+
+
+def test_a_push_based_on_a_version_no_longer_held_is_declined_as_unanchored() -> None:
+    s = make(min_quorum=1, anchor_history=1)
+    rid = open_round(s, 3, who=alive(0))
+    s.on_push(push(s, 0, 3), rid, 10.1)
+    s.poll(10.1, alive(0))
+    assert sorted(s.history[3]) == [1], "only the newest version is held"
+    rid = next(q.round_id for q in s.on_meta(1, 7, 0.0, 11.0, alive(0, 1)) if q.fragment == 3)
+    old = push(s, 1, 3)
+    old.base_version = 0
+    assert s.on_push(old, rid, 11.1)[0] is PushOutcome.UNANCHORED
+    assert s.poll(11.2, alive(1))[0] == [], "declined: nothing to merge"

@@ -190,3 +190,13 @@ def test_all_finite() -> None:
     assert all_finite([])
     assert not all_finite([torch.ones(3), torch.tensor([1.0, float("nan")])])
     assert not all_finite([torch.tensor([float("-inf")])])
+
+
+def test_outer_gradient_measures_each_learner_from_its_own_anchor() -> None:
+    g = {"w": torch.full((3,), 2.0)}
+    learners = [{"w": torch.full((3,), 0.5)}, {"w": torch.full((3,), 1.5)}]
+    anchors = [{"w": torch.full((3,), 1.0)}, {"w": torch.full((3,), 2.0)}]
+    out = outer_gradient(g, learners, [0.5, 0.5], embedding_names=(), rule="mean", anchors=anchors)
+    assert torch.allclose(out["w"], torch.full((3,), 0.5)), "(1 - 0.5 + 2 - 1.5) / 2"
+    with pytest.raises(ValueError, match="anchors"):
+        outer_gradient(g, learners, [0.5, 0.5], embedding_names=(), anchors=anchors[:1])

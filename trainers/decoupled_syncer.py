@@ -48,6 +48,8 @@ class PushOutcome(enum.Enum):
     REJECTED_SHAPE = "rejected_shape"
     REJECTED_FRAGMENT = "rejected_fragment"
     STALE = "stale"
+    UNANCHORED = "unanchored"
+    """outer_anchor = base, and the push's base version is older than the versions the syncer still holds."""
     """The learner's copy still carries work already merged: it has not applied the version that merge made
     (its host is stalled, or the broadcast was lost). Merging it again would count that work twice."""
 
@@ -117,6 +119,9 @@ class DecoupledSyncer:
         self.reported_step: dict[int, int] = {}
         self.merged_into: dict[tuple[int, int], tuple[int, int]] = {}
         """(learner, fragment) -> (version its last merged push went into, last step that push covered)."""
+        self.history: list[dict[int, dict[str, Tensor]]] = [
+            {0: {n: self.params[n].clone() for n in names}} for names in self.partition]
+        """Per fragment: version -> its global value, the last `cfg.anchor_history` versions (outer_anchor base)."""
         self.clock = 0
         self.merges = 0
         self.skipped_due = 0
@@ -159,6 +164,8 @@ class DecoupledSyncer:
                 self.merged_into[(int(m), p)] = (int(version), int(last))
         self.outer.load_state_dict({"buffers": buffers})
         self.merges = sum(self.versions)
+        self.history = [{self.versions[p]: {n: self.params[n].clone() for n in names}}
+                        for p, names in enumerate(self.partition)]  # older versions died with the old syncer
 
     # -- the clock ------------------------------------------------------------------------------
     def on_meta(self, learner: int, step: int, step_time_s: float, now: float, alive: frozenset[int]) -> list[Pull]:
@@ -229,6 +236,9 @@ class DecoupledSyncer:
         if self.is_stale(push):
             self._decline(rnd, push.learner, now)
             return PushOutcome.STALE, None
+        if self.cfg.outer_anchor == "base" and push.base_version not in self.history[p]:
+            self._decline(rnd, push.learner, now)
+            return PushOutcome.UNANCHORED, None
         expected = self.fragment(p)
         if set(push.tensors) != set(expected) or any(push.tensors[n].shape != t.shape for n, t in expected.items()):
             return PushOutcome.REJECTED_SHAPE, None
@@ -320,12 +330,18 @@ class DecoupledSyncer:
         else:
             weights = [1.0 / len(pushes)] * len(pushes)
         frag = self.fragment(p)
+        anchors = ([self.history[p][q.base_version] for q in pushes] if self.cfg.outer_anchor == "base" else None)
         delta = outer_gradient(frag, [q.tensors for q in pushes], weights, self.cfg.embedding_tensors,
-                               self.cfg.merge_rule)
+                               self.cfg.merge_rule, anchors)
         if not all_finite(delta.values()):  # unreachable while pushes are checked; kept as a last guard
             raise FloatingPointError(f"non-finite outer gradient for fragment {p}")
         self.outer.step(f"frag{p}", frag, delta)
         self.versions[p] += 1
+        if self.cfg.outer_anchor == "base":
+            held = self.history[p]
+            held[self.versions[p]] = {n: t.clone() for n, t in frag.items()}
+            for v in sorted(held)[:-self.cfg.anchor_history]:
+                del held[v]
         self.rounds[p] = None
         self.merges += 1
         for m, q in zip(learners, pushes, strict=True):

@@ -118,10 +118,12 @@ def outer_gradient(
     weights: Sequence[float],
     embedding_names: Collection[str],
     rule: str = "rda",
+    anchors: Sequence[Mapping[str, Tensor]] | None = None,
 ) -> dict[str, Tensor]:
     """Merged outer gradient of one fragment.
 
-    For each tensor name in `global_frag`, Δ_m = global - learner_m, combined
+    For each tensor name in `global_frag`, Δ_m = anchor_m - learner_m (anchor_m: `anchors[m]`, the global
+    value learner m started from, or `global_frag` itself when `anchors` is None), combined
     over learners with `weights`: rule "rda" uses RDA for non-embedding tensors
     and the weighted mean for names in `embedding_names`; rule "mean" uses the
     weighted mean everywhere. Keys follow `global_frag`'s order; each result has
@@ -137,6 +139,8 @@ def outer_gradient(
         raise ValueError(f"{len(learner_frags)} learner fragments but {len(weights)} weights")
     if not learner_frags:
         raise ValueError("no learner fragments to merge")
+    if anchors is not None and len(anchors) != len(learner_frags):
+        raise ValueError(f"{len(learner_frags)} learner fragments but {len(anchors)} anchors")
     out: dict[str, Tensor] = {}
     with torch.no_grad():
         for name, g in global_frag.items():
@@ -149,7 +153,8 @@ def outer_gradient(
                     raise ValueError(
                         f"learner #{m} tensor {name!r} has shape {tuple(t.shape)}, expected {tuple(g.shape)}"
                     )
-                deltas.append(g - t.to(device=g.device, dtype=g.dtype))
+                a = g if anchors is None else anchors[m][name]
+                deltas.append(a - t.to(device=g.device, dtype=g.dtype))
             if rule == "rda" and name not in embedding_names:
                 out[name] = rda(deltas, weights)
             else:
