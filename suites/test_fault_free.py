@@ -1,34 +1,68 @@
-"""Fault-free reference runs of the built-in default scenario (M=4 learners x C=2 chips).
+"""Fault-free reference runs of the built-in default scenario (M=4 learners x C=2 chips), one per algorithm.
 
-These are the baselines the chaos suites compare against: each algorithm must
-converge from chance (ln 256 = 5.55 nats/byte) to well under 3.0 with every
-chip a real process in its own learner's Gloo group. Only the public API is
-used: `harness.scenario.builtin` and `harness.supervisor.run_scenario`.
+What: these are the baselines the chaos suites compare against. Each algorithm (decoupled, diloco, ddp) must
+converge from chance (ln 256 = 5.55 nats/byte) to well under 3.0 with every chip a real process in its own
+learner's Gloo group, keep the global model advancing the whole time (no fault, so no excuse for a stall), and
+account for every update and token it merged.
+
+Why: a chaos result ("the decoupled run lost 0.2 nats to a chip loss", "ddp stalled 3 s") only means something
+against a clean run of the same system; if the clean run itself stalls, diverges or loses updates, every chaos
+suite measures the harness rather than the algorithm.
+
+How: public API only: the diloco-chaos pytest plugin (the run_scenario fixture, which also checks after the
+test that no process of the run is alive and no port bound), harness.scenario.builtin and the invariants of
+harness/invariants.py through `ChaosRun.check`, whose figures each test prints: convergence (converged,
+model_finite), availability (no_global_downtime, availability) and accounting (updates_accounted,
+token_accounting).
+
+Scaling to a real cluster: the same invariants apply to the same scenario with real sizes (more learners and
+chips, real steps); give `converged` the loss a real model reaches and the downtime bound the slowest
+synchronisation interval of the algorithm on that cluster (ddp: one step; diloco: one round of H steps).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from harness.hygiene import leftovers
 from harness.scenario import builtin
-from harness.supervisor import run_scenario
 
-CONVERGED_BELOW = 3.0  # nats per byte; chance is 5.55, a unigram model ~3.1
+CONVERGED_BELOW = 3.0
+"""Final eval loss bound, nats per byte; chance is 5.55, a unigram model ~3.1."""
+LEARNERS, CHIPS = 4, 2
+"""The built-in default scenario's topology (harness/scenarios/default.toml)."""
+MAX_GAP_S = {"decoupled": 1.5, "diloco": 5.0, "ddp": 1.5}
+"""Longest the global model may stand still while at least K = 1 learner is alive (no_global_downtime). The
+decoupled syncer merges some fragment every ~0.1 s and ddp every step (longest gaps measured on this shared
+2-core machine: 1.05 s and 0.59 s); diloco merges once per round of sync_every = 8 inner steps (2.07 s)."""
+MIN_UPTIME = 0.95
+"""Uptime without faults (harness/metrics.py's definition: the training span minus the part of each merge gap
+beyond its first `UPTIME_WINDOW_S`). Measured on this machine: decoupled 0.999, ddp 1.0, diloco 1.0 over its
+round-sized window (0.63 over report.json's 1 s window)."""
+UPTIME_WINDOW_S = {"decoupled": 1.0, "diloco": 3.0, "ddp": 1.0}
+"""The gap allowed before it counts as downtime: report.json's 1 s, except for diloco, whose global model by
+design only moves once per round (~2 s here, longest gap measured 2.07 s): a round is not an outage."""
 
 
 @pytest.mark.parametrize("algorithm", ["decoupled", "diloco", "ddp"])
-def test_default_scenario_converges(tmp_path, algorithm):
+def test_default_scenario_converges(run_scenario, algorithm):
     sc = builtin("default").replace(algorithm=algorithm)
-    res = run_scenario(sc, tmp_path)
+    assert (sc.topology.learners, sc.topology.chips_per_learner) == (LEARNERS, CHIPS), sc.topology
+    res = run_scenario(sc, f"fault-free-{algorithm}")
     rep = res.report
-    print(f"{algorithm}: eval {rep['initial_eval_loss']} -> {rep['final_eval_loss']}, "
-          f"tokens merged {rep['tokens_merged']}, wall {rep['wall_s']} s, longest gap {rep['longest_gap_s']} s")
-    assert len(rep["chip_pids"]) == 8, rep["chip_pids"]
-    assert len(rep["gloo_groups"]) == 4, rep["gloo_groups"]
+    res.figures(algorithm=algorithm, initial_eval=rep["initial_eval_loss"], final_eval=rep["final_eval_loss"],
+                tokens_merged=rep["tokens_merged"], merges=rep["merge_count"], wall_s=rep["wall_s"],
+                longest_gap_s=rep["longest_gap_s"], uptime=(rep.get("availability") or {}).get("uptime"))
+    assert len(rep["chip_pids"]) == LEARNERS * CHIPS, rep["chip_pids"]
+    assert len(rep["gloo_groups"]) == LEARNERS, rep["gloo_groups"]
     assert all(d["steps"] == sc.train.steps for d in rep["per_learner"].values())
     assert rep["initial_eval_loss"] > 5.4
-    assert rep["final_eval_loss"] < CONVERGED_BELOW, f"final eval loss {rep['final_eval_loss']} >= {CONVERGED_BELOW}"
-    assert rep["global_model_finite"] is True
     assert rep["errors"] == []
-    assert leftovers(res) == {"processes": [], "ports": []}
+    # convergence: from chance to below the bound, and a finite global model
+    res.check("converged", max_loss=CONVERGED_BELOW)
+    res.check("model_finite")
+    # availability: without faults the global model never stands still for long
+    res.check("no_global_downtime", bound_s=MAX_GAP_S[algorithm], min_alive=1)
+    res.check("availability", min_uptime=MIN_UPTIME, window_s=UPTIME_WINDOW_S[algorithm])
+    # accounting: nothing merged twice, nothing lost, tokens merged = tokens trained in the merged steps
+    res.check("updates_accounted")
+    res.check("token_accounting")

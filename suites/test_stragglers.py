@@ -5,7 +5,11 @@ slows only itself. The `slow` fault holds a learner to `speed` x the progress of
 slowed (a feedback controller on the steps in the event log, chaos/processes.py); the suite checks the
 achieved ratio (report.json `speed_profiles`) is the profile within +-15%, that the fast learners run at the
 speed they have when nobody is slow, and that a transient straggler is back to full speed after its window.
-Public API only.
+Each test also checks a convergence invariant (converged: the final eval loss well below the initial one;
+model_finite) and availability invariants (no_global_downtime with a learner alive, uptime) of
+harness/invariants.py, whose figures it prints: a slow learner must neither stall nor spoil the global model.
+Public API only: the diloco-chaos pytest plugin (the run_scenario and cluster fixtures, which also check after
+every test that no process of its runs is alive and no port bound) and harness.scenario.from_dict.
 
 Scaling to a real cluster: `slow` models a chip generation at `speed` of the newest; there it is the hardware
 itself, and the same assertions (achieved speed per learner, the fast learners unaffected) apply.
@@ -17,16 +21,24 @@ from typing import Any
 
 import pytest
 
-from harness.events import read_events
-from harness.hygiene import leftovers
 from harness.scenario import from_dict
-from harness.supervisor import run_scenario
+
+pytestmark = [pytest.mark.straggler, pytest.mark.timeout(600)]
+"""600 s: a test's first use of the shared full-speed run (`cluster`) runs it inside that test's budget."""
 
 STEPS = 160
 TOLERANCE = 0.15
 """Achieved speed within +-15% of the profile (issue 4)."""
 FAST_FLOOR = 0.85
 """A fast learner keeps at least this fraction of its steps/s in the run where nobody is slow."""
+LOSS_DROP = 1.0
+"""Convergence: the final eval loss at least this far (nats per byte) below the initial one (chance, 5.55)."""
+MAX_GAP_S = 1.5
+"""Longest the global model may stand still while at least K = 1 learner is alive: the fast learners keep it
+moving whatever the slow ones do (a fault-free decoupled run: ~1 s at worst on this shared 2-core machine)."""
+MIN_UPTIME = 0.9
+"""Uptime (harness/metrics.py: the training span minus merge gaps beyond their first second) with stragglers;
+K = 1 never waits for them, so it stays near 1.0 (docs/process-chaos.md measured 1.00)."""
 
 
 def scenario(faults: list[dict[str, Any]], learners: int = 4) -> Any:
@@ -42,21 +54,30 @@ def scenario(faults: list[dict[str, Any]], learners: int = 4) -> Any:
     })
 
 
-@pytest.fixture(scope="module")
-def full_speed(tmp_path_factory) -> dict[str, Any]:
-    return run_scenario(scenario([]), tmp_path_factory.mktemp("full-speed")).report
+@pytest.fixture
+def full_speed(cluster) -> dict[str, Any]:
+    """The run of the same scenario and seed where nobody is slow: run once per module, shared by the tests."""
+    return cluster(scenario([]), "full-speed").report
 
 
-def test_straggler_two_half_speed_learners_achieve_their_profile(tmp_path, full_speed):
-    res = run_scenario(scenario([{"action": "slow", "learner": m, "speed": 0.5} for m in (2, 3)]), tmp_path)
+def check_invariants(res: Any) -> None:
+    """Convergence and availability invariants, with their figures printed (they raise naming both)."""
+    res.check("converged", max_loss=res.report["initial_eval_loss"] - LOSS_DROP)
+    res.check("model_finite")
+    res.check("no_global_downtime", bound_s=MAX_GAP_S, min_alive=1)
+    res.check("availability", min_uptime=MIN_UPTIME)
+
+
+def test_straggler_two_half_speed_learners_achieve_their_profile(run_scenario, full_speed):
+    res = run_scenario(scenario([{"action": "slow", "learner": m, "speed": 0.5} for m in (2, 3)]))
     rep = res.report
     profiles = {p["learner"]: p for p in rep["speed_profiles"]}
     fast = {m: rep["per_learner"][str(m)]["steps_per_s"] for m in (0, 1)}
     ref = {m: full_speed["per_learner"][str(m)]["steps_per_s"] for m in (0, 1)}
-    print({"achieved": {m: p["achieved"] for m, p in profiles.items()},
-           "window_s": {m: p["window_s"] for m, p in profiles.items()}, "fast_steps_s": fast,
-           "fast_steps_s_nobody_slow": ref, "final_eval": rep["final_eval_loss"],
-           "final_eval_nobody_slow": full_speed["final_eval_loss"]})
+    res.figures({"achieved": {m: p["achieved"] for m, p in profiles.items()},
+                 "window_s": {m: p["window_s"] for m, p in profiles.items()}, "fast_steps_s": fast,
+                 "fast_steps_s_nobody_slow": ref, "final_eval": rep["final_eval_loss"],
+                 "final_eval_nobody_slow": full_speed["final_eval_loss"]})
     assert sorted(profiles) == [2, 3]
     for m, p in profiles.items():
         assert p["achieved"] is not None and abs(p["achieved"] - 0.5) <= TOLERANCE * 0.5, \
@@ -64,15 +85,14 @@ def test_straggler_two_half_speed_learners_achieve_their_profile(tmp_path, full_
     for m in (0, 1):
         assert fast[m] >= FAST_FLOOR * ref[m], f"fast learner {m} waited for the slow ones: {fast[m]} vs {ref[m]}"
     assert all(d["steps"] == STEPS for d in rep["per_learner"].values())
-    assert rep["final_eval_loss"] < rep["initial_eval_loss"] - 1.0
-    assert leftovers(res) == {"processes": [], "ports": []}
+    check_invariants(res)  # converged: final eval loss <= initial - LOSS_DROP
 
 
-def test_straggler_transient_window_then_full_speed(tmp_path):
+def test_straggler_transient_window_then_full_speed(run_scenario):
     """Learner 1 at 0.3 while learner 0 goes from step 40 to 100; afterwards it runs as fast as learner 0."""
     res = run_scenario(scenario([{"action": "slow", "learner": 1, "speed": 0.3, "at": {"step": 40, "learner": 0},
-                                  "until": {"step": 100, "learner": 0}}], learners=2), tmp_path)
-    rep, evs = res.report, read_events(res.run_dir / "events.jsonl")
+                                  "until": {"step": 100, "learner": 0}}], learners=2))
+    rep, evs = res.report, res.events
     (p,) = rep["speed_profiles"]
     off = next(e["t"] for e in evs if e["ev"] == "process_fault_off")
     done0 = next(e["t"] for e in evs if e["ev"] == "learner_done" and e["learner"] == 0)
@@ -82,7 +102,8 @@ def test_straggler_transient_window_then_full_speed(tmp_path):
         return max(s) - min(s) if len(s) > 1 else 0
 
     after = (steps_between(1, off, done0), steps_between(0, off, done0))
-    print({"achieved": p["achieved"], "window_s": p["window_s"], "steps_after_window": after})
+    res.figures({"achieved": p["achieved"], "window_s": p["window_s"], "steps_after_window": after,
+                 "final_eval": rep["final_eval_loss"]})
     assert abs(p["achieved"] - 0.3) <= TOLERANCE * 0.3, f"achieved {p['achieved']}, profile 0.3 +- {TOLERANCE:.0%}"
     assert after[0] >= 0.8 * after[1], f"learner 1 still slow after its window: {after}"
-    assert leftovers(res) == {"processes": [], "ports": []}
+    check_invariants(res)
