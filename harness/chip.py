@@ -215,7 +215,8 @@ def chip_main(spec: ChipSpec) -> None:
                 if spec.rank == 0:
                     events.log("resume", learner=spec.learner, step=step)
         if sc.algorithm == "decoupled":
-            run_decoupled(core, batch, link, on_step, on_apply, on_regroup=on_regroup)
+            budget = sc.train.steps * (sc.topology.learners if sc.train.budget == "total" else 1)
+            run_decoupled(core, batch, link, on_step, on_apply, on_regroup=on_regroup, max_steps=budget)
         elif sc.algorithm == "diloco":
             run_diloco(core, batch, link, on_step,
                        lambda r, s: events.log("apply", learner=spec.learner, step=s, round=r))

@@ -114,7 +114,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     import os
 
-    from harness.compare import compare, plot, table
+    from harness.compare import compare, plot, table, verdict
 
     try:
         sc = scenario_mod.load(args.scenario) if args.scenario else scenario_mod.builtin(args.builtin)
@@ -132,6 +132,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"diloco-chaos: compare failed: {e}", file=sys.stderr)
         return EXIT_RUN_FAILED
     print(table(rows))
+    for claim, holds, figures in verdict(rows):
+        print(f"{'holds ' if holds else 'FAILS '} decoupled {claim}: {figures}")
     os.makedirs(args.runs_dir, exist_ok=True)
     png = plot(rows, os.path.join(args.runs_dir, f"compare-{sc.name}.png"))
     if png is not None:

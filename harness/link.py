@@ -72,6 +72,8 @@ class SyncerLink:
         self._rsock: socket.socket | None = None
         self._closed = False
         self.fatal: str | None = None
+        self.stop_requested = False
+        """The syncer said the run's total step budget is reached (train.budget = total): finish and push."""
         self.connects = 0
         self.frames_rejected = 0
         self._ping_seq = 0
@@ -279,6 +281,10 @@ class SyncerLink:
                 if int(msg.meta.get("learner", -1)) == self.learner:
                     rtt = time.monotonic() - float(msg.meta["t"])
                     self.events.log("rtt", learner=self.learner, seq=int(msg.meta["seq"]), ms=round(rtt * 1e3, 3))
+            elif msg.type is MsgType.STOP:
+                if not self.stop_requested:
+                    self.events.log("stop_received", learner=self.learner, total=msg.meta.get("total"))
+                self.stop_requested = True
             elif msg.type is MsgType.RESUME:
                 with self._cv:
                     self._resume = (int(msg.meta["step"]), msg.tensors)

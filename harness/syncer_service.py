@@ -139,6 +139,9 @@ class SyncerService:
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.frames_rejected = 0
+        self.budget_total = m * sc.train.steps if sc.train.budget == "total" and sc.algorithm == "decoupled" else None
+        """train.budget = total: learner-steps the run trains in all; reaching it sends every learner STOP."""
+        self.budget_reached = False
         self.persist = sc.algorithm == "decoupled" and sc.recovery.syncer_checkpoint == "every_merge"
         self.frag_tokens = [0.0] * len(getattr(self.core, "partition", []))
         self.listener = socket.create_server(("127.0.0.1", port))  # SO_REUSEADDR: a restart rebinds at once
@@ -311,6 +314,22 @@ class SyncerService:
         conn.sock.close()
         self.events.log("conn_closed", learner=conn.learner, peer=conn.peer, reason=reason)
 
+    def _check_budget(self) -> None:
+        """train.budget = total: once the learners' reported steps (each learner's highest, which a restarted
+        learner continues from, so redone steps count once) add up to the budget, tell every learner to stop."""
+        if self.budget_total is None or self.budget_reached:
+            return
+        total = sum(self.core.reported_step.values())
+        if total < self.budget_total:
+            return
+        self.budget_reached = True
+        with self.lock:
+            conns = dict(self.by_learner)
+        self.events.log("budget_reached", total_steps=total, budget=self.budget_total,
+                        per_learner={str(m): s for m, s in sorted(self.core.reported_step.items())})
+        for conn in conns.values():
+            self._send(conn, Message(MsgType.STOP, {"total": total}))
+
     def _send_fragment(self, conn: Conn, p: int, msg: Message) -> None:
         """Queue fragment p's newest merged value: replaces an older one still waiting on this connection."""
         with conn.latest_lock:
@@ -407,6 +426,8 @@ class SyncerService:
             if self.algorithm == "decoupled":  # the pull: current global fragments to a (re)joining learner
                 for p, version in enumerate(self.core.versions):
                     self._send(conn, merged_to_message(p, version, self.core.fragment(p)))
+                if self.budget_reached:  # it came back after the budget was spent: it stops after a step
+                    self._send(conn, Message(MsgType.STOP, {"total": self.budget_total}))
             else:  # a restarted baseline learner resumes from the syncer's state (a fresh one ignores it)
                 step, tensors = self.core.resume_state()
                 self._send(conn, Message(MsgType.RESUME, {"step": step}, tensors))
@@ -428,6 +449,7 @@ class SyncerService:
                                       time.monotonic(), self.alive())
             for pull in pulls:
                 self._send_pull(pull)
+            self._check_budget()
         elif msg.type is MsgType.PUSH and self.algorithm == "decoupled":
             self._on_push(learner, msg)
         elif msg.type is MsgType.GRADS and self.algorithm == "ddp":

@@ -124,6 +124,7 @@ class MsgType(enum.IntEnum):
     PING = 21
     PONG = 22
     RESUME = 23
+    STOP = 24
 
 
 _MSG_TYPE_VALUES = frozenset(int(t) for t in MsgType)

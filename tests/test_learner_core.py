@@ -201,6 +201,9 @@ class FakeDecoupledLink:
         self.published: list[tuple[int, list[tuple[int, int, int, int]]]] = []
         self.pushes: list[FragmentPush] = []
         self.polls: list[int] = []
+        self.stop_requested = False
+        self.stop_after: int | None = None
+        """The step after which the fake syncer says the run's total budget is reached."""
 
     def publish(self, snapshot: Snapshot, partition: list[list[str]]) -> None:
         assert partition == self.core.partition
@@ -211,7 +214,20 @@ class FakeDecoupledLink:
 
     def poll(self) -> list[MergedFragment]:
         self.polls.append(self.core.step)
+        self.stop_requested = self.stop_after is not None and self.core.step >= self.stop_after
         return self.deliveries.get(self.core.step, [])
+
+
+def test_run_decoupled_trains_past_its_steps_under_a_total_budget_until_told_to_stop() -> None:
+    core = make(steps=4)
+    link = FakeDecoupledLink(core, {})
+    link.stop_after = 7
+    run_decoupled(core, batch, link, no_step, max_steps=16)
+    assert core.step == 7, "it trained on past train.steps (4) and stopped after the step the syncer named"
+    assert [q.fragment for q in link.pushes] == [0, 1, 2, 3] and all(q.last_step == 7 for q in link.pushes)
+    core2 = make(steps=4)
+    run_decoupled(core2, batch, FakeDecoupledLink(core2, {}), no_step, max_steps=6)
+    assert core2.step == 6, "never told to stop: bounded by max_steps"
 
 
 def test_run_decoupled_applies_publishes_and_pushes_final() -> None:

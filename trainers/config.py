@@ -33,7 +33,14 @@ class TrainConfig:
     """The inner loop every learner runs (AdamW on its own shard)."""
 
     steps: int = bounded(300, 1, 10_000_000)
-    """Inner steps each learner runs before it finishes."""
+    """Inner steps each learner runs before it finishes (budget = per_learner), or the mean per learner of the
+    run's total (budget = total)."""
+    budget: str = choice("per_learner", ("per_learner", "total"))
+    """per_learner: every learner runs `steps` inner steps, so a learner that was down finishes late while the
+    others wait at the end with nothing to do. total (Decoupled DiLoCo): the run trains M x `steps` learner-
+    steps in all; the learners train on until the syncer has seen that many reported and tells them to stop,
+    so the healthy ones do a failed one's share (the paper's fixed token budget; at most M x `steps` each).
+    The synchronous baselines run in lockstep, where the two are the same."""
     lr: float = bounded(3e-3, 0.0, 1.0)
     """AdamW peak learning rate."""
     warmup_steps: int = bounded(20, 0, 10_000_000)

@@ -123,6 +123,9 @@ class Snapshot:
 class DecoupledLink(Protocol):
     """The host's non-blocking link to the syncer (Decoupled DiLoCo)."""
 
+    stop_requested: bool
+    """The syncer said the run's total budget is reached (train.budget = total)."""
+
     def publish(self, snapshot: Snapshot, partition: list[list[str]]) -> None: ...
     def push(self, push: FragmentPush) -> None: ...
     def poll(self) -> list[MergedFragment]: ...
@@ -307,14 +310,15 @@ StepHook = Callable[[int, float, int], None]
 """Called on the host after every inner step with (step, loss, learner tokens)."""
 
 
-def _sync_applies(core: LearnerCore, link: DecoupledLink | None) -> tuple[list[tuple[int, int]], bool]:
+def _sync_applies(core: LearnerCore, link: DecoupledLink | None) -> tuple[list[tuple[int, int]], bool, bool]:
     """Decide on rank 0 which merged fragments to apply now, and share values with every chip.
 
-    Returns (applied (fragment, version) pairs, whether the group re-forms after this step: rank 0 asks its
-    collective, and the answer travels in the same control broadcast so every chip agrees)."""
+    Returns (applied (fragment, version) pairs, whether the group re-forms after this step, whether the
+    syncer said to stop): rank 0 decides, and the answers travel in the same control broadcast so every chip
+    agrees and all of them stop after the same step."""
     coll = core.collective
     n_frag = len(core.partition)
-    control = torch.zeros(2 + 2 * n_frag, dtype=torch.int64)
+    control = torch.zeros(3 + 2 * n_frag, dtype=torch.int64)
     if coll.rank == 0:
         assert link is not None
         t0 = time.perf_counter()
@@ -324,14 +328,15 @@ def _sync_applies(core: LearnerCore, link: DecoupledLink | None) -> tuple[list[t
         due = core.due_applies()
         control[0] = len(due)
         control[1] = int(core.shrinkable and coll.pending_reform())  # memberships change only under shrink
+        control[2] = int(link.stop_requested)
         for i, p in enumerate(due):
-            control[2 + 2 * i] = p
-            control[3 + 2 * i] = core.frags[p].pending.version  # type: ignore[union-attr]
+            control[3 + 2 * i] = p
+            control[4 + 2 * i] = core.frags[p].pending.version  # type: ignore[union-attr]
     if coll.size > 1:
         coll.broadcast_(control)
     applied = []
     for i in range(int(control[0])):
-        p, version = int(control[2 + 2 * i]), int(control[3 + 2 * i])
+        p, version = int(control[3 + 2 * i]), int(control[4 + 2 * i])
         if coll.rank == 0:
             pending = core.frags[p].pending
             assert pending is not None
@@ -342,7 +347,7 @@ def _sync_applies(core: LearnerCore, link: DecoupledLink | None) -> tuple[list[t
             coll.broadcast_(flat)
         core.apply_fragment(p, version, flat)
         applied.append((p, version))
-    return applied, bool(control[1])
+    return applied, bool(control[1]), bool(control[2])
 
 
 def host_state(core: LearnerCore) -> tuple[int, dict[str, Tensor]]:
@@ -445,7 +450,7 @@ def initial_pull(core: LearnerCore, link: DecoupledLink | None, wait: Callable[[
 def run_decoupled(
     core: LearnerCore, batch: BatchFn, link: DecoupledLink | None, on_step: StepHook,
     on_apply: ApplyHook | None = None, should_stop: Callable[[], bool] = lambda: False,
-    on_regroup: RegroupHook | None = None,
+    on_regroup: RegroupHook | None = None, max_steps: int | None = None,
 ) -> None:
     """Decoupled DiLoCo: train, apply merged fragments when due, publish a snapshot for the syncer's pulls.
 
@@ -453,15 +458,19 @@ def run_decoupled(
     end, every fragment with progress not yet merged is pushed unsolicited (final) so the syncer can drain it.
     With `core.shrinkable` (the shrink policy), a broken group is re-formed with the chips that are left and
     training goes on with fewer tokens per step; a repaired chip joins the same way at a step boundary.
+    Training ends after `max_steps` (default train.steps) or, earlier, after the step at which the syncer said
+    the run's total budget is reached (train.budget = total).
     """
-    while core.step < core.train_cfg.steps and not should_stop():
+    limit = core.train_cfg.steps if max_steps is None else max_steps
+    stop = False
+    while core.step < limit and not stop and not should_stop():
         is_host = core.collective.rank == 0
         before = core.step
         try:
             x, y = batch(core.step + 1)
             loss, tokens = core.inner_step(x, y)
             t0 = time.perf_counter()
-            applied, reform = _sync_applies(core, link)
+            applied, reform, stop = _sync_applies(core, link)
         except CollectiveFailed as e:
             if not core.shrinkable:
                 raise
