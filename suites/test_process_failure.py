@@ -138,7 +138,10 @@ def test_chip_loss_failure_shrink_keeps_the_learner_training(run_scenario, fault
     assert grow["chip"] == 1 and grow["t"] - shrink["t"] >= REPAIR_S and joined["size"] == 2
     assert not [e for e in evs if e["ev"] == "learner_restart"], "a shrink is not a restart"
     steps1 = [e for e in evs if e["ev"] == "step" and e["learner"] == 1]
-    small = [e for e in steps1 if shrink["t"] < e["t"] < joined["t"]]
+    # from the survivor's re-formed group (a step whose all-reduce finished before the kill may be logged
+    # just after the supervisor's learner_shrink) to the repaired chip's join
+    regrouped = next(e for e in evs if e["ev"] == "regroup" and e["learner"] == 1 and e["t"] > shrink["t"])
+    small = [e for e in steps1 if regrouped["t"] < e["t"] < joined["t"]]
     full = [e for e in steps1 if e["t"] < shrink["t"] - 0.5 or e["t"] > joined["t"] + 0.5]
     assert len(small) >= 10 and {e["chips"] for e in small} == {1}, "the survivor trains on alone"
     assert {e["tokens"] for e in full} == {2 * small[0]["tokens"]}, "half the tokens per step while shrunk"
