@@ -292,6 +292,7 @@ def test_k_equals_m_failure_is_caught_by_the_availability_invariant(run_scenario
     sc = scenario([{"action": "kill_chip", "learner": 1, "chip": 1, "at": at_step(STEPS // 4), "repair_s": 3.0}])
     good = run_scenario(sc, "k-1")
     good.check("availability", min_uptime=MIN_UPTIME)
+    good.check("converged", max_loss=good.report["initial_eval_loss"] - 1.0)  # it learned: the model is usable
     broken = run_scenario(sc.replace(diloco=type(sc.diloco)(fragments=4, sync_every=4, overlap=1, min_quorum=2)),
                           "k-equals-m")
     with pytest.raises(InvariantViolation, match=r"invariant availability violated: uptime [0-9.]+ < bound 0\.9"):

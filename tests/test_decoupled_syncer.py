@@ -540,7 +540,7 @@ def test_current_anchor_pulls_the_global_model_back_towards_a_stale_base() -> No
 
 
 def test_a_push_based_on_a_version_no_longer_held_is_declined_as_unanchored() -> None:
-    s = make(min_quorum=1, anchor_history=1)
+    s = make(min_quorum=1, outer_anchor="base", anchor_history=1)
     rid = open_round(s, 3, who=alive(0))
     s.on_push(push(s, 0, 3), rid, 10.1)
     s.poll(10.1, alive(0))

@@ -75,12 +75,12 @@ class DilocoConfig:
     """Weight learners by c_tokens**2 / c_steps; False weighs every participant equally."""
     embedding_tensors: tuple[str, ...] = ("tok_emb.weight", "pos_emb.weight")
     """Tensors merged by a plain weighted mean (the paper: embeddings lack near-orthogonality)."""
-    outer_anchor: str = choice("base", ("base", "current"))
-    """What a push's outer gradient is measured from. base: the global value of the version the push was based
-    on, Δ_m = Θ_p(base_m) − θ_m, so a stale push carries only its own learner's progress; current: the
-    syncer's current value, Δ_m = Θ_p(prev) − θ_m (one reading of the paper's Appendix D.2), under which a push
-    k versions stale also carries −(Θ_p(prev) − Θ_p(base)), the others' progress since its base, and pulls the
-    model back (measured: divergence at K=1 with an 80 ms link, docs/algorithm.md)."""
+    outer_anchor: str = choice("current", ("current", "base"))
+    """What a push's outer gradient is measured from. current: the syncer's current value, Δ_m = Θ_p(prev) − θ_m
+    (the notes' reading of the paper's Appendix D.2); a push k versions stale then also carries
+    −(Θ_p(prev) − Θ_p(base)), the others' progress since its base. base: the global value of the version the
+    push was based on, Δ_m = Θ_p(base_m) − θ_m, so a stale push carries only its own learner's progress, but
+    pushes of the same base merged one after another each take a full outer step (docs/algorithm.md)."""
     anchor_history: int = bounded(64, 1, 100_000)
     """Versions of each fragment the syncer keeps to anchor pushes at their base (outer_anchor = base); a push
     based on an older version is declined as stale and its learner is sent the current value."""
