@@ -23,7 +23,8 @@ ALGORITHMS = ("ddp", "diloco", "decoupled")
 
 
 def row(label: str, res: RunResult | Any) -> dict[str, Any]:
-    """The comparison figures of one finished run."""
+    """The comparison figures of one finished run (a RunResult, or anything with `report` and `run_dir`, such
+    as the pytest plugin's ChaosRun)."""
     r = res.report
     train_s = r.get("train_s") or 0.0
     return {"run": label, "algorithm": r["algorithm"], "final_eval_loss": r["final_eval_loss"],

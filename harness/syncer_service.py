@@ -330,6 +330,16 @@ class SyncerService:
         for conn in conns.values():
             self._send(conn, Message(MsgType.STOP, {"total": total}))
 
+    def _resend_current(self, learner: int, p: int, reason: str) -> None:
+        """Send `learner` fragment p's current global value (applied on arrival), if it is connected."""
+        with self.lock:
+            conn = self.by_learner.get(learner)
+        if conn is None:
+            return
+        version = self.core.versions[p]
+        self._send_fragment(conn, p, merged_to_message(p, version, self.core.fragment(p)))
+        self.events.log("fragment_resent", learner=learner, fragment=p, version=version, reason=reason)
+
     def _send_fragment(self, conn: Conn, p: int, msg: Message) -> None:
         """Queue fragment p's newest merged value: replaces an older one still waiting on this connection."""
         with conn.latest_lock:
@@ -489,12 +499,7 @@ class SyncerService:
                 # it missed the merge it answered for: send the current value, applied on arrival (its unmerged
                 # work on the fragment is dropped), so a learner that keeps answering late still follows the
                 # global model instead of training the fragment alone into one huge, stale outer gradient
-                with self.lock:
-                    conn = self.by_learner.get(learner)
-                if conn is not None:
-                    self._send_fragment(conn, p, merged_to_message(p, self.core.versions[p], self.core.fragment(p)))
-                    self.events.log("fragment_resent", learner=learner, fragment=p, version=self.core.versions[p],
-                                    reason="late")
+                self._resend_current(learner, p, reason="late")
         elif outcome in (PushOutcome.STALE, PushOutcome.UNANCHORED):
             if outcome is PushOutcome.STALE:
                 into = self.core.merged_into[(learner, push.fragment)]
@@ -506,12 +511,7 @@ class SyncerService:
                             first_step=push.first_step, last_step=push.last_step, base_version=push.base_version)
             # it stepped on without the merge, or is too far behind: send it the fragment's current value
             if outcome is PushOutcome.UNANCHORED or self.core.missed_broadcast(push):
-                with self.lock:
-                    conn = self.by_learner.get(learner)
-                if conn is not None:
-                    p = push.fragment
-                    self._send_fragment(conn, p, merged_to_message(p, self.core.versions[p], self.core.fragment(p)))
-                    self.events.log("fragment_resent", learner=learner, fragment=p, version=self.core.versions[p])
+                self._resend_current(learner, push.fragment, reason=outcome.value)
         elif outcome is not PushOutcome.ACCEPTED:
             self.events.log("push_rejected", learner=learner, fragment=push.fragment, reason=outcome.value,
                             first_step=push.first_step, last_step=push.last_step)

@@ -48,10 +48,10 @@ class PushOutcome(enum.Enum):
     REJECTED_SHAPE = "rejected_shape"
     REJECTED_FRAGMENT = "rejected_fragment"
     STALE = "stale"
-    UNANCHORED = "unanchored"
-    """outer_anchor = base, and the push's base version is older than the versions the syncer still holds."""
     """The learner's copy still carries work already merged: it has not applied the version that merge made
     (its host is stalled, or the broadcast was lost). Merging it again would count that work twice."""
+    UNANCHORED = "unanchored"
+    """outer_anchor = base, and the push's base version is older than the versions the syncer still holds."""
 
 
 @dataclass
@@ -119,9 +119,10 @@ class DecoupledSyncer:
         self.reported_step: dict[int, int] = {}
         self.merged_into: dict[tuple[int, int], tuple[int, int]] = {}
         """(learner, fragment) -> (version its last merged push went into, last step that push covered)."""
-        self.history: list[dict[int, dict[str, Tensor]]] = [
-            {0: {n: self.params[n].clone() for n in names}} for names in self.partition]
-        """Per fragment: version -> its global value, the last `cfg.anchor_history` versions (outer_anchor base)."""
+        self.history: list[dict[int, dict[str, Tensor]]] = []
+        """Per fragment: version -> its global value, the last `cfg.anchor_history` versions (outer_anchor base;
+        empty lists otherwise)."""
+        self._reset_history()
         self.clock = 0
         self.merges = 0
         self.skipped_due = 0
@@ -164,8 +165,13 @@ class DecoupledSyncer:
                 self.merged_into[(int(m), p)] = (int(version), int(last))
         self.outer.load_state_dict({"buffers": buffers})
         self.merges = sum(self.versions)
-        self.history = [{self.versions[p]: {n: self.params[n].clone() for n in names}}
-                        for p, names in enumerate(self.partition)]  # older versions died with the old syncer
+        self._reset_history()  # older versions died with the old syncer
+
+    def _reset_history(self) -> None:
+        """Hold only each fragment's current version (outer_anchor = base; nothing is kept otherwise)."""
+        base = self.cfg.outer_anchor == "base"
+        self.history = [{self.versions[p]: {n: self.params[n].clone() for n in names}} if base else {}
+                        for p, names in enumerate(self.partition)]
 
     # -- the clock ------------------------------------------------------------------------------
     def on_meta(self, learner: int, step: int, step_time_s: float, now: float, alive: frozenset[int]) -> list[Pull]:

@@ -264,12 +264,9 @@ class LearnerCore:
 
     def snapshot(self) -> Snapshot:
         """Copy the replica and the counters to host RAM (the syncer pulls from this copy)."""
-        params = list(self.named.values())
-        flat = flatten([p.detach() for p in params])  # one copy; the per-tensor entries are views of it
-        views, off = {}, 0
-        for n, p in self.named.items():
-            views[n] = flat[off:off + p.numel()].view_as(p)
-            off += p.numel()
+        flat = flatten([p.detach() for p in self.named.values()])  # one copy; the entries are views of it
+        parts = flat.split([p.numel() for p in self.named.values()])
+        views = {n: v.view_as(p) for (n, p), v in zip(self.named.items(), parts, strict=True)}
         return Snapshot(
             learner=self.learner, step=self.step, step_time_s=self.step_time_s, tensors=views,
             counters=[(st.version, st.c_steps, st.c_tokens, st.first_step) for st in self.frags],
