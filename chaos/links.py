@@ -136,8 +136,9 @@ class LinkChaos:
         fault = self._new("flap", learner)
         fault.thread = threading.Thread(target=self._flap, args=(fault, period_s, duty, mode),
                                         name=f"flap-{learner}", daemon=True)
+        self._register(fault, period_s=period_s, duty=duty)  # logged before the thread's first flap event
         fault.thread.start()
-        return self._register(fault, period_s=period_s, duty=duty)
+        return fault
 
     def reset_peer(self, learner: int, timeout_ms: int = 0) -> LinkFault:
         """While active, every connection of the link is reset (RST) timeout_ms after data arrives."""
