@@ -11,10 +11,12 @@ Overhead = 1 - harness steps/s / bare steps/s.
 
 Throughput is timed from step WARMUP_STEPS to the last step in both setups.
 
-Two more columns say where the harness's time goes on a 2-core machine, where the syncer shares the
-chips' memory system: "link ms/step" is the CPU the host's link threads used (encoding pushes, decoding
-merged fragments, loopback TCP) per step, and a control row runs the bare loop next to a neighbour
-process that does memory-bound torch work for the syncer's measured share of a core.
+Both setups run with the numeric settings of every run process (one thread, subnormals flushed to zero,
+no heap trimming: harness/procutil.py). Two more columns say where the harness's time goes on a 2-core
+machine, where the syncer shares the chips' memory system: "link ms/step" is the CPU the host's link
+process used (answering pulls, decoding merged fragments, loopback TCP) per step, which runs beside the
+training process rather than in it, and a control row runs the bare loop next to a neighbour process that
+does memory-bound torch work for the syncer's measured share of a core.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from harness.events import EVENTS_FILE, read_events
+from harness.procutil import FLUSH_DENORMAL, keep_heap
 from harness.scenario import builtin
 from harness.supervisor import run_scenario
 from trainers.data import make_splits, train_batch
@@ -40,7 +43,9 @@ WARMUP_STEPS = 50
 
 
 def bare_chip(rank: int, size: int, port: int, steps: int, out: mp.Queue) -> None:
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # the numeric settings every run process has (harness/procutil.py)
+    torch.set_flush_denormal(FLUSH_DENORMAL)
+    keep_heap()
     sc = builtin()
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=size,
@@ -117,7 +122,7 @@ def harness(steps: int, chips: int, eval_every_s: float, proxy: str) -> tuple[fl
         res = run_scenario(sc, d)
         every = read_events(res.run_dir / EVENTS_FILE)
     evs = [e for e in every if e["ev"] == "step" and e["learner"] == 0]
-    link_cpu = sum(sum(e["threads"].values()) for e in every if e["ev"] == "link_cpu" and e["learner"] == 0)
+    link_cpu = sum(e["cpu_s"] for e in every if e["ev"] == "link_cpu" and e["learner"] == 0)
     syncer = [e for e in every if e["ev"] == "syncer_done"]
     _SYNCER_SHARE.append(syncer[0]["cpu_s"] / res.report["wall_s"] if syncer and res.report["wall_s"] else 0.0)
     t = {e["step"]: e["t"] for e in evs}

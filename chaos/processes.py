@@ -4,8 +4,9 @@ Signals go to pids the supervisor hands over (never to process names), each
 checked alive first, so a fault can only ever hit a process of this run.
 `kill_chip` / `kill_learner` / `crash_host` are one shot (SIGKILL: no cleanup
 runs, like a chip or host that dies); the learner's recovery policy decides
-what happens next. `freeze` sends SIGSTOP to the learner's chips and returns
-a scope whose `clear()` sends SIGCONT: a hung host that comes back.
+what happens next. `freeze` sends SIGSTOP to the learner's chips (and the
+host's link process) and returns a scope whose `clear()` sends SIGCONT: a hung
+host that comes back.
 `kill_syncer` SIGKILLs the synchronizer; the supervisor restores it from its
 checkpoint after the repair delay.
 
@@ -47,6 +48,19 @@ ProgressOf = Callable[[], dict[int, int]]
 
 def _no_event(ev: str, /, **fields: Any) -> None:
     pass
+
+
+def _with_children(pids: list[int]) -> list[int]:
+    """The pids and their child processes: a host chip's link process (harness/link_process.py) stops and
+    continues with it, so a frozen or slowed host is silent on its link, as a stopped machine is."""
+    out = []
+    for pid in pids:
+        out.append(pid)
+        try:
+            out.extend(c.pid for c in psutil.Process(pid).children(recursive=True))
+        except psutil.NoSuchProcess:
+            pass
+    return out
 
 
 @dataclass
@@ -130,7 +144,7 @@ class ProcessChaos:
             if not 0 <= chip < len(pids):
                 raise ValueError(f"chip = {chip}: learner {learner} has {len(pids)} live chips")
             pids = [pids[chip]]
-        return self._signal("freeze", learner, pids, signal.SIGSTOP, chip=chip)
+        return self._signal("freeze", learner, _with_children(pids), signal.SIGSTOP, chip=chip)
 
     def slow(self, learner: int, speed: float, period_s: float = 0.2, jitter: float = 0.0) -> ProcessFault:
         """Hold the learner to `speed` of the unslowed learners' progress (SIGSTOP/SIGCONT), until cleared."""
@@ -180,7 +194,8 @@ class ProcessChaos:
                 else:  # duty cycle: run the first `target` of each period
                     want_stop = (t % period_s) >= target * period_s
                 if want_stop != stopped:
-                    self._send_all(self.pids_of(fault.learner), signal.SIGSTOP if want_stop else signal.SIGCONT)
+                    self._send_all(_with_children(self.pids_of(fault.learner)),
+                                   signal.SIGSTOP if want_stop else signal.SIGCONT)
                     stopped = want_stop
                     fault.cycles += int(want_stop)
                 if fault.stop.wait(tick):
@@ -188,7 +203,7 @@ class ProcessChaos:
                 t += tick
                 fault.stopped_s += tick if stopped else 0.0
         finally:
-            self._send_all(self.pids_of(fault.learner), signal.SIGCONT)  # never leave a learner stopped
+            self._send_all(_with_children(self.pids_of(fault.learner)), signal.SIGCONT)  # never leave one stopped
             with self._lock:
                 self._slowed.pop(fault.learner, None)
 

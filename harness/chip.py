@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from harness import scenario as scenario_mod
 from harness.events import EVENTS_FILE, EventLog
-from harness.link import SyncerLink
+from harness.link_process import LinkProcess
 from harness.procutil import become_run_process, cpu_seconds
 from harness.syncer_service import max_frame_bytes
 from trainers.data import make_splits, train_batch
@@ -156,11 +156,16 @@ def chip_main(spec: ChipSpec) -> None:
     shard = make_splits(sc.data, sc.topology.learners).shards[spec.learner]
     seq, bs = sc.model.seq_len, sc.data.batch_size
     members = list(spec.members) or list(range(spec.size))
-    coll = GlooCollective(store, spec.learner, spec.rank, spec.generation, members, gloo_timeout_s(sc),
-                          t.gloo_s, events, announce=spec.joining)
-    core.collective = coll
     link = None
+    if members.index(spec.rank) == 0:  # the host: fork its link process now, while no Gloo thread exists
+        link = LinkProcess("127.0.0.1", spec.syncer_port, spec.learner, bytes.fromhex(spec.secret_hex), t,
+                           max_frame_bytes(sc), os.path.join(spec.run_dir, EVENTS_FILE),
+                           {n: p.shape for n, p in core.named.items()}, core.partition).start()
+    coll = None
     try:
+        coll = GlooCollective(store, spec.learner, spec.rank, spec.generation, members, gloo_timeout_s(sc),
+                              t.gloo_s, events, announce=spec.joining)
+        core.collective = coll
 
         def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
             return train_batch(shard, seq, bs, sc.seed, spec.learner, spec.rank, step)
@@ -184,9 +189,8 @@ def chip_main(spec: ChipSpec) -> None:
             events.log("regroup", learner=spec.learner, chip=spec.rank, step=step, rank=coll.rank, size=coll.size,
                        generation=coll.generation, members=coll.members, why=why)
 
-        if coll.rank == 0:
-            link = SyncerLink("127.0.0.1", spec.syncer_port, spec.learner, bytes.fromhex(spec.secret_hex), t,
-                              max_frame_bytes(sc), events).start()
+        if link is not None:  # connect only now, so that the syncer never counts a learner still starting up
+            link.connect()
             link.wait_connected(t.connect_s)
         if spec.start_step > 0:  # a restarted learner resumes where it stopped, from the global model
             core.step = spec.start_step
@@ -231,7 +235,6 @@ def chip_main(spec: ChipSpec) -> None:
     finally:
         if link is not None:
             link.close(flush_timeout_s=t.socket_op_s * 2)
-            events.log("link_cpu", learner=spec.learner, threads=link.thread_cpu_s,
-                       main_thread_cpu_s=round(time.thread_time(), 4), cpu_s=cpu_seconds())
-        coll.close()
+        if coll is not None:
+            coll.close()
         events.close()

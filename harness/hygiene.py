@@ -1,7 +1,8 @@
 """What a finished run left behind on the machine: live processes and bound ports (both must be none).
 
-The run's pids come from its RunResult (every generation of every process);
-its ports from the event log: the syncer's listener, the supervisor's Gloo
+The run's pids come from its RunResult (every generation of every process)
+and its event log (each host's link process, forked by the host itself); its
+ports from the event log: the syncer's listener, the supervisor's Gloo
 rendezvous store, the Toxiproxy API and every proxy listener.
 """
 
@@ -34,9 +35,14 @@ def run_ports(run_dir: str | os.PathLike[str]) -> set[int]:
     return ports
 
 
+def link_pids(run_dir: str | os.PathLike[str]) -> set[int]:
+    """Every host's link process the run started (harness/link_process.py), from the event log."""
+    return {int(e["pid"]) for e in read_events(Path(run_dir) / EVENTS_FILE) if e["ev"] == "link_process_start"}
+
+
 def leftovers(result: Any) -> dict[str, list[int]]:
     """Processes of the run still alive (zombies excluded) and its ports still listening."""
-    pids = [*result.pids, *result.report.get("chip_pids", [])]
+    pids = [*result.pids, *result.report.get("chip_pids", []), *link_pids(result.run_dir)]
     alive = sorted({p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE})
     ports = run_ports(result.run_dir)
     bound = sorted({c.laddr.port for c in psutil.net_connections("tcp")

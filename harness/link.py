@@ -23,6 +23,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from torch import Tensor
@@ -55,13 +56,16 @@ class SyncerLink:
     """Non-blocking (push/poll) and blocking (exchange_*) access to the syncer over one TCP link."""
 
     def __init__(self, host: str, port: int, learner: int, secret: bytes, timeouts: Timeouts,
-                 max_frame_bytes: int, events: EventLog) -> None:
+                 max_frame_bytes: int, events: EventLog, forward: Callable[[Message], None] | None = None) -> None:
         self.addr = (host, port)
         self.learner = learner
         self.secret = secret
         self.t = timeouts
         self.max_frame_bytes = max_frame_bytes
         self.events = events
+        self.forward = forward
+        """If set, what the training side must see is handed to it instead of kept here (harness/link_process.py):
+        FRAGMENT, STOP and RESUME as received, WELCOME on every connect, REJECT when refused."""
         self._cv = threading.Condition()
         self._outbox: collections.OrderedDict[Any, Message] = collections.OrderedDict()
         self._inbox: list[MergedFragment] = []
@@ -124,7 +128,12 @@ class SyncerLink:
         return True
 
     def publish(self, snapshot: Snapshot, partition: list[list[str]]) -> None:
-        """Keep the newest host-RAM snapshot for pulls and queue the step's metadata. Never blocks."""
+        """Keep the newest host-RAM snapshot for pulls and queue the step's metadata. Never blocks.
+
+        A trainers `Snapshot` may hold the live parameters, so it is copied; anything else that has its
+        interface (the link process's `SharedSnapshot`) is kept as it is and read when a pull comes."""
+        if isinstance(snapshot, Snapshot):
+            snapshot = snapshot.copy()
         with self._cv:
             self._snapshot = (snapshot, partition)
             self._outbox[("meta", 0)] = Message(MsgType.META, {"learner": self.learner, "step": snapshot.step,
@@ -245,6 +254,8 @@ class SyncerLink:
                     self.fatal = str(e)
                     self._cv.notify_all()
                 self.events.log("link_fatal", learner=self.learner, error=str(e))
+                if self.forward is not None:
+                    self.forward(Message(MsgType.REJECT, {"reason": str(e)}))
                 return
             except (OSError, FrameError, ConnectionClosed, ConnectionError, KeyError, ValueError) as e:
                 self.events.log("link_connect_failed", learner=self.learner, error=f"{type(e).__name__}: {e}",
@@ -261,6 +272,8 @@ class SyncerLink:
                     self._outbox[self._request[0]] = self._request[1]
                 self._cv.notify_all()
             self.events.log("link_up", learner=self.learner, connects=self.connects)
+            if self.forward is not None:
+                self.forward(Message(MsgType.WELCOME, {"connects": self.connects}))
             self._read(sock)
 
     def _read(self, sock: socket.socket) -> None:
@@ -285,10 +298,16 @@ class SyncerLink:
                 if not self.stop_requested:
                     self.events.log("stop_received", learner=self.learner, total=msg.meta.get("total"))
                 self.stop_requested = True
+                if self.forward is not None:
+                    self.forward(msg)
+            elif msg.type is MsgType.RESUME and self.forward is not None:
+                self.forward(msg)
             elif msg.type is MsgType.RESUME:
                 with self._cv:
                     self._resume = (int(msg.meta["step"]), msg.tensors)
                     self._cv.notify_all()
+            elif msg.type is MsgType.FRAGMENT and self.forward is not None:
+                self.forward(msg)
             elif msg.type is MsgType.FRAGMENT:
                 merged = message_to_merged(msg)
                 with self._cv:

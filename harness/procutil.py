@@ -1,4 +1,5 @@
-"""What every process of a run does first: die with the supervisor, one thread, ignore Ctrl-C.
+"""What every process of a run does first: die with the supervisor, one thread, ignore Ctrl-C, and the
+numeric and memory settings every chip trains with (subnormals flushed to zero, no heap trimming per step).
 
 Two independent guarantees that a killed supervisor leaves nothing behind:
 
@@ -22,6 +23,17 @@ import threading
 import torch
 
 PR_SET_PDEATHSIG = 1
+M_TRIM_THRESHOLD = -1
+M_TOP_PAD = -2
+FLUSH_DENORMAL = True
+"""Every run process computes with subnormal floats flushed to zero (FTZ/DAZ), as CPU training usually does.
+Once merged fragments arrive, intermediate tensors of a chip's step (not its parameters, gradients or AdamW
+state: checked at the end of a run) hold subnormals, and arithmetic on them is many times slower: the
+step's compute went from 20 to 25-29 ms, back to 21 ms with them flushed (bench/harness_overhead.py)."""
+HEAP_KEEP_BYTES = 64 << 20
+"""glibc keeps this much free memory at the top of the heap instead of returning it to the kernel. With its
+default (128 KiB, adjusted on the fly) a chip gave back and re-faulted its activations' pages every step:
+13,000 page faults per second and ~2 ms of a 20 ms step (perf stat, bench/harness_overhead.py)."""
 WATCHDOG_S = 1.0
 GIL_SWITCH_S = 0.0002
 
@@ -62,20 +74,44 @@ def _watchdog(supervisor_pid: int) -> None:
             os._exit(70)
 
 
-def become_run_process(supervisor_pid: int | None = None) -> None:
-    """Tie this process's life to the supervisor's and use one compute thread."""
-    _close_inherited_forkserver_fd()
+def _kill_me_with_parent() -> None:
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:  # not Linux: the watchdog still applies
+    except OSError:  # not Linux: the watchdog (run processes) or the closed socket (link processes) still applies
         pass
+
+
+def keep_heap() -> None:
+    """Stop glibc from trimming the heap after every step (HEAP_KEEP_BYTES); no-op without glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.mallopt(M_TRIM_THRESHOLD, HEAP_KEEP_BYTES)
+        libc.mallopt(M_TOP_PAD, HEAP_KEEP_BYTES // 4)
+    except (OSError, AttributeError):
+        pass
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """For a process forked by a run process (a host's link process): the kernel SIGKILLs it when that
+    parent dies; if the parent is already gone, exit now."""
+    _kill_me_with_parent()
+    if os.getppid() != parent_pid:
+        os._exit(70)
+
+
+def become_run_process(supervisor_pid: int | None = None) -> None:
+    """Tie this process's life to the supervisor's and use one compute thread."""
+    _close_inherited_forkserver_fd()
+    _kill_me_with_parent()
     if supervisor_pid is not None:
         if not pid_alive(supervisor_pid):
             os._exit(70)  # the supervisor died before we got here
         threading.Thread(target=_watchdog, args=(supervisor_pid,), name="watchdog", daemon=True).start()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's to handle
+    keep_heap()
+    torch.set_flush_denormal(FLUSH_DENORMAL)
     torch.set_num_threads(1)
-    # The link's I/O threads hold the GIL only briefly; a short switch interval stops the training
-    # thread from waiting the default 5 ms for it after each torch op (measured: bench/harness_overhead.py).
+    # Processes with I/O threads next to a computing one (the syncer; a host's link process inherits this)
+    # hand the GIL over every 0.2 ms instead of 5 ms, so a thread with a frame to read is not held up behind it.
     sys.setswitchinterval(GIL_SWITCH_S)

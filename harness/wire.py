@@ -345,6 +345,18 @@ def _readable_bytes(sock: socket.socket) -> int:
     return int(struct.unpack("i", buf)[0])
 
 
+def frame_waiting(sock: socket.socket) -> bool:
+    """For a socket that select() reports readable: whether a whole frame is already in its receive buffer
+    (peeked, nothing consumed; Linux FIONREAD), so that `recv_message` returns without waiting for the
+    sender. True as well when the peer has closed (reading then reports it at once)."""
+    header = sock.recv(HEADER.size, socket.MSG_PEEK)
+    if not header:
+        return True
+    if len(header) < HEADER.size:
+        return False
+    return _readable_bytes(sock) >= HEADER.size + HEADER.unpack(header)[4]
+
+
 def _recv_exact(sock: socket.socket, view: memoryview, deadline: float, what: str) -> int:
     """Fill ``view`` from ``sock`` before ``deadline``; return the bytes read (short only on EOF)."""
     got = 0

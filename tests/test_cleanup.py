@@ -54,9 +54,10 @@ def run_pids(runs: Path) -> list[int] | None:
         return None
     events = [json.loads(x) for x in dirs[0].read_text().splitlines() if x.endswith("}")]
     started = [e["child_pid"] for e in events if e["ev"] == "process_start"]
+    links = [e["pid"] for e in events if e["ev"] == "link_process_start"]  # forked by each host, not the supervisor
     stepped = {e["learner"] for e in events if e["ev"] == "step"}
-    # syncer, the embedded Toxiproxy server and 2 x 2 chips
-    return started if len(started) == 6 and stepped == {0, 1} else None
+    # syncer, the embedded Toxiproxy server and 2 x 2 chips; 2 hosts' link processes
+    return started + links if len(started) == 6 and len(links) == 2 and stepped == {0, 1} else None
 
 
 def assert_all_gone(pids: list[int], timeout: float = 15.0) -> None:

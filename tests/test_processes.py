@@ -122,3 +122,34 @@ def test_slow_duty_cycles_a_busy_process_to_its_speed() -> None:
     finally:
         busy.kill()
         busy.wait(timeout=10)
+
+
+def test_freeze_stops_a_hosts_child_with_it() -> None:
+    """A host chip's link process is its child: a frozen host is silent on its link too, and comes back."""
+    code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); " \
+           "time.sleep(60)"
+    host = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        child = _wait_child(host.pid)
+        pc = ProcessChaos(lambda m: [host.pid], learners=1)
+        with pc.freeze(0) as fault:
+            assert fault.pids == [host.pid, child]
+            assert wait_status(host.pid, {psutil.STATUS_STOPPED}) == psutil.STATUS_STOPPED
+            assert wait_status(child, {psutil.STATUS_STOPPED}) == psutil.STATUS_STOPPED
+        assert wait_status(child, {psutil.STATUS_SLEEPING, psutil.STATUS_RUNNING}) != psutil.STATUS_STOPPED
+    finally:
+        for p in psutil.Process(host.pid).children():
+            p.kill()
+        host.kill()
+        host.wait(timeout=10)
+
+
+def _wait_child(pid: int, timeout: float = 10.0) -> int:
+    tick = threading.Event()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        kids = psutil.Process(pid).children()
+        if kids:
+            return kids[0].pid
+        tick.wait(0.02)
+    raise AssertionError(f"pid {pid} started no child within {timeout}s")

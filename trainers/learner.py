@@ -112,6 +112,13 @@ class Snapshot:
     counters: list[tuple[int, int, int, int]]
     """Per fragment: (version, c_steps, c_tokens, first_step)."""
 
+    def copy(self) -> Snapshot:
+        """The same snapshot with tensors of its own (one flat copy; the entries are views of it)."""
+        flat = flatten([t.detach() for t in self.tensors.values()])
+        parts = flat.split([t.numel() for t in self.tensors.values()])
+        tensors = {n: v.view_as(t) for (n, t), v in zip(self.tensors.items(), parts, strict=True)}
+        return Snapshot(self.learner, self.step, self.step_time_s, tensors, list(self.counters))
+
     def push_for(self, p: int, names: list[str], final: bool = False) -> FragmentPush:
         version, c_steps, c_tokens, first = self.counters[p]
         tensors = {n: self.tensors[n] for n in names} if c_steps > 0 else {}
@@ -126,7 +133,10 @@ class DecoupledLink(Protocol):
     stop_requested: bool
     """The syncer said the run's total budget is reached (train.budget = total)."""
 
-    def publish(self, snapshot: Snapshot, partition: list[list[str]]) -> None: ...
+    def publish(self, snapshot: Snapshot, partition: list[list[str]]) -> None:
+        """Offer the state after a step for pulls. The snapshot's tensors may be the live parameters: a link
+        copies what it keeps before it returns."""
+
     def push(self, push: FragmentPush) -> None: ...
     def poll(self) -> list[MergedFragment]: ...
 
@@ -262,15 +272,16 @@ class LearnerCore:
     def fragment_tensors(self, p: int) -> dict[str, Tensor]:
         return {n: self.named[n].detach().clone() for n in self.partition[p]}
 
-    def snapshot(self) -> Snapshot:
-        """Copy the replica and the counters to host RAM (the syncer pulls from this copy)."""
-        flat = flatten([p.detach() for p in self.named.values()])  # one copy; the entries are views of it
-        parts = flat.split([p.numel() for p in self.named.values()])
-        views = {n: v.view_as(p) for (n, p), v in zip(self.named.items(), parts, strict=True)}
-        return Snapshot(
-            learner=self.learner, step=self.step, step_time_s=self.step_time_s, tensors=views,
+    def snapshot(self, copy: bool = True) -> Snapshot:
+        """The replica and the counters after the current step: copied to host RAM (the syncer pulls from
+        this copy), or with `copy=False` the live parameters themselves, for a link that copies them at once
+        (one copy per step instead of two: the training loop's hot path)."""
+        snap = Snapshot(
+            learner=self.learner, step=self.step, step_time_s=self.step_time_s,
+            tensors={n: p.detach() for n, p in self.named.items()},
             counters=[(st.version, st.c_steps, st.c_tokens, st.first_step) for st in self.frags],
         )
+        return snap.copy() if copy else snap
 
     def receive(self, merged: MergedFragment) -> bool:
         """Host: stash a merged fragment until its apply step. False if it is not newer than ours."""
@@ -478,7 +489,7 @@ def run_decoupled(
         t1 = time.perf_counter()
         if is_host:
             assert link is not None
-            link.publish(core.snapshot(), core.partition)
+            link.publish(core.snapshot(copy=False), core.partition)
             core.last_sync_s += time.perf_counter() - t1
             on_step(core.step, loss, tokens)
             if applied and on_apply is not None:

@@ -1,0 +1,451 @@
+"""The learner host's link to the syncer, run in a process of its own next to the training process.
+
+Why: the link (`harness/link.py`) does its I/O in threads, and those threads need
+Python's GIL to encode pushes, decode merged fragments and answer pulls. Inside
+the training process every message made the training thread hand the GIL over
+mid-step and wait to get it back, a cross-core wake-up each time. With the
+link's threads in the training process the host ran 33-47 inner steps/s in
+three interleaved runs; with this process, 42-44 (P = H = 8, one merge per
+step; bench/harness_overhead.py's harness run). Here the training process has
+no busy thread but its own, and all the link costs it per step is one copy of
+the parameters into shared memory and a few small frames on a local socket.
+
+    training process (host chip)                link process                    syncer
+      LinkProcess  --- AF_UNIX socketpair, wire frames --->  SyncerLink  <--- TCP --->
+                   --- shared memory: the latest snapshot -->  (pulls answered from it at once)
+
+* **Snapshot**: `SharedSnapshot`, two slots in an anonymous shared mapping made
+  before the fork. The training process writes a step's snapshot into the slot
+  not being read and then marks it the latest; each slot has a sequence number,
+  odd while it is written, so the link process copies a fragment out only from
+  a slot that did not change under it (a seqlock; it retries otherwise). Pulls
+  are answered from the newest slot, never waiting for the training loop. The
+  stores are ordered as written on x86-64 (TSO), which this relies on; a
+  weakly ordered CPU would need fences around the sequence numbers.
+* **Frames on the socketpair** reuse the wire format and its message types:
+  training -> link: HELLO (connect now), META (a snapshot was published),
+  PUSH (a final push), GRADS / PARAMS (a synchronous baseline's exchange), BYE
+  (close, flush bounded);
+  link -> training: WELCOME (connected), REJECT (refused: fatal), FRAGMENT,
+  STOP, RESUME, GRADS_AVG / PARAMS_MERGED or ERROR (an exchange's answer), BYE
+  (closed, with the link's CPU use). The training process reads them only when
+  it polls or waits, so it never blocks on the link.
+* **Lifetime**: the link process is forked by the host before it joins its Gloo
+  group (no Gloo or autograd threads exist yet) and connects to the syncer when
+  the host sends HELLO, once its group has formed (so the syncer never counts a
+  learner that is still starting). The kernel SIGKILLs it when the host dies
+  (PR_SET_PDEATHSIG), and it ends when the socketpair closes. A killed host
+  therefore drops its TCP link at once, as before. Process faults
+  that stop a host (`freeze`, `slow`) stop its link process with it
+  (`chaos/processes.py`), so a frozen host is silent, as a frozen machine is.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import mmap
+import multiprocessing as mp
+import os
+import select
+import socket
+import threading
+import time
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from harness.codec import message_to_merged, message_to_push, push_to_message
+from harness.events import EventLog
+from harness.link import LinkFatal, SyncerLink
+from harness.procutil import cpu_seconds, die_with_parent
+from harness.scenario import Timeouts
+from harness.wire import (
+    ConnectionClosed,
+    FrameError,
+    Message,
+    MsgType,
+    frame_waiting,
+    recv_message,
+    send_message,
+)
+from trainers.learner import FragmentPush, MergedFragment, Snapshot
+
+log = logging.getLogger(__name__)
+
+POLL_S = 1.0
+"""The link process's waits on the training process wake at least this often (to notice a close)."""
+
+SOCKET_BUFFER_BYTES = 4 << 20
+"""Send and receive buffers of the local socketpair (the kernel caps them at net.core.[rw]mem_max)."""
+
+SNAPSHOT_RETRIES = 1000
+"""Copies of a fragment the link process tries before giving up on a slot that keeps changing under it."""
+
+
+class SharedSnapshot:
+    """The host's latest snapshot in shared memory: written by the training process, read by the link process.
+
+    Duck-types `trainers.learner.Snapshot` for `SyncerLink` (`learner`, `step`, `step_time_s`, `push_for`)."""
+
+    def __init__(self, learner: int, shapes: dict[str, torch.Size], fragments: int) -> None:
+        self.learner = learner
+        self.names = list(shapes)
+        self.n_frag = fragments
+        numel = [int(torch.Size(s).numel()) for s in shapes.values()]
+        n_params = sum(numel)
+        self._n_ints = 1 + 4 * fragments  # step, then (version, c_steps, c_tokens, first_step) per fragment
+        slot_bytes = 8 * self._n_ints + 8 + 4 * n_params
+        slot_bytes += -slot_bytes % 64
+        self._mm = mmap.mmap(-1, 64 + 2 * slot_bytes)  # anonymous and shared: the fork child sees our writes
+        self._ctl = torch.frombuffer(self._mm, dtype=torch.int64, count=3)
+        """[latest slot (-1: none yet), sequence of slot 0, sequence of slot 1]; a sequence is odd mid-write."""
+        self._ctl[0] = -1
+        self._ints, self._time, self._views = [], [], []
+        for slot in range(2):
+            base = 64 + slot * slot_bytes
+            self._ints.append(torch.frombuffer(self._mm, dtype=torch.int64, count=self._n_ints, offset=base))
+            self._time.append(torch.frombuffer(self._mm, dtype=torch.float64, count=1, offset=base + 8 * self._n_ints))
+            flat = torch.frombuffer(self._mm, dtype=torch.float32, count=n_params, offset=base + 8 * self._n_ints + 8)
+            self._views.append({n: v.view(s) for n, v, s in zip(self.names, flat.split(numel), shapes.values(),
+                                                                   strict=True)})
+
+    # -- the training process --------------------------------------------------------------------
+    def write(self, snap: Snapshot) -> None:
+        """Copy a step's snapshot into the slot that is not the latest, then make it the latest."""
+        latest = int(self._ctl[0])
+        slot = 1 if latest == 0 else 0
+        self._ctl[1 + slot] += 1
+        self._ints[slot].copy_(torch.tensor([snap.step] + [c for cs in snap.counters for c in cs], dtype=torch.int64))
+        self._time[slot][0] = snap.step_time_s
+        views = self._views[slot]
+        for n, t in snap.tensors.items():
+            views[n].copy_(t)
+        self._ctl[1 + slot] += 1
+        self._ctl[0] = slot
+
+    # -- the link process ------------------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        latest = int(self._ctl[0])
+        return int(self._ints[latest][0]) if latest >= 0 else 0
+
+    @property
+    def step_time_s(self) -> float:
+        latest = int(self._ctl[0])
+        return float(self._time[latest][0]) if latest >= 0 else 0.0
+
+    def push_for(self, p: int, names: list[str], final: bool = False) -> FragmentPush:
+        """Fragment p of the newest complete snapshot, copied out (as `Snapshot.push_for`)."""
+        for _ in range(SNAPSHOT_RETRIES):
+            slot = int(self._ctl[0])
+            seq = int(self._ctl[1 + slot])
+            if seq % 2:
+                continue
+            ints = self._ints[slot].tolist()
+            step_time = float(self._time[slot][0])
+            version, c_steps, c_tokens, first = ints[1 + 4 * p: 5 + 4 * p]
+            tensors = {n: self._views[slot][n].clone() for n in names} if c_steps > 0 else {}
+            if int(self._ctl[1 + slot]) == seq:
+                return FragmentPush(learner=self.learner, fragment=p, base_version=version, c_steps=c_steps,
+                                    c_tokens=c_tokens, first_step=first, last_step=ints[0], step_time_s=step_time,
+                                    tensors=tensors, final=final)
+        raise RuntimeError(f"snapshot slot kept changing during {SNAPSHOT_RETRIES} copies of fragment {p}")
+
+
+class LinkProcess:
+    """`SyncerLink`'s interface for the training process, with the link itself in a child process.
+
+    Nothing here uses a thread: frames from the link process are read when the training loop polls or waits,
+    and every wait is bounded by the caller's timeout."""
+
+    def __init__(self, host: str, port: int, learner: int, secret: bytes, timeouts: Timeouts,
+                 max_frame_bytes: int, events_path: str, shapes: dict[str, torch.Size],
+                 partition: list[list[str]]) -> None:
+        self.learner = learner
+        self.t = timeouts
+        self.max_frame_bytes = max_frame_bytes
+        self.partition = partition
+        self.shared = SharedSnapshot(learner, shapes, len(partition))
+        self._sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        for end in (self._sock, child):  # room for whole frames, so that a poll finds them complete
+            end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
+            end.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
+        self._proc = mp.get_context("fork").Process(
+            target=_serve, name=f"learner{learner}.link", daemon=True,
+            args=(child, self._sock, os.getpid(), self.shared, partition, (host, port), learner, secret, timeouts,
+                  max_frame_bytes, events_path))
+        self._child = child
+        self._inbox: list[MergedFragment] = []
+        self._replies: dict[tuple[str, int], Message] = {}
+        self._resume: tuple[int, dict[str, Tensor]] | None = None
+        self._bye: dict[str, Any] | None = None
+        self._eof = False
+        self.connected = False
+        self.connects = 0
+        self.fatal: str | None = None
+        self.stop_requested = False
+        """The syncer said the run's total step budget is reached (train.budget = total): finish and push."""
+        self.thread_cpu_s: dict[str, float] = {}
+        """CPU seconds of the link process's threads, as it reported them on close."""
+        self.pid: int | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> LinkProcess:
+        self._proc.start()
+        self._child.close()
+        self.pid = self._proc.pid
+        return self
+
+    def connect(self) -> None:
+        """Let the link process connect to the syncer (the host calls this once its learner's group has formed,
+        so the syncer never counts a learner that is still starting up)."""
+        self._send(Message(MsgType.HELLO, {"learner": self.learner}))
+
+    def close(self, flush_timeout_s: float) -> None:
+        """Ask the link to send what it holds (bounded), say BYE and exit; the process is reaped (bounded)."""
+        deadline = time.monotonic() + flush_timeout_s + self.t.socket_op_s
+        try:
+            send_message(self._sock, Message(MsgType.BYE, {"flush_timeout_s": flush_timeout_s}), self.t.socket_op_s)
+            self._wait(lambda: self._bye is not None, deadline)
+        except (OSError, LinkFatal):
+            pass
+        self._sock.close()
+        self._proc.join(timeout=max(0.1, deadline - time.monotonic()))
+        if self._proc.is_alive():
+            log.warning("learner %d: link process %s did not exit; killing it", self.learner, self._proc.pid)
+            self._proc.kill()
+            self._proc.join(timeout=self.t.socket_op_s)
+
+    # -- Decoupled DiLoCo ------------------------------------------------------------------------
+    def publish(self, snapshot: Snapshot, partition: list[list[str]]) -> None:
+        """Make `snapshot` the one pulls are answered from, and tell the link (it sends the step's META)."""
+        self.shared.write(snapshot)
+        self._send(Message(MsgType.META, {"step": snapshot.step}))
+
+    def push(self, push: FragmentPush) -> None:
+        self._check_fatal()
+        self._send(push_to_message(push))
+
+    def poll(self) -> list[MergedFragment]:
+        self._drain(0.0)
+        out, self._inbox = self._inbox, []
+        return out
+
+    # -- waits (bounded) -------------------------------------------------------------------------
+    def wait_connected(self, timeout_s: float) -> bool:
+        self._wait(lambda: self.connected or self.fatal is not None, time.monotonic() + timeout_s)
+        return self.connected
+
+    def wait_inbox(self, timeout_s: float) -> bool:
+        return self._wait(lambda: bool(self._inbox) or self.fatal is not None, time.monotonic() + timeout_s) \
+            and bool(self._inbox)
+
+    def wait_resume(self, timeout_s: float) -> tuple[int, dict[str, Tensor]] | None:
+        self._wait(lambda: self._resume is not None or self.fatal is not None, time.monotonic() + timeout_s)
+        return self._resume
+
+    # -- synchronous baselines -------------------------------------------------------------------
+    def exchange_grads(self, step: int, tokens: int, grads: dict[str, Tensor]) -> dict[str, Tensor]:
+        msg = Message(MsgType.GRADS, {"learner": self.learner, "step": step, "tokens": tokens}, grads)
+        return self._exchange(("grads", step), msg)
+
+    def exchange_params(self, round_: int, step: int, tokens: int, params: dict[str, Tensor]) -> dict[str, Tensor]:
+        msg = Message(MsgType.PARAMS, {"learner": self.learner, "round": round_, "step": step, "tokens": tokens},
+                      params)
+        return self._exchange(("round", round_), msg)
+
+    def _exchange(self, key: tuple[str, int], msg: Message) -> dict[str, Tensor]:
+        self._check_fatal()
+        self._send(msg)
+        # The link process answers within barrier_s (with ERROR on its own timeout); the margin covers the hop.
+        deadline = time.monotonic() + self.t.barrier_s + self.t.socket_op_s
+        self._wait(lambda: key in self._replies or self.fatal is not None, deadline)
+        self._check_fatal()
+        reply = self._replies.pop(key, None)
+        if reply is None or reply.type is MsgType.ERROR:
+            detail = reply.meta.get("detail") if reply is not None else "no answer from the link process"
+            raise TimeoutError(f"learner {self.learner}: {detail}")
+        return reply.tensors
+
+    # -- internals -------------------------------------------------------------------------------
+    def _check_fatal(self) -> None:
+        if self.fatal is not None:
+            raise LinkFatal(self.fatal)
+
+    def _send(self, msg: Message) -> None:
+        try:
+            send_message(self._sock, msg, self.t.socket_op_s)
+        except OSError as e:
+            self.fatal = self.fatal or f"link process gone: {type(e).__name__}: {e}"
+            raise LinkFatal(self.fatal) from e
+
+    def _wait(self, done: Any, deadline: float) -> bool:
+        while not done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._drain(left)
+        return True
+
+    def _drain(self, timeout_s: float) -> None:
+        """Handle every frame the link process has sent; wait up to `timeout_s` for the first."""
+        wait = timeout_s
+        while not self._eof:
+            try:
+                readable, _, _ = select.select([self._sock], [], [], wait)
+            except (OSError, ValueError):  # closed
+                return
+            if not readable:
+                return
+            try:
+                if timeout_s == 0.0 and not frame_waiting(self._sock):  # the training loop's poll never waits
+                    return
+            except OSError:
+                pass  # read it and find out
+            wait = 0.0
+            try:  # the link process writes whole frames: once one has begun, the rest follows at once
+                msg = recv_message(self._sock, self.max_frame_bytes, self.t.socket_op_s)
+            except (ConnectionClosed, FrameError, OSError) as e:
+                self._eof = True
+                if self._bye is None:
+                    self.fatal = self.fatal or f"link process gone: {type(e).__name__}: {e}"
+                    self._bye = {}
+                return
+            self._handle(msg)
+
+    def _handle(self, msg: Message) -> None:
+        if msg.type is MsgType.FRAGMENT:
+            self._inbox.append(message_to_merged(msg))
+        elif msg.type is MsgType.WELCOME:
+            self.connected = True
+            self.connects = int(msg.meta.get("connects", self.connects + 1))
+        elif msg.type is MsgType.STOP:
+            self.stop_requested = True
+        elif msg.type is MsgType.REJECT:
+            self.fatal = str(msg.meta.get("reason", "refused"))
+        elif msg.type is MsgType.RESUME:
+            self._resume = (int(msg.meta["step"]), msg.tensors)
+        elif msg.type in (MsgType.GRADS_AVG, MsgType.PARAMS_MERGED, MsgType.ERROR):
+            kind = msg.meta["kind"]
+            self._replies[(kind, int(msg.meta["key"]))] = msg
+        elif msg.type is MsgType.BYE:
+            self._bye = msg.meta
+            self.thread_cpu_s = dict(msg.meta.get("threads", {}))
+
+
+# ------------------------------------------------------------------------------------ the link process
+
+
+class _ToTraining:
+    """The link process's frames to the training process, sent in order by one thread so that the syncer-
+    facing reader never blocks on a training process that is busy in a step."""
+
+    def __init__(self, sock: socket.socket, send_timeout_s: float) -> None:
+        self.sock = sock
+        self.send_timeout_s = send_timeout_s
+        self._q: collections.deque[Message] = collections.deque()
+        self._cv = threading.Condition()
+        self._closed = False
+        self.thread = threading.Thread(target=self._run, name="link-to-training", daemon=True)
+        self.thread.start()
+
+    def put(self, msg: Message) -> None:
+        with self._cv:
+            self._q.append(msg)
+            self._cv.notify()
+
+    def close(self, timeout_s: float) -> None:
+        """Send what is queued (bounded), then stop."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self.thread.join(timeout=timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._q and not self._closed:
+                    self._cv.wait(POLL_S)
+                if not self._q:
+                    return
+                msg = self._q.popleft()
+            try:  # the training process reads between steps, or after a long collective: bounded by the run's end
+                send_message(self.sock, msg, self.send_timeout_s)
+            except OSError:  # it is gone: nothing left to deliver to
+                return
+
+
+def _serve(sock: socket.socket, training_end: socket.socket, parent_pid: int, shared: SharedSnapshot,
+           partition: list[list[str]], addr: tuple[str, int],
+           learner: int, secret: bytes, t: Timeouts, max_frame_bytes: int, events_path: str) -> None:
+    """The link process: wait for the host's HELLO, connect, then relay until BYE or the host's end."""
+    die_with_parent(parent_pid)
+    training_end.close()  # or the training process's end would never see EOF when we exit, nor we when it does
+    events = EventLog(events_path, f"learner{learner}.link")
+    events.log("link_process_start", learner=learner)
+    out = _ToTraining(sock.dup(), t.run_s)
+    try:
+        first = _next_frame(sock, max_frame_bytes, t)
+        if first is not None and first.type is MsgType.HELLO:
+            link = SyncerLink(addr[0], addr[1], learner, secret, t, max_frame_bytes, events,
+                              forward=out.put).start()
+            flush_s = _relay(sock, link, shared, partition, out, max_frame_bytes, t)
+            link.close(flush_timeout_s=flush_s)
+            threads = dict(link.thread_cpu_s)
+            threads["relay"] = round(time.thread_time(), 4)
+            events.log("link_cpu", learner=learner, threads=threads, cpu_s=cpu_seconds())
+            out.put(Message(MsgType.BYE, {"threads": threads, "cpu_s": cpu_seconds()}))
+        else:  # closed (or told to close) before it ever connected
+            out.put(Message(MsgType.BYE, {"threads": {}, "cpu_s": cpu_seconds()}))
+    finally:
+        out.close(timeout_s=t.socket_op_s)
+        events.close()
+
+
+def _next_frame(sock: socket.socket, max_frame_bytes: int, t: Timeouts) -> Message | None:
+    """The training process's next frame; None once it has closed its end (or died). Wakes every POLL_S."""
+    while True:
+        readable, _, _ = select.select([sock], [], [], POLL_S)
+        if not readable:
+            continue
+        try:
+            return recv_message(sock, max_frame_bytes, t.liveness_s)
+        except (ConnectionClosed, FrameError, OSError):
+            return None
+
+
+def _relay(sock: socket.socket, link: SyncerLink, shared: SharedSnapshot, partition: list[list[str]],
+           out: _ToTraining, max_frame_bytes: int, t: Timeouts) -> float:
+    """Hand the training process's frames to the link until BYE (returns its flush bound) or its end (0)."""
+
+    def exchange(msg: Message) -> None:
+        kind, key = ("grads", int(msg.meta["step"])) if msg.type is MsgType.GRADS else \
+            ("round", int(msg.meta["round"]))
+        meta = {"kind": kind, "key": key}
+        try:
+            if msg.type is MsgType.GRADS:
+                res = link.exchange_grads(int(msg.meta["step"]), int(msg.meta["tokens"]), msg.tensors)
+                out.put(Message(MsgType.GRADS_AVG, meta, res))
+            else:
+                res = link.exchange_params(int(msg.meta["round"]), int(msg.meta["step"]), int(msg.meta["tokens"]),
+                                           msg.tensors)
+                out.put(Message(MsgType.PARAMS_MERGED, meta, res))
+        except (TimeoutError, LinkFatal) as e:
+            out.put(Message(MsgType.ERROR, {**meta, "detail": str(e)}))
+
+    while (msg := _next_frame(sock, max_frame_bytes, t)) is not None:
+        try:
+            if msg.type is MsgType.META:
+                link.publish(shared, partition)  # type: ignore[arg-type]  # duck-typed Snapshot
+            elif msg.type is MsgType.PUSH:
+                link.push(message_to_push(msg))
+            elif msg.type in (MsgType.GRADS, MsgType.PARAMS):
+                # in a thread: the relay keeps reading (a BYE, or the training process's end) meanwhile
+                threading.Thread(target=exchange, args=(msg,), name="link-exchange", daemon=True).start()
+            elif msg.type is MsgType.BYE:
+                return float(msg.meta.get("flush_timeout_s", 0.0))
+        except LinkFatal:  # refused: the REJECT already went to the training process, which stops
+            pass
+    return 0.0
