@@ -436,7 +436,8 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
     sup_pool: Counter[tuple[str, int, int, int, int]] = Counter()
     for e in r.of("push_superseded"):
         reason = str(e.get("reason") or "")
-        tag = "late" if reason.startswith("late") else "stale" if reason.startswith("stale") else "newer"
+        tag = "late" if reason.startswith("late") else "stale" if reason.startswith("stale") else \
+            "before_rejoin" if reason.startswith("before rejoin") else "newer"
         sup_pool[(tag, int(e["learner"]), int(e["fragment"]), int(e["first_step"]), int(e["last_step"]))] += 1
     rej_pool: Counter[tuple[int, int, int, int]] = Counter()
     for e in r.of("push_rejected"):
@@ -466,11 +467,12 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
         outcome = str(e.get("outcome", ""))
         if outcome == "accepted":
             pending.append(e)
-        elif outcome in ("late", "stale"):
-            if sup_pool[(outcome, m, p, a, b)] > 0:
-                sup_pool[(outcome, m, p, a, b)] -= 1
+        elif outcome in _SUPERSEDED_TAG:
+            tag = _SUPERSEDED_TAG[outcome]
+            if sup_pool[(tag, m, p, a, b)] > 0:
+                sup_pool[(tag, m, p, a, b)] -= 1
             else:
-                lost.append(f"{_push_id(e)} outcome {outcome} but no push_superseded with reason {outcome}")
+                lost.append(f"{_push_id(e)} outcome {outcome} but no push_superseded with reason {tag}")
         elif outcome.startswith("rejected"):
             if rej_pool[(m, p, a, b)] > 0:
                 rej_pool[(m, p, a, b)] -= 1
@@ -520,6 +522,10 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
         detail = (f"{len(pushes)} pushes, {len(contribs)} merged contributions"
                   + (f", {n_unlogged} counted as merged in merges the killed syncer did not log" if n_unlogged else ""))
     return InvariantResult("updates_accounted", not problems, len(problems), 0, detail, measure)
+
+
+_SUPERSEDED_TAG = {"late": "late", "stale": "stale", "unanchored": "stale", "before_rejoin": "before_rejoin"}
+"""Push outcomes the syncer follows with a push_superseded event, and the start of that event's reason."""
 
 
 def _push_id(e: dict[str, Any]) -> str:

@@ -434,7 +434,7 @@ class SyncerService:
                 self._close(old, "replaced by a new connection")
             self.events.log("learner_join", learner=learner, peer=conn.peer, alive=sorted(self.alive()))
             if self.algorithm == "decoupled":  # the pull: current global fragments to a (re)joining learner
-                for p, version in enumerate(self.core.versions):
+                for p, version in enumerate(self.core.on_join(learner)):
                     self._send(conn, merged_to_message(p, version, self.core.fragment(p)))
                 if self.budget_reached:  # it came back after the budget was spent: it stops after a step
                     self._send(conn, Message(MsgType.STOP, {"total": self.budget_total}))
@@ -500,10 +500,14 @@ class SyncerService:
                 # work on the fragment is dropped), so a learner that keeps answering late still follows the
                 # global model instead of training the fragment alone into one huge, stale outer gradient
                 self._resend_current(learner, p, reason="late")
-        elif outcome in (PushOutcome.STALE, PushOutcome.UNANCHORED):
+        elif outcome in (PushOutcome.STALE, PushOutcome.UNANCHORED, PushOutcome.BEFORE_REJOIN):
             if outcome is PushOutcome.STALE:
                 into = self.core.merged_into[(learner, push.fragment)]
                 reason = f"stale: its work is already in version {into[0]}, not yet applied"
+            elif outcome is PushOutcome.BEFORE_REJOIN:
+                joined = self.core.joined_at[(learner, push.fragment)]
+                reason = (f"before rejoin: based on version {push.base_version}, older than version {joined} "
+                          "it was sent when it rejoined, not yet applied")
             else:
                 reason = (f"stale: based on version {push.base_version}, older than the "
                           f"{self.sc.diloco.anchor_history} versions held to anchor it")

@@ -550,3 +550,31 @@ def test_a_push_based_on_a_version_no_longer_held_is_declined_as_unanchored() ->
     old.base_version = 0
     assert s.on_push(old, rid, 11.1)[0] is PushOutcome.UNANCHORED
     assert s.poll(11.2, alive(1))[0] == [], "declined: nothing to merge"
+
+
+def test_a_copy_from_before_a_rejoin_is_declined_until_the_current_value_is_applied() -> None:
+    """A learner that was away (frozen, partitioned) comes back with a copy based on version 0 while the global
+    fragment is at version 1. It is sent version 1 on rejoin; until it has applied it, its older-based pushes
+    are declined, never merged (measured against version 1 they would pull the model back towards version 0)."""
+    s = make(min_quorum=1)
+    rid = open_round(s, 3, who=alive(0))
+    s.on_push(push(s, 0, 3, shift=0.05), rid, 10.1)
+    s.poll(10.1, alive(0))
+    assert s.versions[3] == 1
+    assert s.on_join(1) == s.versions and s.joined_at[(1, 3)] == 1
+    rid = next(q.round_id for q in s.on_meta(1, 7, 0.0, 11.0, alive(0, 1)) if q.fragment == 3)
+    before = FragmentPush(learner=1, fragment=3, base_version=0, c_steps=4, c_tokens=64, first_step=1, last_step=7,
+                          step_time_s=0.0, tensors={n: t + 0.01 for n, t in s.fragment(3).items()})
+    assert s.on_push(before, rid, 11.1)[0] is PushOutcome.BEFORE_REJOIN
+    assert s.poll(11.2, alive(0, 1))[0] == [], "declined: the round closes without merging it"
+    applied = push(s, 1, 3, c_steps=2)
+    applied.base_version = 1  # it applied what it was sent on rejoin: new work again
+    rid = next(q.round_id for q in s.on_meta(1, 11, 0.0, 12.0, alive(0, 1)) if q.fragment == 3)
+    assert s.on_push(applied, rid, 12.1)[0] is PushOutcome.ACCEPTED
+    other = make(min_quorum=1)  # the same push from a learner that never left is merged as usual
+    rid = open_round(other, 3, who=alive(0))
+    other.on_push(push(other, 0, 3, shift=0.05), rid, 10.1)
+    other.poll(10.1, alive(0))
+    rid = next(q.round_id for q in other.on_meta(1, 7, 0.0, 11.0, alive(0, 1)) if q.fragment == 3)
+    before.learner = 1
+    assert other.on_push(before, rid, 11.1)[0] is PushOutcome.ACCEPTED

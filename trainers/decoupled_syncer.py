@@ -20,7 +20,9 @@ superseded (a newer push of the same learner in the same round, a late
 answer to a round that already merged, or a stale copy whose work an earlier
 merge already holds: a learner merged into version v of a fragment offers
 nothing new until it has applied v, so its pushes based on an older version
-are declined, never merged twice).
+are declined, never merged twice). A learner that (re)joins is sent every
+current fragment; until it has applied them, its pushes based on older
+versions are declined too (`on_join`, BEFORE_REJOIN).
 """
 
 from __future__ import annotations
@@ -52,6 +54,10 @@ class PushOutcome(enum.Enum):
     (its host is stalled, or the broadcast was lost). Merging it again would count that work twice."""
     UNANCHORED = "unanchored"
     """outer_anchor = base, and the push's base version is older than the versions the syncer still holds."""
+    BEFORE_REJOIN = "before_rejoin"
+    """Based on a version older than the one the learner was sent when it (re)joined: it trained on a copy the
+    global model moved past while it was away (a freeze, a partition), and has not applied the current value
+    yet. Measured against the current value, its outer gradient would undo that progress."""
 
 
 @dataclass
@@ -119,6 +125,8 @@ class DecoupledSyncer:
         self.reported_step: dict[int, int] = {}
         self.merged_into: dict[tuple[int, int], tuple[int, int]] = {}
         """(learner, fragment) -> (version its last merged push went into, last step that push covered)."""
+        self.joined_at: dict[tuple[int, int], int] = {}
+        """(learner, fragment) -> the version it was sent when it last (re)joined (`on_join`)."""
         self.history: list[dict[int, dict[str, Tensor]]] = []
         """Per fragment: version -> its global value, the last `cfg.anchor_history` versions (outer_anchor base;
         empty lists otherwise)."""
@@ -216,6 +224,13 @@ class DecoupledSyncer:
         self.clock = target
         return pulls
 
+    def on_join(self, learner: int) -> list[int]:
+        """A learner (re)joined and is sent every fragment's current value: returns those versions. Its pushes
+        based on older versions are declined (BEFORE_REJOIN) until it has applied them."""
+        for p, version in enumerate(self.versions):
+            self.joined_at[(learner, p)] = version
+        return list(self.versions)
+
     def forget(self, learner: int) -> None:
         """A learner left: keep its last step (it may come back) but stop waiting on it."""
         self.step_times.forget(learner)
@@ -242,6 +257,9 @@ class DecoupledSyncer:
         if self.is_stale(push):
             self._decline(rnd, push.learner, now)
             return PushOutcome.STALE, None
+        if push.base_version < self.joined_at.get((push.learner, p), 0):
+            self._decline(rnd, push.learner, now)
+            return PushOutcome.BEFORE_REJOIN, None
         if self.cfg.outer_anchor == "base" and push.base_version not in self.history[p]:
             self._decline(rnd, push.learner, now)
             return PushOutcome.UNANCHORED, None
