@@ -284,8 +284,8 @@ class LinkProcess:
     def _wait(self, done: Any, deadline: float) -> bool:
         while not done():
             left = deadline - time.monotonic()
-            if left <= 0:
-                return False
+            if left <= 0 or self._eof:  # past the deadline, or nothing more can come
+                return bool(done())
             self._drain(left)
         return True
 

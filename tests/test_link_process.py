@@ -102,3 +102,30 @@ def test_shared_snapshot_never_serves_a_slot_mid_write() -> None:
         sh.push_for(0, ["a"])
     sh._ctl[1 + latest] += 1
     assert sh.push_for(0, ["a"]).tensors["a"].tolist() == [[1.0] * 3] * 2
+
+
+def test_link_process_gone_is_fatal_at_once(tmp_path) -> None:
+    """A LinkProcess whose child died: its waits return at once (no spinning to the deadline) and a push is
+    refused with LinkFatal naming the cause."""
+    import time
+
+    from harness.link import LinkFatal
+    from harness.link_process import LinkProcess
+    from harness.scenario import Timeouts
+    from trainers.learner import FragmentPush
+
+    link = LinkProcess("127.0.0.1", 9, 0, b"k" * 32, Timeouts(), 1 << 20, str(tmp_path / "events.jsonl"),
+                       SHAPES, [["a"], ["b"]]).start()
+    try:
+        link._proc.kill()
+        link._proc.join(timeout=10)
+        t0 = time.monotonic()
+        assert link.wait_inbox(5.0) is False
+        assert link.wait_connected(5.0) is False
+        assert time.monotonic() - t0 < 2.0
+        assert link.fatal is not None and "link process gone" in link.fatal
+        with pytest.raises(LinkFatal):
+            link.push(FragmentPush(0, 0, 0, 1, 1, 1, 1, 0.0, {}))
+    finally:
+        link.close(flush_timeout_s=0.1)
+    assert link._proc.exitcode is not None
