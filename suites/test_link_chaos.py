@@ -86,7 +86,9 @@ def test_bandwidth_and_latency_hit_only_their_learner(run_scenario):
     assert BANDWIDTH_KBS * 0.8 <= link[1]["push_KBps"] <= BANDWIDTH_KBS * 1.2, link[1]
     for m in (0, 2):  # None: frames arrived whole, faster than can be timed
         assert link[m]["push_KBps"] is None or link[m]["push_KBps"] > 5 * BANDWIDTH_KBS, link[m]
-    added = link[2]["rtt_ms_median"] - link[0]["rtt_ms_median"]
+    # The toxic adds a fixed delay, so the fastest round trips measure it; medians also hold queueing behind
+    # merged fragments and waits for a CPU (CI on 2 cores: median 100.7 ms for learner 2, min 82.6, learner 0's 0.9)
+    added = link[2]["rtt_ms_min"] - link[0]["rtt_ms_min"]
     assert LATENCY_MS * 0.8 <= added <= LATENCY_MS * 1.2, (link[0], link[2])
     assert link[1]["rtt_samples"] > 0 and link[0]["rtt_ms_median"] < 0.2 * LATENCY_MS
     assert all(d["steps"] == sc.train.steps for d in rep["per_learner"].values()), "nobody waits for a slow link"
