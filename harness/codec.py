@@ -45,3 +45,20 @@ def message_to_merged(msg: Message) -> MergedFragment:
     pulled = msg.meta.get("pulled_step")
     return MergedFragment(fragment=int(msg.meta["fragment"]), version=int(msg.meta["version"]),
                           tensors=dict(msg.tensors), pulled_step=None if pulled is None else int(pulled))
+
+
+def grads_request(learner: int, step: int, tokens: int, grads: dict) -> Message:
+    """ddp: a learner's gradients for `step`, answered by GRADS_AVG {"step"}."""
+    return Message(MsgType.GRADS, {"learner": learner, "step": step, "tokens": tokens}, grads)
+
+
+def params_request(learner: int, round_: int, step: int, tokens: int, params: dict) -> Message:
+    """diloco: a learner's parameters for `round_`, answered by PARAMS_MERGED {"round"}."""
+    return Message(MsgType.PARAMS, {"learner": learner, "round": round_, "step": step, "tokens": tokens}, params)
+
+
+def exchange_id(msg: Message) -> tuple[str, int]:
+    """Which synchronous exchange a request (GRADS, PARAMS), its answer (GRADS_AVG, PARAMS_MERGED) or an ERROR
+    about it belongs to: ("round", r) for diloco, ("step", s) for ddp. `dict([exchange_id(msg)])` is the meta
+    an answer carries."""
+    return ("round", int(msg.meta["round"])) if "round" in msg.meta else ("step", int(msg.meta["step"]))

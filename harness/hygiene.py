@@ -20,8 +20,12 @@ from harness.events import EVENTS_FILE, read_events
 
 def run_ports(run_dir: str | os.PathLike[str]) -> set[int]:
     """Every TCP port the run listened on, as recorded in its event log."""
+    return _ports(read_events(Path(run_dir) / EVENTS_FILE))
+
+
+def _ports(events: list[dict[str, Any]]) -> set[int]:
     ports: set[int] = set()
-    for e in read_events(Path(run_dir) / EVENTS_FILE):
+    for e in events:
         if e["ev"] == "syncer_start":
             ports.add(int(e["port"]))
         elif e["ev"] == "store_ready":
@@ -35,16 +39,13 @@ def run_ports(run_dir: str | os.PathLike[str]) -> set[int]:
     return ports
 
 
-def link_pids(run_dir: str | os.PathLike[str]) -> set[int]:
-    """Every host's link process the run started (harness/link_process.py), from the event log."""
-    return {int(e["pid"]) for e in read_events(Path(run_dir) / EVENTS_FILE) if e["ev"] == "link_process_start"}
-
-
 def leftovers(result: Any) -> dict[str, list[int]]:
     """Processes of the run still alive (zombies excluded) and its ports still listening."""
-    pids = [*result.pids, *result.report.get("chip_pids", []), *link_pids(result.run_dir)]
+    events = read_events(Path(result.run_dir) / EVENTS_FILE)  # read once: pids and ports both come from it
+    links = [int(e["pid"]) for e in events if e["ev"] == "link_process_start"]  # forked by the hosts themselves
+    pids = [*result.pids, *result.report.get("chip_pids", []), *links]
     alive = sorted({p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE})
-    ports = run_ports(result.run_dir)
+    ports = _ports(events)
     bound = sorted({c.laddr.port for c in psutil.net_connections("tcp")
                     if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port in ports})
     return {"processes": alive, "ports": bound}

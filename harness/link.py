@@ -28,7 +28,7 @@ from typing import Any
 
 from torch import Tensor
 
-from harness.codec import message_to_merged, push_to_message
+from harness.codec import exchange_id, grads_request, message_to_merged, params_request, push_to_message
 from harness.events import EventLog
 from harness.scenario import Timeouts
 from harness.wire import (
@@ -157,13 +157,10 @@ class SyncerLink:
         return out
 
     def exchange_grads(self, step: int, tokens: int, grads: dict[str, Tensor]) -> dict[str, Tensor]:
-        msg = Message(MsgType.GRADS, {"learner": self.learner, "step": step, "tokens": tokens}, grads)
-        return self._exchange(("grads", step), msg)
+        return self.exchange(grads_request(self.learner, step, tokens, grads))
 
     def exchange_params(self, round_: int, step: int, tokens: int, params: dict[str, Tensor]) -> dict[str, Tensor]:
-        msg = Message(MsgType.PARAMS, {"learner": self.learner, "round": round_, "step": step, "tokens": tokens},
-                      params)
-        return self._exchange(("round", round_), msg)
+        return self.exchange(params_request(self.learner, round_, step, tokens, params))
 
     def close(self, flush_timeout_s: float) -> None:
         """Send what is queued (bounded), say BYE, and stop the threads."""
@@ -194,8 +191,11 @@ class SyncerLink:
         if self.fatal is not None:
             raise LinkFatal(self.fatal)
 
-    def _exchange(self, key: tuple[str, int], msg: Message) -> dict[str, Tensor]:
+    def exchange(self, msg: Message) -> dict[str, Tensor]:
+        """Send a GRADS or PARAMS request (codec's grads_request / params_request) and block, at most
+        barrier_s, for its answer's tensors; the request is sent again after a reconnect."""
         self._check_fatal()
+        key = exchange_id(msg)
         deadline = time.monotonic() + self.t.barrier_s
         with self._cv:
             self._request = (key, msg)
@@ -300,24 +300,20 @@ class SyncerLink:
                 self.stop_requested = True
                 if self.forward is not None:
                     self.forward(msg)
-            elif msg.type is MsgType.RESUME and self.forward is not None:
+            elif msg.type in (MsgType.RESUME, MsgType.FRAGMENT) and self.forward is not None:
                 self.forward(msg)
             elif msg.type is MsgType.RESUME:
                 with self._cv:
                     self._resume = (int(msg.meta["step"]), msg.tensors)
                     self._cv.notify_all()
-            elif msg.type is MsgType.FRAGMENT and self.forward is not None:
-                self.forward(msg)
             elif msg.type is MsgType.FRAGMENT:
                 merged = message_to_merged(msg)
                 with self._cv:
                     self._inbox.append(merged)
                     self._cv.notify_all()
             elif msg.type in (MsgType.GRADS_AVG, MsgType.PARAMS_MERGED):
-                key = ("grads", int(msg.meta["step"])) if msg.type is MsgType.GRADS_AVG else \
-                    ("round", int(msg.meta["round"]))
                 with self._cv:
-                    self._replies[key] = msg.tensors
+                    self._replies[exchange_id(msg)] = msg.tensors
                     self._cv.notify_all()
 
     def _answer_pull(self, p: int, round_id: int) -> None:

@@ -56,7 +56,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from harness.codec import message_to_merged, message_to_push, push_to_message
+from harness.codec import (
+    exchange_id,
+    grads_request,
+    message_to_merged,
+    message_to_push,
+    params_request,
+    push_to_message,
+)
 from harness.events import EventLog
 from harness.link import LinkFatal, SyncerLink
 from harness.procutil import cpu_seconds, die_with_parent
@@ -91,8 +98,6 @@ class SharedSnapshot:
 
     def __init__(self, learner: int, shapes: dict[str, torch.Size], fragments: int) -> None:
         self.learner = learner
-        self.names = list(shapes)
-        self.n_frag = fragments
         numel = [int(torch.Size(s).numel()) for s in shapes.values()]
         n_params = sum(numel)
         self._n_ints = 1 + 4 * fragments  # step, then (version, c_steps, c_tokens, first_step) per fragment
@@ -108,7 +113,7 @@ class SharedSnapshot:
             self._ints.append(torch.frombuffer(self._mm, dtype=torch.int64, count=self._n_ints, offset=base))
             self._time.append(torch.frombuffer(self._mm, dtype=torch.float64, count=1, offset=base + 8 * self._n_ints))
             flat = torch.frombuffer(self._mm, dtype=torch.float32, count=n_params, offset=base + 8 * self._n_ints + 8)
-            self._views.append({n: v.view(s) for n, v, s in zip(self.names, flat.split(numel), shapes.values(),
+            self._views.append({n: v.view(s) for n, v, s in zip(shapes, flat.split(numel), shapes.values(),
                                                                    strict=True)})
 
     # -- the training process --------------------------------------------------------------------
@@ -166,7 +171,6 @@ class LinkProcess:
         self.learner = learner
         self.t = timeouts
         self.max_frame_bytes = max_frame_bytes
-        self.partition = partition
         self.shared = SharedSnapshot(learner, shapes, len(partition))
         self._sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         for end in (self._sock, child):  # room for whole frames, so that a poll finds them complete
@@ -248,16 +252,14 @@ class LinkProcess:
 
     # -- synchronous baselines -------------------------------------------------------------------
     def exchange_grads(self, step: int, tokens: int, grads: dict[str, Tensor]) -> dict[str, Tensor]:
-        msg = Message(MsgType.GRADS, {"learner": self.learner, "step": step, "tokens": tokens}, grads)
-        return self._exchange(("grads", step), msg)
+        return self._exchange(grads_request(self.learner, step, tokens, grads))
 
     def exchange_params(self, round_: int, step: int, tokens: int, params: dict[str, Tensor]) -> dict[str, Tensor]:
-        msg = Message(MsgType.PARAMS, {"learner": self.learner, "round": round_, "step": step, "tokens": tokens},
-                      params)
-        return self._exchange(("round", round_), msg)
+        return self._exchange(params_request(self.learner, round_, step, tokens, params))
 
-    def _exchange(self, key: tuple[str, int], msg: Message) -> dict[str, Tensor]:
+    def _exchange(self, msg: Message) -> dict[str, Tensor]:
         self._check_fatal()
+        key = exchange_id(msg)
         self._send(msg)
         # The link process answers within barrier_s (with ERROR on its own timeout); the margin covers the hop.
         deadline = time.monotonic() + self.t.barrier_s + self.t.socket_op_s
@@ -328,8 +330,7 @@ class LinkProcess:
         elif msg.type is MsgType.RESUME:
             self._resume = (int(msg.meta["step"]), msg.tensors)
         elif msg.type in (MsgType.GRADS_AVG, MsgType.PARAMS_MERGED, MsgType.ERROR):
-            kind = msg.meta["kind"]
-            self._replies[(kind, int(msg.meta["key"]))] = msg
+            self._replies[exchange_id(msg)] = msg
         elif msg.type is MsgType.BYE:
             self._bye = msg.meta
             self.thread_cpu_s = dict(msg.meta.get("threads", {}))
@@ -421,17 +422,10 @@ def _relay(sock: socket.socket, link: SyncerLink, shared: SharedSnapshot, partit
     """Hand the training process's frames to the link until BYE (returns its flush bound) or its end (0)."""
 
     def exchange(msg: Message) -> None:
-        kind, key = ("grads", int(msg.meta["step"])) if msg.type is MsgType.GRADS else \
-            ("round", int(msg.meta["round"]))
-        meta = {"kind": kind, "key": key}
+        meta = dict([exchange_id(msg)])  # what the syncer's own answer carries: {"step"} or {"round"}
+        answer = MsgType.GRADS_AVG if msg.type is MsgType.GRADS else MsgType.PARAMS_MERGED
         try:
-            if msg.type is MsgType.GRADS:
-                res = link.exchange_grads(int(msg.meta["step"]), int(msg.meta["tokens"]), msg.tensors)
-                out.put(Message(MsgType.GRADS_AVG, meta, res))
-            else:
-                res = link.exchange_params(int(msg.meta["round"]), int(msg.meta["step"]), int(msg.meta["tokens"]),
-                                           msg.tensors)
-                out.put(Message(MsgType.PARAMS_MERGED, meta, res))
+            out.put(Message(answer, meta, link.exchange(msg)))
         except (TimeoutError, LinkFatal) as e:
             out.put(Message(MsgType.ERROR, {**meta, "detail": str(e)}))
 
