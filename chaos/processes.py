@@ -14,14 +14,17 @@ checkpoint after the repair delay.
 generation, or, scoped, a transient straggler) from outside its training
 loop, with SIGSTOP/SIGCONT. Where the run's progress is known (the
 supervisor passes each learner's step), it is a feedback controller: every
-`period_s / 4` the learner is stopped while it is more than one step ahead
-of `speed` x the mean progress of the learners that are not slowed, and runs
-otherwise, so its achieved speed relative to them is the profile, whatever
-the machine's load. Without progress (or with no unslowed learner left) it
-falls back to a fixed duty cycle (`speed` of every `period_s`). `jitter`
-varies the target per period, uniformly in speed x (1 +- jitter), from the
-run's seed. It follows the learner across restarts: it asks the registry for
-the current pids every tick.
+CONTROL_TICK_S the learner is stopped while it is ahead of `speed` x the
+mean progress of the learners that are not slowed, and runs otherwise, so
+its achieved speed relative to them is the profile, whatever the machine's
+load. Its error is a few steps whatever the window's length (the learner
+runs on until the controller sees its step: the supervisor's progress poll
+plus a tick), so the profile is precise over windows of many steps.
+Without progress (or with no unslowed learner left) it falls back to a
+fixed duty cycle (`speed` of every `period_s`). `jitter` varies the target
+per period, uniformly in speed x (1 +- jitter), from the run's seed. It
+follows the learner across restarts: it asks the registry for the current
+pids every tick.
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ from typing import Any
 import psutil
 
 from chaos.schedule import PROCESS_ACTIONS, FaultSpec
+
+CONTROL_TICK_S = 0.02
+"""How often the `slow` controller compares progress (at most `period_s / 4`): a learner at full speed does
+about one step in this on this machine, so it overshoots its budget by about one step before it is stopped."""
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +186,7 @@ class ProcessChaos:
     def _hold_to_speed(self, fault: ProcessFault, speed: float, period_s: float, jitter: float) -> None:
         rng = random.Random(f"{self.seed}/slow/{fault.learner}")
         start = dict(self.progress()) if self.progress is not None else {}
-        tick = period_s / 4
+        tick = min(period_s / 4, CONTROL_TICK_S) if self.progress is not None else period_s / 4
         target, next_draw, t = speed, 0.0, 0.0
         stopped = False
         try:
@@ -190,7 +197,7 @@ class ProcessChaos:
                 ref = self._reference(fault.learner, start) if self.progress is not None else None
                 if ref is not None:
                     own = self.progress().get(fault.learner, 0) - start.get(fault.learner, 0)  # type: ignore[misc]
-                    want_stop = own > target * ref + 1.0
+                    want_stop = own > target * ref
                 else:  # duty cycle: run the first `target` of each period
                     want_stop = (t % period_s) >= target * period_s
                 if want_stop != stopped:

@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import threading
+from typing import Any
 
 import torch
 
@@ -74,10 +75,14 @@ def _watchdog(supervisor_pid: int) -> None:
             os._exit(70)
 
 
+def _libc() -> Any:
+    """glibc through ctypes (OSError where there is none: not Linux, or musl)."""
+    return ctypes.CDLL("libc.so.6", use_errno=True)
+
+
 def _kill_me_with_parent() -> None:
     try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:  # not Linux: the watchdog (run processes) or the closed socket (link processes) still applies
         pass
 
@@ -85,7 +90,7 @@ def _kill_me_with_parent() -> None:
 def keep_heap() -> None:
     """Stop glibc from trimming the heap after every step (HEAP_KEEP_BYTES); no-op without glibc."""
     try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc = _libc()
         libc.mallopt(M_TRIM_THRESHOLD, HEAP_KEEP_BYTES)
         libc.mallopt(M_TOP_PAD, HEAP_KEEP_BYTES // 4)
     except (OSError, AttributeError):

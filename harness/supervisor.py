@@ -44,6 +44,9 @@ GROW_MARGIN = 0.1
 before the learner finishes)."""
 FAULT_POLL_S = 0.05
 """The same while a scheduled fault waits for its trigger: a fault fires within this of its step."""
+SLOW_POLL_S = 0.02
+"""The same while a `slow` fault holds a learner to a speed: its controller (chaos/processes.py) sees the
+learners' steps this late at most, so a learner overshoots its step budget by about this much time."""
 PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "harness.chip", "harness.syncer_service"]
 """Imported once in the forkserver. torch._dynamo is what the first AdamW construction imports (1.6 s of CPU
 per chip process on this machine, measured with -X importtime); preloaded, a chip is ready in ~0.1 s."""
@@ -366,8 +369,9 @@ class Supervisor:
             down += [at - now for at in self.chip_repair_at.values()]
             if self.syncer_restart_at is not None:
                 down.append(self.syncer_restart_at - now)
-            fast = faults.pending() or (self.procs_chaos is not None and self.procs_chaos.slowed())
-            poll_s = min([FAULT_POLL_S if fast else POLL_S, *[max(0.0, d) for d in down]])
+            slowing = self.procs_chaos is not None and self.procs_chaos.slowed()
+            base = SLOW_POLL_S if slowing else FAULT_POLL_S if faults.pending() else POLL_S
+            poll_s = min([base, *[max(0.0, d) for d in down]])
             live = [p for p in self.procs.values() if p.exitcode is None]
             _wait_any(live, poll_s)
 

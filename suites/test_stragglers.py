@@ -4,7 +4,8 @@ Decoupled DiLoCo's claim: learners never wait for each other, so a slow learner 
 slows only itself. The `slow` fault holds a learner to `speed` x the progress of the learners that are not
 slowed (a feedback controller on the steps in the event log, chaos/processes.py); the suite checks the
 achieved ratio (report.json `speed_profiles`) is the profile within +-15%, that the fast learners run at the
-speed they have when nobody is slow, and that a transient straggler is back to full speed after its window.
+speed they have when nobody is slow, and that a transient straggler is released after its window (no longer
+held to its profile).
 Each test also checks a convergence invariant (converged: the final eval loss well below the initial one;
 model_finite) and availability invariants (no_global_downtime with a learner alive, uptime) of
 harness/invariants.py, whose figures it prints: a slow learner must neither stall nor spoil the global model.
@@ -41,13 +42,13 @@ MIN_UPTIME = 0.9
 K = 1 never waits for them, so it stays near 1.0 (docs/process-chaos.md measured 1.00)."""
 
 
-def scenario(faults: list[dict[str, Any]], learners: int = 4) -> Any:
+def scenario(faults: list[dict[str, Any]], learners: int = 4, steps: int = STEPS) -> Any:
     return from_dict({
         "name": "stragglers",
         "seed": 9,
         "algorithm": "decoupled",
         "topology": {"learners": learners, "chips_per_learner": 1},
-        "train": {"steps": STEPS, "warmup_steps": 10},
+        "train": {"steps": steps, "warmup_steps": 10},
         "diloco": {"fragments": 4, "sync_every": 4, "overlap": 1},
         "eval": {"every_s": 3.0, "batches": 2},
         "faults": faults,
@@ -90,10 +91,21 @@ def test_straggler_two_half_speed_learners_achieve_their_profile(run_scenario, f
     check_invariants(res)  # converged: final eval loss <= initial - LOSS_DROP
 
 
+TRANSIENT_STEPS = 240
+"""The transient test's run: a 100-step window (learner 0's steps 40 to 140) and 100 steps after it. The slow
+controller's error is a step or two whatever the window (chaos/processes.py): over a 60-step window, 18 steps
+at 0.3, it achieved 0.27-0.36 here (CI failed once at 0.356); over 100 steps 0.290-0.299 in 20 runs."""
+UNHELD_FLOOR = 0.6
+"""After its window the transient straggler is no longer held to its profile: its steps/s over learner 0's is
+at least twice the profile 0.3. Not 1.0: two chips, the syncer, the proxy and the link processes share two
+cores, and which chip shares a core with the rest decides. Measured here over the 100 steps after the window,
+20 runs: 0.77-1.37, median 1.02; with nobody slow, over learner 0's first 40 steps, as low as 0.63."""
+
+
 def test_straggler_transient_window_then_full_speed(run_scenario):
-    """Learner 1 at 0.3 while learner 0 goes from step 40 to 100; afterwards it runs as fast as learner 0."""
+    """Learner 1 at 0.3 while learner 0 goes from step 40 to 140; afterwards it is no longer held to 0.3."""
     res = run_scenario(scenario([{"action": "slow", "learner": 1, "speed": 0.3, "at": {"step": 40, "learner": 0},
-                                  "until": {"step": 100, "learner": 0}}], learners=2))
+                                  "until": {"step": 140, "learner": 0}}], learners=2, steps=TRANSIENT_STEPS))
     rep, evs = res.report, res.events
     (p,) = rep["speed_profiles"]
     off = next(e["t"] for e in evs if e["ev"] == "process_fault_off")
@@ -107,5 +119,6 @@ def test_straggler_transient_window_then_full_speed(run_scenario):
     res.figures({"achieved": p["achieved"], "window_s": p["window_s"], "steps_after_window": after,
                  "final_eval": rep["final_eval_loss"]})
     assert abs(p["achieved"] - 0.3) <= TOLERANCE * 0.3, f"achieved {p['achieved']}, profile 0.3 +- {TOLERANCE:.0%}"
-    assert after[0] >= 0.8 * after[1], f"learner 1 still slow after its window: {after}"
+    assert after[0] >= UNHELD_FLOOR * after[1], f"learner 1 still held after its window: {after} steps " \
+        f"(learner 1, learner 0), floor {UNHELD_FLOOR}"
     check_invariants(res)

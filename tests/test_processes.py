@@ -105,7 +105,9 @@ def test_apply_and_range_errors(chips) -> None:
 
 
 def test_slow_duty_cycles_a_busy_process_to_its_speed() -> None:
-    """Time is the point here: a busy process slowed to speed 0.5 gets about half the CPU it would."""
+    """Time is the point here: a busy process slowed to speed 0.5 is stopped about half the time, and gets at
+    most about half a core. The stopped fraction is sampled from /proc (what the signals did); the CPU share is
+    checked only from above, since a loaded machine can only lower it (CI once gave 0.24 under load)."""
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         pc = ProcessChaos(lambda m: [busy.pid] if busy.poll() is None else [], learners=1)
@@ -113,10 +115,15 @@ def test_slow_duty_cycles_a_busy_process_to_its_speed() -> None:
         tick = threading.Event()
         fault = pc.slow(0, speed=0.5, period_s=0.1)
         c0, t0 = sum(proc.cpu_times()[:2]), time.monotonic()
-        tick.wait(1.5)
+        samples = []
+        while time.monotonic() - t0 < 1.5:
+            samples.append(proc.status() == psutil.STATUS_STOPPED)
+            tick.wait(0.003)
         share = (sum(proc.cpu_times()[:2]) - c0) / (time.monotonic() - t0)
         fault.clear()
-        assert 0.3 <= share <= 0.7, f"CPU share {share:.2f} under speed 0.5"
+        stopped = sum(samples) / len(samples)
+        assert 0.3 <= stopped <= 0.7, f"stopped {stopped:.2f} of {len(samples)} samples under speed 0.5"
+        assert share <= 0.75, f"CPU share {share:.2f} under speed 0.5"
         assert fault.cycles >= 10
         wait_status(busy.pid, {psutil.STATUS_RUNNING, psutil.STATUS_SLEEPING})
     finally:
