@@ -5,7 +5,10 @@ processes in one Gloo group and nothing else (no syncer, no link, no event
 log, no snapshots). "harness" runs the same learner through the full harness
 (syncer process, TCP link, pulls and merges, event log, host-RAM snapshots),
 once with periodic eval of the global model and once with it effectively off.
-Overhead = 1 - harness steps/s / bare steps/s.
+Overhead = 1 - harness steps/s / bare steps/s, paired: each repeat runs every configuration once, in
+turn, and the overhead is the median over repeats of the ratio to that repeat's bare loop. This VM's speed
+drifts by tens of percent between minutes (the bare loop: 51 steps/s in one invocation, 72 in the next), which
+a ratio of medians taken minutes apart mistakes for overhead; the steal column is the host's share.
 
     python bench/harness_overhead.py [--steps 400] [--chips 1] [--repeats 3]
 
@@ -27,6 +30,7 @@ import multiprocessing as mp
 import statistics
 import tempfile
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -136,32 +140,52 @@ _SYNCER_SHARE: list[float] = []
 """Syncer CPU seconds per wall second in each harness run: the neighbour control's duty."""
 
 
+def _cpu_jiffies() -> tuple[int, int]:
+    """(steal, total) jiffies of the whole machine, from /proc/stat: a VM's host taking its cores away."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
+
+
+def _timed(fn: Any, *args: Any) -> tuple[float, float, float, float]:
+    """fn's (steps/s, chip CPU ms/step, link ms/step) and the machine's steal fraction while it ran."""
+    s0, t0 = _cpu_jiffies()
+    rate, cpu, link = fn(*args)
+    s1, t1 = _cpu_jiffies()
+    return rate, cpu, link, (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--chips", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
-    rows: dict[str, list[tuple[float, float, float]]] = {}
+    bare_row = "bare loop (Gloo only)"
+    rows: dict[str, list[tuple[float, float, float, float]]] = {}
     for _ in range(a.repeats):  # interleaved, so slow phases of a noisy machine hit every configuration
-        rows.setdefault("bare loop (Gloo only)", []).append(bare(a.steps, a.chips))
+        rows.setdefault(bare_row, []).append(_timed(bare, a.steps, a.chips))
         duty = statistics.median(_SYNCER_SHARE) if _SYNCER_SHARE else 0.2
-        rows.setdefault("bare + syncer-load neighbour", []).append(bare(a.steps, a.chips, duty))
-        rows.setdefault("harness, proxy, eval every 3 s", []).append(harness(a.steps, a.chips, 3.0, "embedded"))
-        rows.setdefault("harness, proxy, eval off", []).append(harness(a.steps, a.chips, 3600.0, "embedded"))
-        rows.setdefault("harness, no proxy, eval off", []).append(harness(a.steps, a.chips, 3600.0, "off"))
-    base = statistics.median(r for r, _, _ in rows["bare loop (Gloo only)"])
-    base_cpu = statistics.median(c for _, c, _ in rows["bare loop (Gloo only)"])
-    print(f"{a.chips} chip(s) x 1 learner, steps {WARMUP_STEPS}..{a.steps}, median of {a.repeats} interleaved runs")
-    print("steps/s: per learner (= per chip), wall clock; chip CPU ms/step: CPU time of the chip process (host)")
-    print(f"{'configuration':32} {'steps/s':>8} {'min':>7} {'max':>7} {'overhead':>9} {'CPU ms/step':>12} "
-          f"{'CPU overhead':>13} {'link ms/step':>13}")
+        rows.setdefault("bare + syncer-load neighbour", []).append(_timed(bare, a.steps, a.chips, duty))
+        for name, every, proxy in (("harness, proxy, eval every 3 s", 3.0, "embedded"),
+                                   ("harness, proxy, eval off", 3600.0, "embedded"),
+                                   ("harness, no proxy, eval off", 3600.0, "off")):
+            rows.setdefault(name, []).append(_timed(harness, a.steps, a.chips, every, proxy))
+    bare_runs = rows[bare_row]
+    base_cpu = statistics.median(r[1] for r in bare_runs)
+    print(f"{a.chips} chip(s) x 1 learner, steps {WARMUP_STEPS}..{a.steps}, {a.repeats} interleaved repeats")
+    print("steps/s: per learner (= per chip), wall clock, median; overhead: median over repeats of 1 - steps/s /")
+    print("the bare loop's steps/s in the same repeat (paired: this machine's speed drifts between minutes);")
+    print("chip CPU ms/step: CPU time of the chip process (host); steal: the VM's CPU taken by its host")
+    print(f"{'configuration':32} {'steps/s':>8} {'overhead':>9} {'min':>7} {'max':>7} {'CPU ms/step':>12} "
+          f"{'CPU overhead':>13} {'link ms/step':>13} {'steal':>6}  runs (steps/s, in order)")
     for name, vals in rows.items():
-        med = statistics.median(r for r, _, _ in vals)
-        cpu = statistics.median(c for _, c, _ in vals)
-        link = statistics.median(k for _, _, k in vals)
-        print(f"{name:32} {med:8.2f} {min(r for r, _, _ in vals):7.2f} {max(r for r, _, _ in vals):7.2f} "
-              f"{100 * (1 - med / base):8.1f}% {cpu:12.2f} {100 * (cpu / base_cpu - 1):12.1f}% {link:13.2f}")
+        paired = [1 - r[0] / b[0] for r, b in zip(vals, bare_runs, strict=True)]
+        cpu = statistics.median(r[1] for r in vals)
+        print(f"{name:32} {statistics.median(r[0] for r in vals):8.2f} {100 * statistics.median(paired):8.1f}% "
+              f"{100 * min(paired):6.1f}% {100 * max(paired):6.1f}% {cpu:12.2f} {100 * (cpu / base_cpu - 1):12.1f}% "
+              f"{statistics.median(r[2] for r in vals):13.2f} {100 * statistics.median(r[3] for r in vals):5.1f}%  "
+              + " ".join(f"{r[0]:.1f}" for r in vals))
     print(f"neighbour duty (syncer CPU share, median): {statistics.median(_SYNCER_SHARE):.2f}")
 
 

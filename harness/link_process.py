@@ -125,8 +125,7 @@ class SharedSnapshot:
         self._ints[slot].copy_(torch.tensor([snap.step] + [c for cs in snap.counters for c in cs], dtype=torch.int64))
         self._time[slot][0] = snap.step_time_s
         views = self._views[slot]
-        for n, t in snap.tensors.items():
-            views[n].copy_(t)
+        torch._foreach_copy_([views[n] for n in snap.tensors], list(snap.tensors.values()))  # one call, 29 copies
         self._ctl[1 + slot] += 1
         self._ctl[0] = slot
 
