@@ -96,7 +96,7 @@ def neighbour(duty: float, stop: mp.Event) -> None:
         stop.wait(0.01 * (1 - duty))
 
 
-def bare(steps: int, chips: int, neighbour_duty: float = 0.0) -> tuple[float, float, float]:
+def bare(steps: int, chips: int, neighbour_duty: float = 0.0) -> tuple[float, float, float, float]:
     ctx = mp.get_context("forkserver")
     stop = ctx.Event()
     nb = ctx.Process(target=neighbour, args=(neighbour_duty, stop)) if neighbour_duty > 0 else None
@@ -113,10 +113,10 @@ def bare(steps: int, chips: int, neighbour_duty: float = 0.0) -> tuple[float, fl
     if nb is not None:
         stop.set()
         nb.join(timeout=10)
-    return rate, cpu, 0.0
+    return rate, cpu, 0.0, 0.0
 
 
-def harness(steps: int, chips: int, eval_every_s: float, proxy: str) -> tuple[float, float, float]:
+def harness(steps: int, chips: int, eval_every_s: float, proxy: str) -> tuple[float, float, float, float]:
     sc = builtin()
     sc = sc.replace(topology=type(sc.topology)(learners=1, chips_per_learner=chips),
                     train=type(sc.train)(steps=steps), eval=type(sc.eval)(every_s=eval_every_s),
@@ -127,13 +127,15 @@ def harness(steps: int, chips: int, eval_every_s: float, proxy: str) -> tuple[fl
         every = read_events(res.run_dir / EVENTS_FILE)
     evs = [e for e in every if e["ev"] == "step" and e["learner"] == 0]
     link_cpu = sum(e["cpu_s"] for e in every if e["ev"] == "link_cpu" and e["learner"] == 0)
+    timing = next(e["timing"] for e in every if e["ev"] == "learner_done" and e["learner"] == 0)
     syncer = [e for e in every if e["ev"] == "syncer_done"]
     _SYNCER_SHARE.append(syncer[0]["cpu_s"] / res.report["wall_s"] if syncer and res.report["wall_s"] else 0.0)
     t = {e["step"]: e["t"] for e in evs}
     cpu = {e["step"]: e["cpu_s"] for e in evs if "cpu_s" in e}
     last = max(s for s in cpu if s <= steps)
     return ((steps - WARMUP_STEPS) / (t[steps] - t[WARMUP_STEPS]),
-            1e3 * (cpu[last] - cpu[WARMUP_STEPS]) / (last - WARMUP_STEPS), 1e3 * link_cpu / steps)
+            1e3 * (cpu[last] - cpu[WARMUP_STEPS]) / (last - WARMUP_STEPS), 1e3 * link_cpu / steps,
+            1e3 * (timing["apply"] + timing["publish"]) / steps)
 
 
 _SYNCER_SHARE: list[float] = []
@@ -147,12 +149,13 @@ def _cpu_jiffies() -> tuple[int, int]:
     return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
 
 
-def _timed(fn: Any, *args: Any) -> tuple[float, float, float, float]:
-    """fn's (steps/s, chip CPU ms/step, link ms/step) and the machine's steal fraction while it ran."""
+def _timed(fn: Any, *args: Any) -> tuple[float, float, float, float, float]:
+    """fn's (steps/s, chip CPU ms/step, link ms/step, in-loop ms/step) and the machine's steal fraction
+    while it ran."""
     s0, t0 = _cpu_jiffies()
-    rate, cpu, link = fn(*args)
+    rate, cpu, link, loop = fn(*args)
     s1, t1 = _cpu_jiffies()
-    return rate, cpu, link, (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
+    return rate, cpu, link, loop, (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
 
 
 def main() -> None:
@@ -162,7 +165,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
     bare_row = "bare loop (Gloo only)"
-    rows: dict[str, list[tuple[float, float, float, float]]] = {}
+    rows: dict[str, list[tuple[float, float, float, float, float]]] = {}
     for _ in range(a.repeats):  # interleaved, so slow phases of a noisy machine hit every configuration
         rows.setdefault(bare_row, []).append(_timed(bare, a.steps, a.chips))
         duty = statistics.median(_SYNCER_SHARE) if _SYNCER_SHARE else 0.2
@@ -176,15 +179,19 @@ def main() -> None:
     print(f"{a.chips} chip(s) x 1 learner, steps {WARMUP_STEPS}..{a.steps}, {a.repeats} interleaved repeats")
     print("steps/s: per learner (= per chip), wall clock, median; overhead: median over repeats of 1 - steps/s /")
     print("the bare loop's steps/s in the same repeat (paired: this machine's speed drifts between minutes);")
-    print("chip CPU ms/step: CPU time of the chip process (host); steal: the VM's CPU taken by its host")
+    print("chip CPU ms/step: CPU time of the chip process (host); in-loop: wall ms per step the training loop")
+    print("spends on the harness's side of a step (poll, apply merged fragments, publish the snapshot, log the")
+    print("step: learner_done timing apply + publish), the part that does not depend on neighbours; steal: the")
+    print("VM's CPU taken by its host")
     print(f"{'configuration':32} {'steps/s':>8} {'overhead':>9} {'min':>7} {'max':>7} {'CPU ms/step':>12} "
-          f"{'CPU overhead':>13} {'link ms/step':>13} {'steal':>6}  runs (steps/s, in order)")
+          f"{'CPU overhead':>13} {'link ms/step':>13} {'in-loop ms':>11} {'steal':>6}  runs (steps/s, in order)")
     for name, vals in rows.items():
         paired = [1 - r[0] / b[0] for r, b in zip(vals, bare_runs, strict=True)]
         cpu = statistics.median(r[1] for r in vals)
         print(f"{name:32} {statistics.median(r[0] for r in vals):8.2f} {100 * statistics.median(paired):8.1f}% "
               f"{100 * min(paired):6.1f}% {100 * max(paired):6.1f}% {cpu:12.2f} {100 * (cpu / base_cpu - 1):12.1f}% "
-              f"{statistics.median(r[2] for r in vals):13.2f} {100 * statistics.median(r[3] for r in vals):5.1f}%  "
+              f"{statistics.median(r[2] for r in vals):13.2f} {statistics.median(r[3] for r in vals):11.2f} "
+              f"{100 * statistics.median(r[4] for r in vals):5.1f}%  "
               + " ".join(f"{r[0]:.1f}" for r in vals))
     print(f"neighbour duty (syncer CPU share, median): {statistics.median(_SYNCER_SHARE):.2f}")
 

@@ -91,6 +91,20 @@ def test_receive_ignores_versions_not_newer() -> None:
     assert core.receive(merged(core, 0, 1)) is False
 
 
+def test_apply_fragment_from_tensors_equals_from_flat() -> None:
+    """A lone chip applies a merged fragment's tensors directly; a group broadcasts them flat: same result."""
+    a, b = make(), make()
+    values = [torch.randn_like(a.named[n]) for n in a.partition[1]]
+    a.apply_fragment(1, 4, values)
+    b.apply_fragment(1, 4, flatten(values))
+    for n in a.partition[1]:
+        assert torch.equal(a.named[n], b.named[n])
+    assert torch.equal(a.named[a.partition[1][0]], values[0])
+    assert (a.frags[1].version, a.frags[1].c_steps) == (4, 0)
+    untouched = a.partition[0][0]
+    assert torch.equal(a.named[untouched], make().named[untouched])
+
+
 def test_apply_waits_for_pulled_step_plus_overlap() -> None:
     core = make(overlap=2)
     train(core, 3)

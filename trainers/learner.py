@@ -298,10 +298,15 @@ class LearnerCore:
         """Host: fragments whose merged value must be applied after the current step."""
         return [p for p, st in enumerate(self.frags) if st.pending is not None and st.pending_apply_at <= self.step]
 
-    def apply_fragment(self, p: int, version: int, flat: Tensor) -> None:
-        """Overwrite fragment p with the global value and reset its counters (all chips)."""
+    def apply_fragment(self, p: int, version: int, flat: Tensor | list[Tensor]) -> None:
+        """Overwrite fragment p with the global value (flat, or its tensors in partition order) and reset its
+        counters (all chips)."""
+        params: list[Tensor] = [self.named[n] for n in self.partition[p]]
         with torch.no_grad():
-            unflatten_into(flat, [self.named[n] for n in self.partition[p]])
+            if isinstance(flat, Tensor):
+                unflatten_into(flat, params)
+            else:
+                torch._foreach_copy_(params, [t.view_as(q) for t, q in zip(flat, params, strict=True)])
         st = self.frags[p]
         st.version = version
         st.c_steps = 0
@@ -325,8 +330,7 @@ def _sync_applies(core: LearnerCore, link: DecoupledLink | None) -> tuple[list[t
     syncer said to stop): rank 0 decides, and the answers travel in the same control broadcast so every chip
     agrees and all of them stop after the same step."""
     coll = core.collective
-    n_frag = len(core.partition)
-    control = torch.zeros(3 + 2 * n_frag, dtype=torch.int64)
+    values: list[int] = []
     if coll.rank == 0:
         assert link is not None
         t0 = time.perf_counter()
@@ -334,28 +338,32 @@ def _sync_applies(core: LearnerCore, link: DecoupledLink | None) -> tuple[list[t
             core.receive(merged)
         core.last_sync_s = time.perf_counter() - t0
         due = core.due_applies()
-        control[0] = len(due)
-        control[1] = int(core.shrinkable and coll.pending_reform())  # memberships change only under shrink
-        control[2] = int(link.stop_requested)
-        for i, p in enumerate(due):
-            control[3 + 2 * i] = p
-            control[4 + 2 * i] = core.frags[p].pending.version  # type: ignore[union-attr]
-    if coll.size > 1:
-        coll.broadcast_(control)
-    applied = []
-    for i in range(int(control[0])):
-        p, version = int(control[3 + 2 * i]), int(control[4 + 2 * i])
+        values = [len(due), int(core.shrinkable and coll.pending_reform()),  # memberships change only under shrink
+                  int(link.stop_requested)]
+        for p in due:
+            values += [p, core.frags[p].pending.version]  # type: ignore[union-attr]
+    if coll.size > 1:  # one control broadcast; a lone chip keeps its decisions in Python (the hot path)
+        control = torch.zeros(3 + 2 * len(core.partition), dtype=torch.int64)
         if coll.rank == 0:
-            pending = core.frags[p].pending
+            control[: len(values)] = torch.tensor(values, dtype=torch.int64)
+        coll.broadcast_(control)
+        values = control.tolist()
+    applied = []
+    for i in range(values[0]):
+        p, version = values[3 + 2 * i], values[4 + 2 * i]
+        pending = core.frags[p].pending if coll.rank == 0 else None
+        if coll.size == 1:
             assert pending is not None
-            flat = flatten([pending.tensors[n] for n in core.partition[p]])
+            core.apply_fragment(p, version, [pending.tensors[n] for n in core.partition[p]])
         else:
-            flat = torch.empty(sum(core.named[n].numel() for n in core.partition[p]))
-        if coll.size > 1:
+            if pending is not None:
+                flat = flatten([pending.tensors[n] for n in core.partition[p]])
+            else:
+                flat = torch.empty(sum(core.named[n].numel() for n in core.partition[p]))
             coll.broadcast_(flat)
-        core.apply_fragment(p, version, flat)
+            core.apply_fragment(p, version, flat)
         applied.append((p, version))
-    return applied, bool(control[1]), bool(control[2])
+    return applied, bool(values[1]), bool(values[2])
 
 
 def host_state(core: LearnerCore) -> tuple[int, dict[str, Tensor]]:
