@@ -85,7 +85,7 @@ def bare_chip(rank: int, size: int, port: int, steps: int, out: mp.Queue) -> Non
     dist.destroy_process_group()
 
 
-def neighbour(duty: float, stop: mp.Event) -> None:
+def neighbour(duty: float, stop: Any) -> None:
     """Memory-bound torch work `duty` of every 10 ms: the load the syncer puts on the other core."""
     torch.set_num_threads(1)
     a, b = torch.randn(300_000), torch.randn(300_000)
@@ -163,17 +163,30 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--chips", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--only", default="", help="comma-separated keys of the configurations to run: neighbour, "
+                    "eval3, evaloff, noproxy (the bare loop always runs); fewer, so more repeats in the same time")
     a = ap.parse_args()
     bare_row = "bare loop (Gloo only)"
-    rows: dict[str, list[tuple[float, float, float, float, float]]] = {}
-    for _ in range(a.repeats):  # interleaved, so slow phases of a noisy machine hit every configuration
-        rows.setdefault(bare_row, []).append(_timed(bare, a.steps, a.chips))
-        duty = statistics.median(_SYNCER_SHARE) if _SYNCER_SHARE else 0.2
-        rows.setdefault("bare + syncer-load neighbour", []).append(_timed(bare, a.steps, a.chips, duty))
-        for name, every, proxy in (("harness, proxy, eval every 3 s", 3.0, "embedded"),
-                                   ("harness, proxy, eval off", 3600.0, "embedded"),
-                                   ("harness, no proxy, eval off", 3600.0, "off")):
-            rows.setdefault(name, []).append(_timed(harness, a.steps, a.chips, every, proxy))
+    every: dict[str, tuple[str, Any, tuple[Any, ...]]] = {
+        "neighbour": ("bare + syncer-load neighbour", bare, ()),
+        "eval3": ("harness, proxy, eval every 3 s", harness, (3.0, "embedded")),
+        "evaloff": ("harness, proxy, eval off", harness, (3600.0, "embedded")),
+        "noproxy": ("harness, no proxy, eval off", harness, (3600.0, "off")),
+    }
+    wanted = [w.strip() for w in a.only.split(",") if w.strip()] or list(every)
+    unknown = sorted(set(wanted) - set(every))
+    if unknown:
+        ap.error(f"--only: unknown {unknown}; allowed {list(every)}")
+    configs = [every[k] for k in every if k in wanted]
+    rows: dict[str, list[tuple[float, float, float, float, float]]] = {bare_row: []}
+    for name, _, _ in configs:
+        rows[name] = []
+    for i in range(a.repeats):  # interleaved, so slow phases of a noisy machine hit every configuration
+        order: list[tuple[str, Any, tuple[Any, ...]]] = [(bare_row, bare, ()), *configs]
+        for name, fn, extra in (order if i % 2 == 0 else order[::-1]):  # alternate: no configuration always first
+            if fn is bare and extra == () and name != bare_row:  # the neighbour control: at the syncer's share
+                extra = (statistics.median(_SYNCER_SHARE) if _SYNCER_SHARE else 0.2,)
+            rows[name].append(_timed(fn, a.steps, a.chips, *extra))
     bare_runs = rows[bare_row]
     base_cpu = statistics.median(r[1] for r in bare_runs)
     print(f"{a.chips} chip(s) x 1 learner, steps {WARMUP_STEPS}..{a.steps}, {a.repeats} interleaved repeats")
@@ -193,7 +206,8 @@ def main() -> None:
               f"{statistics.median(r[2] for r in vals):13.2f} {statistics.median(r[3] for r in vals):11.2f} "
               f"{100 * statistics.median(r[4] for r in vals):5.1f}%  "
               + " ".join(f"{r[0]:.1f}" for r in vals))
-    print(f"neighbour duty (syncer CPU share, median): {statistics.median(_SYNCER_SHARE):.2f}")
+    if _SYNCER_SHARE:
+        print(f"neighbour duty (syncer CPU share, median): {statistics.median(_SYNCER_SHARE):.2f}")
 
 
 if __name__ == "__main__":

@@ -102,7 +102,7 @@ cores, and which chip shares a core with the rest decides. Measured here over th
 20 runs: 0.77-1.37, median 1.02; with nobody slow, over learner 0's first 40 steps, as low as 0.63."""
 
 
-def test_straggler_transient_window_then_full_speed(run_scenario):
+def test_straggler_transient_window_then_released(run_scenario):
     """Learner 1 at 0.3 while learner 0 goes from step 40 to 140; afterwards it is no longer held to 0.3."""
     res = run_scenario(scenario([{"action": "slow", "learner": 1, "speed": 0.3, "at": {"step": 40, "learner": 0},
                                   "until": {"step": 140, "learner": 0}}], learners=2, steps=TRANSIENT_STEPS))
