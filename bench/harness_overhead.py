@@ -30,6 +30,8 @@ import multiprocessing as mp
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -142,6 +144,16 @@ _SYNCER_SHARE: list[float] = []
 """Syncer CPU seconds per wall second in each harness run: the neighbour control's duty."""
 
 
+Run = Callable[[int, int], tuple[float, float, float, float]]
+"""A configuration: (steps, chips) -> (steps/s, chip CPU ms/step, link ms/step, in-loop ms/step)."""
+
+
+def bare_beside_syncer_load(steps: int, chips: int) -> tuple[float, float, float, float]:
+    """The control: the bare loop next to a neighbour at the syncer's CPU share measured in the harness runs so
+    far (0.2 before the first)."""
+    return bare(steps, chips, statistics.median(_SYNCER_SHARE) if _SYNCER_SHARE else 0.2)
+
+
 def _cpu_jiffies() -> tuple[int, int]:
     """(steal, total) jiffies of the whole machine, from /proc/stat: a VM's host taking its cores away."""
     with open("/proc/stat") as f:
@@ -149,7 +161,7 @@ def _cpu_jiffies() -> tuple[int, int]:
     return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
 
 
-def _timed(fn: Any, *args: Any) -> tuple[float, float, float, float, float]:
+def _timed(fn: Run, *args: int) -> tuple[float, float, float, float, float]:
     """fn's (steps/s, chip CPU ms/step, link ms/step, in-loop ms/step) and the machine's steal fraction
     while it ran."""
     s0, t0 = _cpu_jiffies()
@@ -167,26 +179,21 @@ def main() -> None:
                     "eval3, evaloff, noproxy (the bare loop always runs); fewer, so more repeats in the same time")
     a = ap.parse_args()
     bare_row = "bare loop (Gloo only)"
-    every: dict[str, tuple[str, Any, tuple[Any, ...]]] = {
-        "neighbour": ("bare + syncer-load neighbour", bare, ()),
-        "eval3": ("harness, proxy, eval every 3 s", harness, (3.0, "embedded")),
-        "evaloff": ("harness, proxy, eval off", harness, (3600.0, "embedded")),
-        "noproxy": ("harness, no proxy, eval off", harness, (3600.0, "off")),
+    every: dict[str, tuple[str, Run]] = {
+        "neighbour": ("bare + syncer-load neighbour", bare_beside_syncer_load),
+        "eval3": ("harness, proxy, eval every 3 s", partial(harness, eval_every_s=3.0, proxy="embedded")),
+        "evaloff": ("harness, proxy, eval off", partial(harness, eval_every_s=3600.0, proxy="embedded")),
+        "noproxy": ("harness, no proxy, eval off", partial(harness, eval_every_s=3600.0, proxy="off")),
     }
     wanted = [w.strip() for w in a.only.split(",") if w.strip()] or list(every)
     unknown = sorted(set(wanted) - set(every))
     if unknown:
         ap.error(f"--only: unknown {unknown}; allowed {list(every)}")
-    configs = [every[k] for k in every if k in wanted]
-    rows: dict[str, list[tuple[float, float, float, float, float]]] = {bare_row: []}
-    for name, _, _ in configs:
-        rows[name] = []
+    order: list[tuple[str, Run]] = [(bare_row, bare), *(every[k] for k in every if k in wanted)]
+    rows: dict[str, list[tuple[float, float, float, float, float]]] = {name: [] for name, _ in order}
     for i in range(a.repeats):  # interleaved, so slow phases of a noisy machine hit every configuration
-        order: list[tuple[str, Any, tuple[Any, ...]]] = [(bare_row, bare, ()), *configs]
-        for name, fn, extra in (order if i % 2 == 0 else order[::-1]):  # alternate: no configuration always first
-            if fn is bare and extra == () and name != bare_row:  # the neighbour control: at the syncer's share
-                extra = (statistics.median(_SYNCER_SHARE) if _SYNCER_SHARE else 0.2,)
-            rows[name].append(_timed(fn, a.steps, a.chips, *extra))
+        for name, fn in (order if i % 2 == 0 else order[::-1]):  # alternate: no configuration always first
+            rows[name].append(_timed(fn, a.steps, a.chips))
     bare_runs = rows[bare_row]
     base_cpu = statistics.median(r[1] for r in bare_runs)
     print(f"{a.chips} chip(s) x 1 learner, steps {WARMUP_STEPS}..{a.steps}, {a.repeats} interleaved repeats")

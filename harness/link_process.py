@@ -102,68 +102,72 @@ class SharedSnapshot:
         self.learner = learner
         numel = [int(torch.Size(s).numel()) for s in shapes.values()]
         n_params = sum(numel)
-        self._n_ints = 1 + 4 * fragments  # step, then (version, c_steps, c_tokens, first_step) per fragment
-        slot_bytes = 8 * self._n_ints + 8 + 4 * n_params
+        self._head = struct.Struct(f"={1 + 4 * fragments}qd")
+        """A slot's header: step, then (version, c_steps, c_tokens, first_step) per fragment, then the step time
+        (float64), no padding; the parameters follow it."""
+        slot_bytes = self._head.size + 4 * n_params
         slot_bytes += -slot_bytes % 64
         self._mm = mmap.mmap(-1, 64 + 2 * slot_bytes)  # anonymous and shared: the fork child sees our writes
-        self._ctl = torch.frombuffer(self._mm, dtype=torch.int64, count=3)
-        """[latest slot (-1: none yet), sequence of slot 0, sequence of slot 1]; a sequence is odd mid-write."""
-        self._ctl[0] = -1
-        self._head = struct.Struct(f"={self._n_ints}qd")
-        """A slot's header as the writer packs it: the ints, then the step time (float64), no padding."""
+        self._set_word(0, -1)  # control words (_word): latest slot (-1: none yet), then each slot's sequence
         self._base = [64 + slot * slot_bytes for slot in range(2)]
-        self._ints, self._time, self._views = [], [], []
+        self._views = []
         for base in self._base:
-            self._ints.append(torch.frombuffer(self._mm, dtype=torch.int64, count=self._n_ints, offset=base))
-            self._time.append(torch.frombuffer(self._mm, dtype=torch.float64, count=1, offset=base + 8 * self._n_ints))
-            flat = torch.frombuffer(self._mm, dtype=torch.float32, count=n_params, offset=base + 8 * self._n_ints + 8)
+            flat = torch.frombuffer(self._mm, dtype=torch.float32, count=n_params, offset=base + self._head.size)
             self._views.append({n: v.view(s) for n, v, s in zip(shapes, flat.split(numel), shapes.values(),
                                                                    strict=True)})
 
     # -- the training process --------------------------------------------------------------------
+    def _word(self, i: int) -> int:
+        """Control word i: 0 the latest complete slot, 1 + s the sequence of slot s (odd while it is written)."""
+        return int(_INT64.unpack_from(self._mm, 8 * i)[0])
+
+    def _set_word(self, i: int, value: int) -> None:
+        _INT64.pack_into(self._mm, 8 * i, value)
+
     def write(self, snap: Snapshot) -> None:
         """Copy a step's snapshot into the slot that is not the latest, then make it the latest.
 
         The control words and the header are packed with struct (a torch element write costs ~10 us, and
         this runs every step); the tensors are copied in one foreach call."""
-        mm = self._mm
-        slot = 1 if _INT64.unpack_from(mm, 0)[0] == 0 else 0
-        seq_at = 8 * (1 + slot)
-        seq = _INT64.unpack_from(mm, seq_at)[0] + 1
-        _INT64.pack_into(mm, seq_at, seq)  # odd: mid-write
-        self._head.pack_into(mm, self._base[slot], snap.step, *[c for cs in snap.counters for c in cs],
+        slot = 1 if self._word(0) == 0 else 0
+        seq = self._word(1 + slot) + 1
+        self._set_word(1 + slot, seq)  # odd: mid-write
+        self._head.pack_into(self._mm, self._base[slot], snap.step, *[c for cs in snap.counters for c in cs],
                              snap.step_time_s)
         views = self._views[slot]
         with torch.no_grad():
             torch._foreach_copy_([views[n] for n in snap.tensors], list(snap.tensors.values()))
-        _INT64.pack_into(mm, seq_at, seq + 1)
-        _INT64.pack_into(mm, 0, slot)
+        self._set_word(1 + slot, seq + 1)
+        self._set_word(0, slot)
 
     # -- the link process ------------------------------------------------------------------------
+    def _latest_head(self) -> tuple[Any, ...] | None:
+        latest = self._word(0)
+        return self._head.unpack_from(self._mm, self._base[latest]) if latest >= 0 else None
+
     @property
     def step(self) -> int:
-        latest = int(self._ctl[0])
-        return int(self._ints[latest][0]) if latest >= 0 else 0
+        head = self._latest_head()
+        return int(head[0]) if head is not None else 0
 
     @property
     def step_time_s(self) -> float:
-        latest = int(self._ctl[0])
-        return float(self._time[latest][0]) if latest >= 0 else 0.0
+        head = self._latest_head()
+        return float(head[-1]) if head is not None else 0.0
 
     def push_for(self, p: int, names: list[str], final: bool = False) -> FragmentPush:
         """Fragment p of the newest complete snapshot, copied out (as `Snapshot.push_for`)."""
         for _ in range(SNAPSHOT_RETRIES):
-            slot = int(self._ctl[0])
-            seq = int(self._ctl[1 + slot])
+            slot = self._word(0)
+            seq = self._word(1 + slot)
             if seq % 2:
                 continue
-            ints = self._ints[slot].tolist()
-            step_time = float(self._time[slot][0])
-            version, c_steps, c_tokens, first = ints[1 + 4 * p: 5 + 4 * p]
+            head = self._head.unpack_from(self._mm, self._base[slot])
+            version, c_steps, c_tokens, first = head[1 + 4 * p: 5 + 4 * p]
             tensors = {n: self._views[slot][n].clone() for n in names} if c_steps > 0 else {}
-            if int(self._ctl[1 + slot]) == seq:
+            if self._word(1 + slot) == seq:
                 return FragmentPush(learner=self.learner, fragment=p, base_version=version, c_steps=c_steps,
-                                    c_tokens=c_tokens, first_step=first, last_step=ints[0], step_time_s=step_time,
+                                    c_tokens=c_tokens, first_step=first, last_step=head[0], step_time_s=head[-1],
                                     tensors=tensors, final=final)
         raise RuntimeError(f"snapshot slot kept changing during {SNAPSHOT_RETRIES} copies of fragment {p}")
 

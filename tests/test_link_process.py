@@ -96,11 +96,11 @@ def test_shared_snapshot_never_serves_a_slot_mid_write() -> None:
     """A slot whose sequence number is odd is being written: the reader retries and finally says so."""
     sh = SharedSnapshot(0, SHAPES, fragments=1)
     sh.write(snap(1, 1.0, [(0, 1, 10, 1)]))
-    latest = int(sh._ctl[0])
-    sh._ctl[1 + latest] += 1  # as if the training process were writing the latest slot
+    seq_word = 1 + sh._word(0)  # the latest slot's sequence
+    sh._set_word(seq_word, sh._word(seq_word) + 1)  # as if the training process were writing the latest slot
     with pytest.raises(RuntimeError, match="kept changing"):
         sh.push_for(0, ["a"])
-    sh._ctl[1 + latest] += 1
+    sh._set_word(seq_word, sh._word(seq_word) + 1)
     assert sh.push_for(0, ["a"]).tensors["a"].tolist() == [[1.0] * 3] * 2
 
 
