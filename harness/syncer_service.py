@@ -15,10 +15,11 @@ said BYE. Every frame that fails its checks is counted, logged and ends that
 connection; nothing from it reaches the merge.
 
 Crash safety (Decoupled DiLoCo, `recovery.syncer_checkpoint = "every_merge"`):
-every merged fragment is written to `syncer_state/fragment-<p>.pt`
-(write, fsync, rename, fsync the directory) *before* it is broadcast, so no
-learner ever holds a version the syncer could lose. A syncer started with
-`restore` loads those files, binds the same port and carries on; what a crash
+every merged fragment is written to its slot under `syncer_state/`
+(`harness/fragment_checkpoint.py`: two checksummed slots per fragment,
+rewritten in place, never over the newest version) *before* it is broadcast,
+so no learner ever holds a version the syncer could lose. A syncer started with
+`restore` loads the newest valid slots, binds the same port and carries on; what a crash
 loses is only what was never acknowledged to anyone: rounds still open (the
 learners' counters were not reset for them, so those steps are pulled again
 later) and the online step-time estimates.
@@ -26,7 +27,6 @@ later) and the online step-time estimates.
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import itertools
 import logging
@@ -42,6 +42,7 @@ import torch
 
 from harness.codec import merged_to_message, message_to_push, push_round
 from harness.events import EventLog
+from harness.fragment_checkpoint import FragmentCheckpoints
 from harness.procutil import cpu_seconds
 from harness.rundir import atomic_torch_save
 from harness.scenario import Scenario
@@ -143,6 +144,8 @@ class SyncerService:
         """train.budget = total: learner-steps the run trains in all; reaching it sends every learner STOP."""
         self.budget_reached = False
         self.persist = sc.algorithm == "decoupled" and sc.recovery.syncer_checkpoint == "every_merge"
+        self.slots = FragmentCheckpoints(os.path.join(run_dir, STATE_DIR), sc.recovery.syncer_checkpoint_fsync) \
+            if self.persist else None
         self.frag_tokens = [0.0] * len(getattr(self.core, "partition", []))
         self.listener = socket.create_server(("127.0.0.1", port))  # SO_REUSEADDR: a restart rebinds at once
         self.listener.settimeout(0.2)
@@ -159,23 +162,21 @@ class SyncerService:
             self._restore()
 
     # -- crash safety ----------------------------------------------------------------------------
-    def _state_path(self, p: int) -> str:
-        return os.path.join(self.run_dir, STATE_DIR, f"fragment-{p}.pt")
-
     def _persist(self, recs: list[MergeRecord]) -> None:
-        """Write the merged fragments' state, atomically, before anyone is told of them."""
+        """Write the merged fragments' state into their checkpoint slots before anyone is told of them."""
+        assert self.slots is not None
         t0 = time.monotonic()
-        os.makedirs(os.path.join(self.run_dir, STATE_DIR), exist_ok=True)
         for p in sorted({r.fragment for r in recs}):
             st = self.core.fragment_state(p)
             st["tokens_merged"] = self.frag_tokens[p]
-            atomic_torch_save(st, self._state_path(p), durable=self.sc.recovery.syncer_checkpoint_fsync)
+            self.slots.write(p, int(st["version"]), st)
         self.checkpoint_s += time.monotonic() - t0
         self.checkpoints += 1
 
     def _restore(self) -> None:
-        paths = sorted(glob.glob(os.path.join(self.run_dir, STATE_DIR, "fragment-*.pt")))
-        states = [torch.load(p, weights_only=True) for p in paths]
+        states, rejected = FragmentCheckpoints(os.path.join(self.run_dir, STATE_DIR)).load(self.max_frame)
+        for why in rejected:  # a slot torn by the crash: the other slot of that fragment holds the version before
+            self.events.log("checkpoint_slot_rejected", detail=why)
         self.core.restore(states)
         for st in states:
             self.frag_tokens[int(st["fragment"])] = float(st["tokens_merged"])
@@ -605,6 +606,8 @@ class SyncerService:
             for rec, counted in zip(drained, self._account(drained), strict=True):
                 self._broadcast_merge(rec, *counted)
         self.save_checkpoint("global.pt")
+        if self.slots is not None:
+            self.slots.close()
         self.events.log("syncer_done", merges=self.core.merges, tokens_merged=self.tokens_merged,
                         frames_rejected=self.frames_rejected, cpu_s=cpu_seconds(), checkpoints=self.checkpoints,
                         checkpoint_s=round(self.checkpoint_s, 4))

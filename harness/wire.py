@@ -74,6 +74,7 @@ __all__ = [
     "Message",
     "MsgType",
     "Truncated",
+    "decode_frame",
     "decode_payload",
     "encode",
     "new_nonce",
@@ -125,6 +126,8 @@ class MsgType(enum.IntEnum):
     PONG = 22
     RESUME = 23
     STOP = 24
+    FRAGMENT_STATE = 25
+    """Not sent on a link: the content of one slot of the syncer's checkpoint (harness/fragment_checkpoint.py)."""
 
 
 _MSG_TYPE_VALUES = frozenset(int(t) for t in MsgType)
@@ -404,6 +407,36 @@ def recv_message(sock: socket.socket, max_frame_bytes: int, timeout_s: float,
     if timing is not None:
         timing["header_t"] = time.monotonic()
         timing["ready_bytes"] = _readable_bytes(sock)
+    msg_type, length, crc = _check_header(header, max_frame_bytes)
+
+    payload = bytearray(length)
+    got = _recv_exact(sock, memoryview(payload), deadline, "payload")
+    if got < length:
+        raise Truncated(f"connection closed after {got} of {length} payload bytes")
+    if timing is not None:
+        timing["end_t"] = time.monotonic()
+        timing["bytes"] = HEADER.size + length
+    _check_crc(payload, crc)
+    return decode_payload(msg_type, payload)
+
+
+def decode_frame(frame: bytes | bytearray | memoryview, max_frame_bytes: int) -> Message:
+    """Decode one whole frame held in memory (the syncer's checkpoint slots), with every check
+    :func:`recv_message` makes. Bytes after the frame's announced length are ignored (a slot rewritten in place
+    with a shorter frame keeps the old tail); fewer bytes than it announces raise :class:`Truncated`."""
+    view = memoryview(frame)
+    if len(view) < HEADER.size:
+        raise Truncated(f"{len(view)} bytes, fewer than the {HEADER.size}-byte header")
+    msg_type, length, crc = _check_header(view[: HEADER.size], max_frame_bytes)
+    if len(view) < HEADER.size + length:
+        raise Truncated(f"{len(view) - HEADER.size} of {length} payload bytes")
+    payload = bytearray(view[HEADER.size : HEADER.size + length])
+    _check_crc(payload, crc)
+    return decode_payload(msg_type, payload)
+
+
+def _check_header(header: bytes | bytearray | memoryview, max_frame_bytes: int) -> tuple[int, int, int]:
+    """(msg type, payload length, crc) of a frame header, or the FrameError that rejects it."""
     magic, version, msg_type, _flags, length, crc = HEADER.unpack(header)
     if magic != MAGIC:
         raise BadMagic(f"bad magic {bytes(magic)!r}, expected {MAGIC!r}")
@@ -413,17 +446,13 @@ def recv_message(sock: socket.socket, max_frame_bytes: int, timeout_s: float,
         raise BadPayload(f"unknown message type {msg_type}")
     if length > max_frame_bytes:
         raise FrameTooLarge(f"payload of {length} bytes exceeds the limit of {max_frame_bytes}")
+    return msg_type, length, crc
 
-    payload = bytearray(length)
-    got = _recv_exact(sock, memoryview(payload), deadline, "payload")
-    if got < length:
-        raise Truncated(f"connection closed after {got} of {length} payload bytes")
-    if timing is not None:
-        timing["end_t"] = time.monotonic()
-        timing["bytes"] = HEADER.size + length
-    if zlib.crc32(payload) != crc:
-        raise BadChecksum(f"payload crc32 {zlib.crc32(payload):#010x} != header {crc:#010x}")
-    return decode_payload(msg_type, payload)
+
+def _check_crc(payload: bytes | bytearray, crc: int) -> None:
+    got = zlib.crc32(payload)
+    if got != crc:
+        raise BadChecksum(f"payload crc32 {got:#010x} != header {crc:#010x}")
 
 
 # --------------------------------------------------------------------------- handshake

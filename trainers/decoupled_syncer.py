@@ -144,7 +144,7 @@ class DecoupledSyncer:
         last round id, and the clock and reported steps at that moment. One fragment per file, so a merge
         writes only what it changed, and each file is consistent on its own."""
         key = f"frag{p}"
-        bufs = self.outer.state_dict()["buffers"].get(key, {})
+        bufs = self.outer.buffers(key)
         return {"fragment": p, "version": self.versions[p], "round_id": self.round_ids[p],
                 "params": {n: t.detach().clone() for n, t in self.fragment(p).items()}, "momentum": bufs,
                 "clock": self.clock, "reported_step": dict(self.reported_step),

@@ -81,6 +81,11 @@ class NesterovOuterOptimizer:
                 else:
                     p.sub_(buf, alpha=lr)
 
+    def buffers(self, key: str) -> dict[str, torch.Tensor]:
+        """Copies of one key's momentum buffers ({} before its first step): what one fragment's checkpoint
+        holds, without copying every fragment's buffers as `state_dict` does."""
+        return {name: buf.detach().clone() for name, buf in self._bufs.get(key, {}).items()}
+
     def state_dict(self) -> dict:
         """Momentum buffers as {"buffers": {key: {name: tensor}}} (copies; safe for torch.save)."""
         return {
