@@ -8,28 +8,28 @@ link's threads in the training process the host ran 33-47 inner steps/s in
 three interleaved runs; with this process, 42-44 (P = H = 8, one merge per
 step; bench/harness_overhead.py's harness run). Here the training process has
 no busy thread but its own, and all the link costs it per step is one copy of
-the parameters into shared memory and a few small frames on a local socket.
+the parameters into shared memory, a doorbell, and a counter read.
 
-    training process (host chip)                link process                    syncer
-      LinkProcess  --- AF_UNIX socketpair, wire frames --->  SyncerLink  <--- TCP --->
-                   --- shared memory: the latest snapshot -->  (pulls answered from it at once)
+    training process (host chip)                   link process                    syncer
+      LinkProcess  --- shared memory: the latest snapshot, bell -->  SyncerLink  <--- TCP --->
+                   <-- shared memory: merged fragments, bell -----   (pulls answered from the snapshot)
+                   <-> AF_UNIX socketpair: wire frames (control) ->
 
-* **Snapshot**: `SharedSnapshot`, two slots in an anonymous shared mapping made
-  before the fork. The training process writes a step's snapshot into the slot
-  not being read and then marks it the latest; each slot has a sequence number,
-  odd while it is written, so the link process copies a fragment out only from
-  a slot that did not change under it (a seqlock; it retries otherwise). Pulls
-  are answered from the newest slot, never waiting for the training loop. The
-  stores are ordered as written on x86-64 (TSO), which this relies on; a
-  weakly ordered CPU would need fences around the sequence numbers.
-* **Frames on the socketpair** reuse the wire format and its message types:
-  training -> link: HELLO (connect now), META (a snapshot was published),
-  PUSH (a final push), GRADS / PARAMS (a synchronous baseline's exchange), BYE
-  (close, flush bounded);
-  link -> training: WELCOME (connected), REJECT (refused: fatal), FRAGMENT,
-  STOP, RESUME, GRADS_AVG / PARAMS_MERGED or ERROR (an exchange's answer), BYE
-  (closed, with the link's CPU use). The training process reads them only when
-  it polls or waits, so it never blocks on the link.
+* **Shared memory** (`harness/shared_state.py`): the training process writes each
+  step's snapshot and rings the link's doorbell; the link process then sends the
+  step's META (the newest step only, if it fell behind) and answers pulls from
+  that snapshot at once, never waiting for the training loop. Merged fragments
+  from the syncer go the other way into a per-fragment inbox, which the training
+  loop checks with one memory read per step.
+* **Frames on the socketpair** carry the rest, in the wire format and its message
+  types: training -> link: HELLO (connect now), PUSH (a final push), GRADS /
+  PARAMS (a synchronous baseline's exchange), BYE (close, flush bounded);
+  link -> training: WELCOME (connected), REJECT (refused: fatal), STOP, RESUME,
+  GRADS_AVG / PARAMS_MERGED or ERROR (an exchange's answer), BYE (closed, with
+  the link's CPU use). The training process reads them only when it polls or
+  waits, so it never blocks on the link. Before it handles a frame, the link
+  process sends the META of any newer snapshot, so the syncer sees a step
+  before anything the training process sent after it (a final push).
 * **Lifetime**: the link process is forked by the host before it joins its Gloo
   group (no Gloo or autograd threads exist yet) and connects to the syncer when
   the host sends HELLO, once its group has formed (so the syncer never counts a
@@ -44,14 +44,13 @@ from __future__ import annotations
 
 import collections
 import logging
-import mmap
 import multiprocessing as mp
 import os
 import select
 import socket
-import struct
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -69,6 +68,7 @@ from harness.events import EventLog
 from harness.link import LinkFatal, SyncerLink
 from harness.procutil import cpu_seconds, die_with_parent
 from harness.scenario import Timeouts
+from harness.shared_state import Doorbell, SharedInbox, SharedSnapshot
 from harness.wire import (
     ConnectionClosed,
     FrameError,
@@ -88,90 +88,6 @@ POLL_S = 1.0
 SOCKET_BUFFER_BYTES = 4 << 20
 """Send and receive buffers of the local socketpair (the kernel caps them at net.core.[rw]mem_max)."""
 
-_INT64 = struct.Struct("=q")
-SNAPSHOT_RETRIES = 1000
-"""Copies of a fragment the link process tries before giving up on a slot that keeps changing under it."""
-
-
-class SharedSnapshot:
-    """The host's latest snapshot in shared memory: written by the training process, read by the link process.
-
-    Duck-types `trainers.learner.Snapshot` for `SyncerLink` (`learner`, `step`, `step_time_s`, `push_for`)."""
-
-    def __init__(self, learner: int, shapes: dict[str, torch.Size], fragments: int) -> None:
-        self.learner = learner
-        numel = [int(torch.Size(s).numel()) for s in shapes.values()]
-        n_params = sum(numel)
-        self._head = struct.Struct(f"={1 + 4 * fragments}qd")
-        """A slot's header: step, then (version, c_steps, c_tokens, first_step) per fragment, then the step time
-        (float64), no padding; the parameters follow it."""
-        slot_bytes = self._head.size + 4 * n_params
-        slot_bytes += -slot_bytes % 64
-        self._mm = mmap.mmap(-1, 64 + 2 * slot_bytes)  # anonymous and shared: the fork child sees our writes
-        self._set_word(0, -1)  # control words (_word): latest slot (-1: none yet), then each slot's sequence
-        self._base = [64 + slot * slot_bytes for slot in range(2)]
-        self._views = []
-        for base in self._base:
-            flat = torch.frombuffer(self._mm, dtype=torch.float32, count=n_params, offset=base + self._head.size)
-            self._views.append({n: v.view(s) for n, v, s in zip(shapes, flat.split(numel), shapes.values(),
-                                                                   strict=True)})
-
-    # -- the training process --------------------------------------------------------------------
-    def _word(self, i: int) -> int:
-        """Control word i: 0 the latest complete slot, 1 + s the sequence of slot s (odd while it is written)."""
-        return int(_INT64.unpack_from(self._mm, 8 * i)[0])
-
-    def _set_word(self, i: int, value: int) -> None:
-        _INT64.pack_into(self._mm, 8 * i, value)
-
-    def write(self, snap: Snapshot) -> None:
-        """Copy a step's snapshot into the slot that is not the latest, then make it the latest.
-
-        The control words and the header are packed with struct (a torch element write costs ~10 us, and
-        this runs every step); the tensors are copied in one foreach call."""
-        slot = 1 if self._word(0) == 0 else 0
-        seq = self._word(1 + slot) + 1
-        self._set_word(1 + slot, seq)  # odd: mid-write
-        self._head.pack_into(self._mm, self._base[slot], snap.step, *[c for cs in snap.counters for c in cs],
-                             snap.step_time_s)
-        views = self._views[slot]
-        with torch.no_grad():
-            torch._foreach_copy_([views[n] for n in snap.tensors], list(snap.tensors.values()))
-        self._set_word(1 + slot, seq + 1)
-        self._set_word(0, slot)
-
-    # -- the link process ------------------------------------------------------------------------
-    def _latest_head(self) -> tuple[Any, ...] | None:
-        latest = self._word(0)
-        return self._head.unpack_from(self._mm, self._base[latest]) if latest >= 0 else None
-
-    @property
-    def step(self) -> int:
-        head = self._latest_head()
-        return int(head[0]) if head is not None else 0
-
-    @property
-    def step_time_s(self) -> float:
-        head = self._latest_head()
-        return float(head[-1]) if head is not None else 0.0
-
-    def push_for(self, p: int, names: list[str], final: bool = False) -> FragmentPush:
-        """Fragment p of the newest complete snapshot, copied out (as `Snapshot.push_for`)."""
-        for _ in range(SNAPSHOT_RETRIES):
-            slot = self._word(0)
-            seq = self._word(1 + slot)
-            if seq % 2:
-                continue
-            head = self._head.unpack_from(self._mm, self._base[slot])
-            version, c_steps, c_tokens, first = head[1 + 4 * p: 5 + 4 * p]
-            tensors = {n: self._views[slot][n].clone() for n in names} if c_steps > 0 else {}
-            if self._word(1 + slot) == seq:
-                return FragmentPush(learner=self.learner, fragment=p, base_version=version, c_steps=c_steps,
-                                    c_tokens=c_tokens, first_step=first, last_step=head[0], step_time_s=head[-1],
-                                    tensors=tensors, final=final)
-        raise RuntimeError(f"snapshot slot kept changing during {SNAPSHOT_RETRIES} copies of fragment {p}")
-
-
 class LinkProcess:
     """`SyncerLink`'s interface for the training process, with the link itself in a child process.
 
@@ -185,14 +101,20 @@ class LinkProcess:
         self.t = timeouts
         self.max_frame_bytes = max_frame_bytes
         self.shared = SharedSnapshot(learner, shapes, len(partition))
+        self.shared_inbox = SharedInbox(shapes, partition)
+        self.to_link = Doorbell()
+        """Rung after each snapshot: the link process sends its META."""
+        self.to_training = Doorbell()
+        """Rung after each merged fragment put in the inbox: wakes a training process waiting for one."""
         self._sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         for end in (self._sock, child):  # room for whole frames, so that a poll finds them complete
             end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
             end.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
         self._proc = mp.get_context("fork").Process(
             target=_serve, name=f"learner{learner}.link", daemon=True,
-            args=(child, self._sock, os.getpid(), self.shared, partition, (host, port), learner, secret, timeouts,
-                  max_frame_bytes, events_path))
+            args=(child, self._sock, os.getpid(),
+                  _Shared(self.shared, self.shared_inbox, self.to_link, self.to_training), partition, (host, port),
+                  learner, secret, timeouts, max_frame_bytes, events_path))
         self._child = child
         self._inbox: list[MergedFragment] = []
         self._replies: dict[tuple[str, int], Message] = {}
@@ -230,6 +152,8 @@ class LinkProcess:
             pass
         self._sock.close()
         self._proc.join(timeout=max(0.1, deadline - time.monotonic()))
+        self.to_link.close()
+        self.to_training.close()
         if self._proc.is_alive():
             log.warning("learner %d: link process %s did not exit; killing it", self.learner, self._proc.pid)
             self._proc.kill()
@@ -237,9 +161,9 @@ class LinkProcess:
 
     # -- Decoupled DiLoCo ------------------------------------------------------------------------
     def publish(self, snapshot: Snapshot, partition: list[list[str]]) -> None:
-        """Make `snapshot` the one pulls are answered from, and tell the link (it sends the step's META)."""
+        """Make `snapshot` the one pulls are answered from, and ring the link (it sends the step's META)."""
         self.shared.write(snapshot)
-        self._send(Message(MsgType.META, {"step": snapshot.step}))
+        self.to_link.ring()
 
     def push(self, push: FragmentPush) -> None:
         self._check_fatal()
@@ -247,7 +171,7 @@ class LinkProcess:
 
     def poll(self) -> list[MergedFragment]:
         self._drain(0.0)
-        out, self._inbox = self._inbox, []
+        out, self._inbox = self._inbox + self.shared_inbox.take(), []
         return out
 
     # -- waits (bounded) -------------------------------------------------------------------------
@@ -297,22 +221,29 @@ class LinkProcess:
             raise LinkFatal(self.fatal) from e
 
     def _wait(self, done: Any, deadline: float) -> bool:
-        while not done():
+        while True:
+            self._inbox += self.shared_inbox.take()
+            if done():
+                return True
             left = deadline - time.monotonic()
             if left <= 0 or self._eof:  # past the deadline, or nothing more can come
                 return bool(done())
-            self._drain(left)
-        return True
+            self._drain(left, bell=True)
 
-    def _drain(self, timeout_s: float) -> None:
-        """Handle every frame the link process has sent; wait up to `timeout_s` for the first."""
+    def _drain(self, timeout_s: float, bell: bool = False) -> None:
+        """Handle every frame the link process has sent; wait up to `timeout_s` for the first, or (`bell`) for
+        the link's doorbell (a merged fragment in the shared inbox)."""
         wait = timeout_s
+        watch: list[Any] = [self._sock, self.to_training] if bell else [self._sock]
         while not self._eof:
             try:
-                readable, _, _ = select.select([self._sock], [], [], wait)
+                readable, _, _ = select.select(watch, [], [], wait)
             except (OSError, ValueError):  # closed
                 return
-            if not readable:
+            if self.to_training in readable:
+                self.to_training.clear()
+                wait = 0.0  # take the frames already there, without waiting again
+            if self._sock not in readable:
                 return
             try:
                 if timeout_s == 0.0 and not frame_waiting(self._sock):  # the training loop's poll never waits
@@ -331,9 +262,7 @@ class LinkProcess:
             self._handle(msg)
 
     def _handle(self, msg: Message) -> None:
-        if msg.type is MsgType.FRAGMENT:
-            self._inbox.append(message_to_merged(msg))
-        elif msg.type is MsgType.WELCOME:
+        if msg.type is MsgType.WELCOME:
             self.connected = True
             self.connects = int(msg.meta.get("connects", self.connects + 1))
         elif msg.type is MsgType.STOP:
@@ -391,7 +320,17 @@ class _ToTraining:
                 return
 
 
-def _serve(sock: socket.socket, training_end: socket.socket, parent_pid: int, shared: SharedSnapshot,
+@dataclass(frozen=True)
+class _Shared:
+    """What the training process shares with its link process in memory (harness/shared_state.py)."""
+
+    snapshot: SharedSnapshot
+    inbox: SharedInbox
+    to_link: Doorbell
+    to_training: Doorbell
+
+
+def _serve(sock: socket.socket, training_end: socket.socket, parent_pid: int, shared: _Shared,
            partition: list[list[str]], addr: tuple[str, int],
            learner: int, secret: bytes, t: Timeouts, max_frame_bytes: int, events_path: str) -> None:
     """The link process: wait for the host's HELLO, connect, then relay until BYE or the host's end."""
@@ -400,11 +339,25 @@ def _serve(sock: socket.socket, training_end: socket.socket, parent_pid: int, sh
     events = EventLog(events_path, f"learner{learner}.link")
     events.log("link_process_start", learner=learner)
     out = _ToTraining(sock.dup(), t.run_s)
+
+    def forward(msg: Message) -> None:
+        """What the syncer sent for the training process: merged fragments into the shared inbox, the rest
+        as frames."""
+        if msg.type is not MsgType.FRAGMENT:
+            out.put(msg)
+            return
+        try:
+            shared.inbox.put(message_to_merged(msg))
+        except (ValueError, KeyError) as e:  # not this model's fragment: never applied
+            events.log("fragment_refused", learner=learner, fragment=msg.meta.get("fragment"), error=str(e))
+            return
+        shared.to_training.ring()
+
     try:
-        first = _next_frame(sock, max_frame_bytes, t)
+        first = _next_frame(sock, None, max_frame_bytes, t)
         if first is not None and first.type is MsgType.HELLO:
             link = SyncerLink(addr[0], addr[1], learner, secret, t, max_frame_bytes, events,
-                              forward=out.put).start()
+                              forward=forward).start()
             flush_s = _relay(sock, link, shared, partition, out, max_frame_bytes, t)
             link.close(flush_timeout_s=flush_s)
             threads = dict(link.thread_cpu_s)
@@ -418,11 +371,17 @@ def _serve(sock: socket.socket, training_end: socket.socket, parent_pid: int, sh
         events.close()
 
 
-def _next_frame(sock: socket.socket, max_frame_bytes: int, t: Timeouts) -> Message | None:
-    """The training process's next frame; None once it has closed its end (or died). Wakes every POLL_S."""
+def _next_frame(sock: socket.socket, bell: Doorbell | None, max_frame_bytes: int, t: Timeouts,
+                on_bell: Any = None) -> Message | None:
+    """The training process's next frame; None once it has closed its end (or died). Wakes every POLL_S, and
+    calls `on_bell` whenever the training process rang `bell`."""
+    watch: list[Any] = [sock] if bell is None else [sock, bell]
     while True:
-        readable, _, _ = select.select([sock], [], [], POLL_S)
-        if not readable:
+        readable, _, _ = select.select(watch, [], [], POLL_S)
+        if bell is not None and bell in readable:
+            bell.clear()
+            on_bell()
+        if sock not in readable:
             continue
         try:
             return recv_message(sock, max_frame_bytes, t.liveness_s)
@@ -430,9 +389,19 @@ def _next_frame(sock: socket.socket, max_frame_bytes: int, t: Timeouts) -> Messa
             return None
 
 
-def _relay(sock: socket.socket, link: SyncerLink, shared: SharedSnapshot, partition: list[list[str]],
+def _relay(sock: socket.socket, link: SyncerLink, shared: _Shared, partition: list[list[str]],
            out: _ToTraining, max_frame_bytes: int, t: Timeouts) -> float:
-    """Hand the training process's frames to the link until BYE (returns its flush bound) or its end (0)."""
+    """Send the META of each new snapshot, and hand the training process's frames to the link, until BYE
+    (returns its flush bound) or the training process's end (0)."""
+    published = -1
+
+    def publish() -> None:
+        """The newest snapshot's META, if it is newer than the last sent: the link queues it (never blocks)."""
+        nonlocal published
+        step = shared.snapshot.step
+        if step != published:
+            published = step
+            link.publish(shared.snapshot, partition)  # type: ignore[arg-type]  # duck-typed Snapshot
 
     def exchange(msg: Message) -> None:
         meta = dict([exchange_id(msg)])  # what the syncer's own answer carries: {"step"} or {"round"}
@@ -442,11 +411,10 @@ def _relay(sock: socket.socket, link: SyncerLink, shared: SharedSnapshot, partit
         except (TimeoutError, LinkFatal) as e:
             out.put(Message(MsgType.ERROR, {**meta, "detail": str(e)}))
 
-    while (msg := _next_frame(sock, max_frame_bytes, t)) is not None:
+    while (msg := _next_frame(sock, shared.to_link, max_frame_bytes, t, publish)) is not None:
         try:
-            if msg.type is MsgType.META:
-                link.publish(shared, partition)  # type: ignore[arg-type]  # duck-typed Snapshot
-            elif msg.type is MsgType.PUSH:
+            publish()  # a step published before this frame was sent reaches the syncer before it
+            if msg.type is MsgType.PUSH:
                 link.push(message_to_push(msg))
             elif msg.type in (MsgType.GRADS, MsgType.PARAMS):
                 # in a thread: the relay keeps reading (a BYE, or the training process's end) meanwhile

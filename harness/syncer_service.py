@@ -81,7 +81,7 @@ def fragment_digest(tensors: dict[str, torch.Tensor]) -> str:
     crc = 0
     for n in sorted(tensors):
         crc = zlib.crc32(n.encode(), crc)
-        crc = zlib.crc32(memoryview(tensors[n].detach().contiguous().numpy()).cast("B"), crc)
+        crc = zlib.crc32(tensors[n].detach().contiguous().numpy().data.cast("B"), crc)
     return f"{crc:08x}"
 
 
