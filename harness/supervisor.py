@@ -246,14 +246,15 @@ class Supervisor:
         self.restarts[m] = self.restarts.get(m, 0) + 1
         self.generation[m] += 1
         self.members[m] = [r for r in self.members[m] if r not in lost]
-        self.store.set(members_key(m, self.generation[m]), ",".join(map(str, self.members[m])))
         repair = rec.repair_s
         if self.procs_chaos is not None:
             repair = self.procs_chaos.repair_s.pop(m, repair)
         for r in lost:
             self.chip_repair_at[(m, r)] = now + repair
+        # logged before the membership is published: the survivors re-form (and log their regroup) once it is
         self.events.log("learner_shrink", learner=m, lost=lost, members=self.members[m],
                         generation=self.generation[m], step=step, repair_s=repair)
+        self.store.set(members_key(m, self.generation[m]), ",".join(map(str, self.members[m])))
 
     def _grow(self, m: int, r: int, step: int) -> None:
         """A repaired chip starts and joins its learner's group at the host's next step boundary."""
