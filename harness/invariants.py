@@ -406,7 +406,11 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
       merge takes in a push of that learner and fragment whose step range covers it (the learner's counters
       were not reset, so its next answer holds the same steps); or, if the restored syncer came back at a
       version no merge event shows (`syncer_restore.versions` beyond the fragment's last logged merge: merged
-      and checkpointed, then killed before the merge was logged), counted as merged there;
+      and checkpointed, then killed before the merge was logged), counted as merged there; or, if the syncer
+      went down while its round was open, given up on rejoin: the learner then (re)joined the restored syncer
+      (`learner_join`, whose `versions` are the fragments it was sent) and applied fragment p at the version it
+      was sent there, which overwrites its copy and resets its counters (the algorithm's rule for a (re)joining
+      learner), before any push of those steps was merged;
     * outcome late / stale: a `push_superseded` with reason late / stale and the same step range;
     * outcome rejected_*: a `push_rejected` with a non-empty reason and the same step range.
     Problems: a push none of these accounts for (lost); a merged contribution that no push accounts for; two
@@ -459,8 +463,18 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
                           if e.get("fragment") == p and float(e["t"]) < float(rest["t"])), default=0)
             unlogged_frag[p] += max(0, int(v) - logged)
 
+    joins = [e for e in r.of("learner_join") if "versions" in e]
+    applies = r.of("apply")
+
+    def given_up_on_rejoin(m: int, p: int, crash: float) -> bool:
+        """Learner m joined a syncer after `crash` and then applied fragment p at the version it was sent."""
+        return any(int(j["learner"]) == m and float(j["t"]) > crash and p < len(j["versions"]) and any(
+            int(a["learner"]) == m and float(a["t"]) > float(j["t"]) and (p, int(j["versions"][p])) in zip(
+                a.get("fragments", []), a.get("versions", []), strict=False) for a in applies) for j in joins)
+
     pushes = r.of("push")
     lost: list[str] = []
+    n_given_up = 0
     pending: list[dict[str, Any]] = []
     for e in pushes:  # late / stale / rejected first: their own follow-up event accounts for them
         m, p, a, b = int(e["learner"]), int(e["fragment"]), int(e["first_step"]), int(e["last_step"])
@@ -499,6 +513,9 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
         if crash is not None and unlogged_frag[p] > unlogged[(m, p)]:
             unlogged[(m, p)] += 1  # merged and checkpointed by the syncer that died before logging the merge
             continue
+        if crash is not None and given_up_on_rejoin(m, p, crash):
+            n_given_up += 1  # its round died with the syncer; the rejoin's fragment then reset its counters
+            continue
         lost.append(f"{_push_id(e)} accepted but never merged nor superseded")
     phantom = [f"merge of fragment {p} v{x.get('version')} round {x.get('round')} took learner {m} steps {a}-{b}, "
                "which no logged push accounts for"
@@ -520,7 +537,8 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
     else:
         n_unlogged = sum(unlogged.values())
         detail = (f"{len(pushes)} pushes, {len(contribs)} merged contributions"
-                  + (f", {n_unlogged} counted as merged in merges the killed syncer did not log" if n_unlogged else ""))
+                  + (f", {n_unlogged} counted as merged in merges the killed syncer did not log" if n_unlogged else "")
+                  + (f", {n_given_up} given up on rejoining the restored syncer" if n_given_up else ""))
     return InvariantResult("updates_accounted", not problems, len(problems), 0, detail, measure)
 
 

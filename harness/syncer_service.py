@@ -435,9 +435,11 @@ class SyncerService:
                 self.finished.discard(learner)
             if old is not None and old is not conn:
                 self._close(old, "replaced by a new connection")
-            self.events.log("learner_join", learner=learner, peer=conn.peer, alive=sorted(self.alive()))
+            # decoupled: the versions of the current fragments it is sent (which it applies, resetting counters)
+            sent = {"versions": self.core.on_join(learner)} if self.algorithm == "decoupled" else {}
+            self.events.log("learner_join", learner=learner, peer=conn.peer, alive=sorted(self.alive()), **sent)
             if self.algorithm == "decoupled":  # the pull: current global fragments to a (re)joining learner
-                for p, version in enumerate(self.core.on_join(learner)):
+                for p, version in enumerate(sent["versions"]):
                     self._send(conn, merged_to_message(p, version, self.core.fragment(p)))
                 if self.budget_reached:  # it came back after the budget was spent: it stops after a step
                     self._send(conn, Message(MsgType.STOP, {"total": self.budget_total}))

@@ -370,6 +370,24 @@ def test_updates_accounted_a_round_lost_with_the_syncer_is_re_pushed(tmp_path: P
              "steps 9-10 accepted but never merged")
 
 
+def test_updates_accounted_a_round_lost_with_the_syncer_then_given_up_on_rejoin(tmp_path: Path) -> None:
+    """What a CI run did: the syncer dies with learner 0's push in an open round; restored, it merges learner 1's
+    catch-up first, so learner 0 rejoins and is sent version 3, which it applies (its counters reset) before it
+    answers a pull of fragment 0 again. Those steps were given up by the rejoin rule, not lost; without the
+    apply of the version it was sent (or with an apply of another one), the push is lost."""
+    base = decoupled_log() + [push(3.3, 0, 0, 9, 10, round_id=3), ev("syncer_down", 3.4, "supervisor", exitcode=-9),
+                              ev("learner_join", 4.0, learner=0, peer="x", alive=[0, 1], versions=[3, 3])]
+    applied = ev("apply", 4.1, "learner0.chip0", learner=0, step=14, fragments=[0, 1], versions=[3, 3])
+    res = holds(updates_accounted(write_run(tmp_path, [*base, applied], name="a")))
+    assert "1 given up on rejoining the restored syncer" in res.detail
+    violated(updates_accounted(write_run(tmp_path, base, name="b")), "1 > bound 0", "steps 9-10 accepted but never")
+    other = ev("apply", 4.1, "learner0.chip0", learner=0, step=14, fragments=[1], versions=[3])
+    violated(updates_accounted(write_run(tmp_path, [*base, other], name="c")), "1 > bound 0")
+    before = [ev("learner_join", 3.2, learner=0, peer="x", alive=[0, 1], versions=[3, 3]), *base[:-1],
+              ev("apply", 3.25, "learner0.chip0", learner=0, step=8, fragments=[0], versions=[3])]
+    violated(updates_accounted(write_run(tmp_path, before, name="d")), "1 > bound 0")  # a join before the crash
+
+
 def test_updates_accounted_a_restored_syncer_reusing_the_lost_round_id(tmp_path: Path) -> None:
     """The restored syncer numbers its next round of fragment 0 as the lost one was, and the learner, which has
     not stepped since, answers it with the same steps: the merge after the restart is the second push's, and
