@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from harness.invariants import InvariantViolation
+from harness.metrics import DOWNTIME_WINDOW_S
 from harness.scenario import from_dict
 
 pytestmark = [pytest.mark.failure, pytest.mark.timeout(600)]
@@ -247,7 +248,14 @@ def test_syncer_crash_failure_restores_and_loses_nothing_seen(run_scenario, faul
         1 for e in evs if e["ev"] == "merge" and kill["t"] <= e["t"] <= restore["t"])
     assert all(d["steps"] == STEPS for d in rep["per_learner"].values())
     res.check("converged", baseline_loss=fault_free["final_eval_loss"], tolerance=LOSS_TOLERANCE)
-    res.check("availability", min_uptime=0.75)  # the syncer's outage (~2.7 s of ~15 s) is real downtime
+    # The syncer's outage is real downtime, and its length is bounded above (repair delay, then back within
+    # SYNCER_BACK_S). Its share of the run is not fixed (2.6 s of a 5.7 s span on a fast CI machine, of ~10 s
+    # here), so the bound is: no downtime beyond the merge gap that outage made (of which the first window_s
+    # is not downtime); 1e-3 covers the report's rounding.
+    first_step, last_step = res.record.train_span()
+    gap = after[0]["t"] - max(e["t"] for e in evs if e["ev"] == "merge" and e["t"] < restore["t"])
+    res.check("availability",
+              min_uptime=round(1 - max(0.0, gap - DOWNTIME_WINDOW_S) / (last_step - first_step) - 1e-3, 4))
     res.check("updates_accounted")
     res.check("model_finite")
 
