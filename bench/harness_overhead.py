@@ -5,12 +5,14 @@ processes in one Gloo group and nothing else (no syncer, no link, no event
 log, no snapshots). "harness" runs the same learner through the full harness
 (syncer process, TCP link, pulls and merges, event log, host-RAM snapshots),
 once with periodic eval of the global model and once with it effectively off.
-Overhead = 1 - harness steps/s / bare steps/s, paired: each repeat runs every configuration once, in
-turn, and the overhead is the median over repeats of the ratio to that repeat's bare loop. This VM's speed
-drifts by tens of percent between minutes (the bare loop: 51 steps/s in one invocation, 72 in the next), which
-a ratio of medians taken minutes apart mistakes for overhead; the steal column is the host's share.
+Overhead = 1 - harness steps/s / bare steps/s, bracketed: the runs go bare, c1, bare, c2, ..., bare, so
+every run has a bare run just before and just after it, and its overhead is taken against the mean of those
+two; the table gives the median and quartiles over the runs. This VM's speed drifts by tens of percent
+within a minute (the bare loop alone: 13 to 16 ms a step in one minute, pinned to one core with the other
+idle), so a comparison of runs minutes apart, or even a pair next to each other, mistakes drift for overhead;
+a linear drift over a bracket cancels. The steal column is the host's share.
 
-    python bench/harness_overhead.py [--steps 400] [--chips 1] [--repeats 3]
+    python bench/harness_overhead.py [--steps 300] [--chips 1] [--repeats 3] [--only eval3,noproxy]
 
 Throughput is timed from step WARMUP_STEPS to the last step in both setups.
 
@@ -161,7 +163,11 @@ def _cpu_jiffies() -> tuple[int, int]:
     return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
 
 
-def _timed(fn: Run, *args: int) -> tuple[float, float, float, float, float]:
+Sample = tuple[float, float, float, float, float]
+"""One run: (steps/s, chip CPU ms/step, link ms/step, in-loop ms/step, steal fraction while it ran)."""
+
+
+def _timed(fn: Run, *args: int) -> Sample:
     """fn's (steps/s, chip CPU ms/step, link ms/step, in-loop ms/step) and the machine's steal fraction
     while it ran."""
     s0, t0 = _cpu_jiffies()
@@ -170,11 +176,35 @@ def _timed(fn: Run, *args: int) -> tuple[float, float, float, float, float]:
     return rate, cpu, link, loop, (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
 
 
+def bracketed_overheads(sequence: list[tuple[str, float]], bare_name: str) -> dict[str, list[float]]:
+    """Per configuration, 1 - steps/s over the bare loop's steps/s interpolated at that run: the mean of the
+    bare runs just before and just after it in `sequence` ((name, steps/s) in the order they ran). A bare run
+    brackets every other run, so a drift of the machine's speed that is linear over a bracket cancels; a run
+    with a bare neighbour on one side only is compared with that one."""
+    out: dict[str, list[float]] = {}
+    for i, (name, rate) in enumerate(sequence):
+        if name == bare_name:
+            continue
+        before = next((r for n, r in reversed(sequence[:i]) if n == bare_name), None)
+        after = next((r for n, r in sequence[i + 1:] if n == bare_name), None)
+        refs = [r for r in (before, after) if r is not None]
+        out.setdefault(name, []).append(1 - rate / statistics.fmean(refs))
+    return out
+
+
+def quartiles(xs: list[float]) -> tuple[float, float, float]:
+    """(first quartile, median, third quartile); all three the value itself for one sample."""
+    if len(xs) < 2:
+        return xs[0], xs[0], xs[0]
+    q1, q2, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+    return q1, q2, q3
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--chips", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each configuration")
     ap.add_argument("--only", default="", help="comma-separated keys of the configurations to run: neighbour, "
                     "eval3, evaloff, noproxy (the bare loop always runs); fewer, so more repeats in the same time")
     a = ap.parse_args()
@@ -189,30 +219,37 @@ def main() -> None:
     unknown = sorted(set(wanted) - set(every))
     if unknown:
         ap.error(f"--only: unknown {unknown}; allowed {list(every)}")
-    order: list[tuple[str, Run]] = [(bare_row, bare), *(every[k] for k in every if k in wanted)]
-    rows: dict[str, list[tuple[float, float, float, float, float]]] = {name: [] for name, _ in order}
-    for i in range(a.repeats):  # interleaved, so slow phases of a noisy machine hit every configuration
-        for name, fn in (order if i % 2 == 0 else order[::-1]):  # alternate: no configuration always first
-            rows[name].append(_timed(fn, a.steps, a.chips))
-    bare_runs = rows[bare_row]
-    base_cpu = statistics.median(r[1] for r in bare_runs)
-    print(f"{a.chips} chip(s) x 1 learner, steps {WARMUP_STEPS}..{a.steps}, {a.repeats} interleaved repeats")
-    print("steps/s: per learner (= per chip), wall clock, median; overhead: median over repeats of 1 - steps/s /")
-    print("the bare loop's steps/s in the same repeat (paired: this machine's speed drifts between minutes);")
-    print("chip CPU ms/step: CPU time of the chip process (host); in-loop: wall ms per step the training loop")
-    print("spends on the harness's side of a step (poll, apply merged fragments, publish the snapshot, log the")
-    print("step: learner_done timing apply + publish), the part that does not depend on neighbours; steal: the")
-    print("VM's CPU taken by its host")
-    print(f"{'configuration':32} {'steps/s':>8} {'overhead':>9} {'min':>7} {'max':>7} {'CPU ms/step':>12} "
-          f"{'CPU overhead':>13} {'link ms/step':>13} {'in-loop ms':>11} {'steal':>6}  runs (steps/s, in order)")
+    configs = [every[k] for k in every if k in wanted]
+    # bare, c1, bare, c2, ..., bare, c1, ...: every run has a bare run right before and right after it
+    plan: list[tuple[str, Run]] = [(bare_row, bare)]
+    for _ in range(a.repeats):
+        for cfg in configs:
+            plan += [cfg, (bare_row, bare)]
+    rows: dict[str, list[Sample]] = {bare_row: [], **{name: [] for name, _ in configs}}
+    sequence: list[tuple[str, float]] = []
+    for name, fn in plan:
+        sample = _timed(fn, a.steps, a.chips)
+        rows[name].append(sample)
+        sequence.append((name, sample[0]))
+    paired = bracketed_overheads(sequence, bare_row)
+    base_cpu = statistics.median(r[1] for r in rows[bare_row])
+    print(f"{a.chips} chip(s) x 1 learner, steps {WARMUP_STEPS}..{a.steps}, {a.repeats} run(s) of each "
+          "configuration, each between two bare runs")
+    print("steps/s: per learner (= per chip), wall clock, median; overhead: 1 - steps/s / the bare loop's steps/s")
+    print("at that run (mean of the bare runs just before and after it: this machine's speed drifts by tens of")
+    print("percent within a minute), median and quartiles over the runs; chip CPU ms/step: CPU time of the chip")
+    print("process (host); in-loop: wall ms per step the training loop spends on the harness's side of a step")
+    print("(poll, apply merged fragments, publish the snapshot, log the step: learner_done timing apply +")
+    print("publish), which does not depend on neighbours; steal: the VM's CPU taken by its host")
+    print(f"{'configuration':32} {'steps/s':>8} {'overhead':>9} {'q1':>7} {'q3':>7} {'CPU ms/step':>12} "
+          f"{'link ms/step':>13} {'in-loop ms':>11} {'steal':>6}  runs (steps/s, in order)")
     for name, vals in rows.items():
-        paired = [1 - r[0] / b[0] for r, b in zip(vals, bare_runs, strict=True)]
-        cpu = statistics.median(r[1] for r in vals)
-        print(f"{name:32} {statistics.median(r[0] for r in vals):8.2f} {100 * statistics.median(paired):8.1f}% "
-              f"{100 * min(paired):6.1f}% {100 * max(paired):6.1f}% {cpu:12.2f} {100 * (cpu / base_cpu - 1):12.1f}% "
+        q1, q2, q3 = quartiles(paired[name]) if name in paired else (0.0, 0.0, 0.0)
+        print(f"{name:32} {statistics.median(r[0] for r in vals):8.2f} {100 * q2:8.1f}% {100 * q1:6.1f}% "
+              f"{100 * q3:6.1f}% {statistics.median(r[1] for r in vals):12.2f} "
               f"{statistics.median(r[2] for r in vals):13.2f} {statistics.median(r[3] for r in vals):11.2f} "
-              f"{100 * statistics.median(r[4] for r in vals):5.1f}%  "
-              + " ".join(f"{r[0]:.1f}" for r in vals))
+              f"{100 * statistics.median(r[4] for r in vals):5.1f}%  " + " ".join(f"{r[0]:.1f}" for r in vals))
+    print(f"bare loop CPU ms/step, median: {base_cpu:.2f}")
     if _SYNCER_SHARE:
         print(f"neighbour duty (syncer CPU share, median): {statistics.median(_SYNCER_SHARE):.2f}")
 
