@@ -146,9 +146,11 @@ def test_chip_loss_failure_shrink_keeps_the_learner_training(run_scenario, fault
     full = [e for e in steps1 if e["t"] < shrink["t"] - 0.5 or e["t"] > joined["t"] + 0.5]
     assert len(small) >= 10 and {e["chips"] for e in small} == {1}, "the survivor trains on alone"
     assert {e["tokens"] for e in full} == {2 * small[0]["tokens"]}, "half the tokens per step while shrunk"
+    # pushes of steps after the survivor re-formed alone (the supervisor's learner_shrink step is its view of
+    # the learner's progress, which can be a step behind: a CI run's push of steps 63-64 held 1024 + 512 tokens)
     merged_small = [c_tok / c_st for e in evs if e["ev"] == "merge" and shrink["t"] < e["t"] < joined["t"]
                     for m, c_st, c_tok in zip(e["participants"], e["c_steps"], e["c_tokens"], strict=True)
-                    if m == 1 and min(r[0] for r in [e["step_ranges"][e["participants"].index(1)]]) > shrink["step"]]
+                    if m == 1 and e["step_ranges"][e["participants"].index(1)][0] > regrouped["step"]]
     assert merged_small and max(merged_small) == small[0]["tokens"], "merges weighted the shrunk learner's tokens"
     steps0 = [e for e in evs if e["ev"] == "step" and e["learner"] == 0 and shrink["t"] < e["t"] < joined["t"]]
     figures = {"shrunk_s": round(joined["t"] - shrink["t"], 3), "learner1_steps_shrunk": len(small),
