@@ -468,9 +468,14 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
 
     def given_up_on_rejoin(m: int, p: int, crash: float) -> bool:
         """Learner m joined a syncer after `crash` and then applied fragment p at the version it was sent."""
-        return any(int(j["learner"]) == m and float(j["t"]) > crash and p < len(j["versions"]) and any(
-            int(a["learner"]) == m and float(a["t"]) > float(j["t"]) and (p, int(j["versions"][p])) in zip(
-                a.get("fragments", []), a.get("versions", []), strict=False) for a in applies) for j in joins)
+        for j in joins:
+            if int(j["learner"]) != m or float(j["t"]) <= crash or p >= len(j["versions"]):
+                continue
+            sent = (p, int(j["versions"][p]))
+            if any(int(a["learner"]) == m and float(a["t"]) > float(j["t"])
+                   and sent in zip(a.get("fragments", []), a.get("versions", []), strict=False) for a in applies):
+                return True
+        return False
 
     pushes = r.of("push")
     lost: list[str] = []
