@@ -320,3 +320,30 @@ def test_run_ddp_elastic_loads_the_groups_state_and_goes_on_from_its_step() -> N
     ref = torch.full((1,), 0.5)
     for p in core.named.values():  # two AdamW steps on zero gradients from the group's state: decay only
         assert torch.allclose(p.detach(), ref * (1 - train.lr * train.weight_decay) ** 2)
+
+
+def _fault(action: str) -> dict[str, object]:
+    extra: dict[str, object] = {"until": {"after_s": 1.0}} if action in ("freeze", "slow", "partition", "degrade",
+                                                                          "flap", "slice", "limit_data") else {}
+    if action == "slow":
+        extra["speed"] = 0.5
+    extra |= {"degrade": {"latency_ms": 10}, "flap": {"period_s": 1.0, "duty": 0.5},
+              "limit_data": {"bytes": 100_000}}.get(action, {})
+    return {"action": action, "learner": 1, "at": {"step": 5}, **extra}
+
+
+@pytest.mark.parametrize("action", ["kill_chip", "kill_learner", "crash_host", "freeze", "slow", "partition",
+                                    "degrade", "flap", "reset_peer", "slice", "limit_data", "kill_syncer"])
+def test_elastic_ddp_accepts_exactly_the_faults_ddp_accepts(action: str) -> None:
+    from harness.scenario import ScenarioError, from_dict
+
+    def verdict(algorithm: str) -> str:
+        try:
+            from_dict({"algorithm": algorithm, "topology": {"learners": 2, "chips_per_learner": 2},
+                       "recovery": {"policy": "restart"}, "faults": [_fault(action)]})
+        except ScenarioError as e:
+            return str(e).replace(repr(algorithm), "ALG")
+        return "accepted"
+
+    assert verdict("elastic_ddp") == verdict("ddp")
+    assert (verdict("ddp") == "accepted") == (action != "kill_syncer"), verdict("ddp")

@@ -209,7 +209,7 @@ class ElasticDdpSyncer(DdpSyncer):
                                                 d.stall_started_at, now, now - d.stall_started_at, d.reason))
         return self._complete(now) if d.complete else None
 
-    def on_grads(self, learner: int, step: int, tokens: int, grads: dict[str, Tensor],  # type: ignore[override]
+    def on_grads(self, learner: int, step: int, tokens: int, grads: dict[str, Tensor],
                  now: float = 0.0) -> SyncRound | None | bool:
         """False if rejected, None while waiting, the round when complete; for a request older than the open
         step, a reply to that learner alone: the stored result (the last step) or the full state (older)."""
