@@ -270,6 +270,21 @@ def test_elastic_ddp_admits_a_rejoining_learner_at_the_next_step_with_the_full_s
     assert rec.stall_s == pytest.approx(0.3) and rec.started_at == 2.0 and rec.ended_at == 2.4
 
 
+def test_elastic_ddp_a_bye_before_the_last_step_is_still_a_loss() -> None:
+    """A host whose chip died can close its link politely (BYE) before it exits: that learner is lost."""
+    s = ElasticDdpSyncer(MODEL, TrainConfig(steps=2, warmup_steps=0), SEED, 2)
+    g = grads(1e-2, 0)
+    s.on_grads(0, 1, 10, g, now=1.0)
+    s.on_grads(1, 1, 10, g, now=1.0)
+    s.on_grads(0, 2, 10, g, now=2.0)
+    s.on_finished(1)
+    assert isinstance(s.on_leave(1, now=2.5, why="link closed"), SyncRound)
+    assert [(r.kind, r.members_after) for r in s.take_reconfigurations()] == [("shrink", [0])]
+    s.on_finished(0)  # after the last step (2): the end of the run, not a reconfiguration
+    assert s.on_leave(0, now=3.0, why="link closed") is None and s.take_reconfigurations() == []
+    assert s.members == set()
+
+
 def test_elastic_ddp_catches_up_a_member_that_missed_steps() -> None:
     s = ElasticDdpSyncer(MODEL, TRAIN, SEED, 2)
     g = [grads(1e-2, i) for i in range(2)]

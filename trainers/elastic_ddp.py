@@ -54,7 +54,7 @@ class OpenStep:
     arrived: Mapping[int, float]
     """Learner -> clock time its gradient for this step arrived."""
     finished: frozenset[int] = frozenset()
-    """Learners that said BYE (trained all their steps): their leaving is the end, not a loss."""
+    """Learners that said BYE after the group's last step: their leaving is the end, not a loss."""
 
 
 @dataclass(frozen=True)
@@ -170,6 +170,7 @@ class ElasticDdpSyncer(DdpSyncer):
         self.grows: dict[int, _Grow] = {}
         self.completed = 0
         self.last: SyncRound | None = None
+        self.steps = train_cfg.steps
 
     def view(self) -> OpenStep:
         return OpenStep(self.completed + 1, frozenset(self.members), dict(self.arrived), frozenset(self.finished))
@@ -194,7 +195,10 @@ class ElasticDdpSyncer(DdpSyncer):
         return self.state()
 
     def on_finished(self, learner: int) -> None:
-        self.finished.add(learner)
+        """It said BYE. That is the end only once the group has completed its last step: a host whose chip died
+        may close its link politely (BYE) before it exits, and that is still a loss."""
+        if self.completed >= self.steps:
+            self.finished.add(learner)
 
     def on_leave(self, learner: int, now: float, why: str) -> SyncRound | None:
         """A learner's link closed: shrink the group. Returns the open step's round if that completes it."""
