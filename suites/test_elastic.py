@@ -23,16 +23,26 @@ KILL_AT = 30
 REPAIR_S = 2.0
 SHRINK_STALL_S = 0.5
 """Longest the survivors may wait at the barrier on the lost learner (the shrink's `elastic_reconfigure`
-stall_s). A chip death closes the learner's link within ~0.1 s of the kill, often before the survivors' next
-gradient is in (measured 0.0 and 0.02 s on the shared machine); the bound is a quarter of the repair delay."""
+stall_s). A chip death closes the learner's link within ~0.2 s of the kill, often before the survivors' next
+gradient is in (measured 0.0, 0.014 and 0.02 s on the shared machine); the bound is a quarter of the repair
+delay."""
 GROW_STALL_S = 1.0
 """Longest the members may wait on the rejoining learner's first gradient (the grow's stall_s): it loads the
-state and computes one step in a fresh process (measured 0.03 and 0.18 s; single steps of up to ~1 s were seen
-on this machine while others loaded it). Half the repair delay."""
+state and computes one step in a fresh process (measured 0.03, 0.08, 0.15 and 0.18 s; single steps of up to
+~1 s were seen on this machine while others loaded it). Half the repair delay."""
 MAX_GAP_IN_OUTAGE_S = REPAIR_S / 2
-"""Longest interval without a merge from the kill until learner 1 is back, for elastic_ddp. The reconfiguration
-costs a few hundredths of a second; the rest is the machine's own step-time noise (steps of up to ~1 s on this
-shared 2-core machine). ddp's gap over the same window is the whole repair delay (>= REPAIR_S)."""
+"""Longest interval without a merge from the kill until learner 1 is back, for elastic_ddp (measured 0.44 and
+0.45 s). The reconfiguration costs a few hundredths of a second; the rest is the machine's own step-time noise
+(steps of up to ~1 s on this shared 2-core machine). ddp's gap over the same window is the whole repair delay
+(>= REPAIR_S; measured 2.29 and 2.68 s)."""
+
+
+MIN_ALONE_MERGES = 10
+"""Steps learner 0 must merge alone while learner 1 is down (about REPAIR_S plus its restart): measured 50 with
+the machine lightly shared and 19 at a load average of 25 on its 2 cores."""
+MAX_DDP_MERGES_IN_OUTAGE = 2
+"""ddp over the same window: the step in flight when the chip died (its host may have sent that gradient
+already) and learner 1's first step back (merged just before its step event is logged); measured 1 and 2."""
 
 
 def scenario(algorithm: str) -> Any:
@@ -88,9 +98,9 @@ def test_elastic_ddp_trains_through_a_chip_loss_while_ddp_stalls(run_scenario):
     el.figures(figures)
     assert shrink["stall_s"] <= SHRINK_STALL_S and grow["stall_s"] <= GROW_STALL_S, figures
     assert figures["elastic_max_gap_in_outage_s"] <= MAX_GAP_IN_OUTAGE_S, figures
-    assert len(alone) >= 10, f"learner 0 did not train on alone while learner 1 was down: {figures}"
+    assert len(alone) >= MIN_ALONE_MERGES, f"learner 0 did not train on alone while learner 1 was down: {figures}"
     assert figures["ddp_max_gap_in_outage_s"] >= REPAIR_S, f"ddp must stall for the repair: {figures}"
-    assert len(d_merges) <= 2, f"ddp merged without learner 1: {figures}"
+    assert len(d_merges) <= MAX_DDP_MERGES_IN_OUTAGE, f"ddp merged without learner 1: {figures}"
     assert all(d["steps"] == STEPS for d in el.report["per_learner"].values()), el.report["per_learner"]
     el.check("converged", max_loss=el.report["initial_eval_loss"] - 1.0)
     el.check("updates_accounted")
