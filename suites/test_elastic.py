@@ -24,11 +24,11 @@ REPAIR_S = 2.0
 SHRINK_STALL_S = 0.5
 """Longest the survivors may wait at the barrier on the lost learner (the shrink's `elastic_reconfigure`
 stall_s). A chip death closes the learner's link within ~0.2 s of the kill, often before the survivors' next
-gradient is in (measured 0.0, 0.014 and 0.02 s on the shared machine); the bound is a quarter of the repair
+gradient is in (measured 0.0 and 0.014 s in this test's runs); the bound is a quarter of the repair
 delay."""
 GROW_STALL_S = 1.0
 """Longest the members may wait on the rejoining learner's first gradient (the grow's stall_s): it loads the
-state and computes one step in a fresh process (measured 0.03, 0.08, 0.15 and 0.18 s; single steps of up to
+state and computes one step in a fresh process (measured 0.08, 0.15 and 0.18 s in this test's runs; single steps of up to
 ~1 s were seen on this machine while others loaded it). Half the repair delay."""
 MAX_GAP_IN_OUTAGE_S = REPAIR_S / 2
 """Longest interval without a merge from the kill until learner 1 is back, for elastic_ddp (measured 0.44 and
