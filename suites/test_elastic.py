@@ -28,8 +28,8 @@ gradient is in (measured 0.0 and 0.014 s in this test's runs); the bound is a qu
 delay."""
 GROW_STALL_S = 1.0
 """Longest the members may wait on the rejoining learner's first gradient (the grow's stall_s): it loads the
-state and computes one step in a fresh process (measured 0.08, 0.15 and 0.18 s in this test's runs; single steps of up to
-~1 s were seen on this machine while others loaded it). Half the repair delay."""
+state and computes one step in a fresh process (measured 0.08, 0.15 and 0.18 s in this test's runs; single
+steps of up to ~1 s were seen on this machine while others loaded it). Half the repair delay."""
 MAX_GAP_IN_OUTAGE_S = REPAIR_S / 2
 """Longest interval without a merge from the kill until learner 1 is back, for elastic_ddp (measured 0.44 and
 0.45 s). The reconfiguration costs a few hundredths of a second; the rest is the machine's own step-time noise

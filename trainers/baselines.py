@@ -10,7 +10,9 @@
   Theta - theta_m, applies outer Nesterov SGD and hands the model back.
 
 Both reject non-finite inputs (the round then never completes, which is how a
-synchronous system fails).
+synchronous system fails). Elastic data parallel (trainers/elastic_ddp.py)
+takes `DdpSyncer.merge` behind a barrier whose membership follows the learners
+present.
 """
 
 from __future__ import annotations
