@@ -224,6 +224,10 @@ def chip_main(spec: ChipSpec) -> None:
         elif sc.algorithm == "diloco":
             run_diloco(core, batch, link, on_step,
                        lambda r, s: events.log("apply", learner=spec.learner, step=s, round=r))
+        elif sc.algorithm == "elastic_ddp":
+            run_ddp(core, batch, link, on_step, elastic=True,
+                    on_catch_up=lambda ours, group: events.log("elastic_catch_up", learner=spec.learner,
+                                                               from_step=ours, to_step=group))
         else:
             run_ddp(core, batch, link, on_step)
         if spec.rank == 0:

@@ -157,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="run a scenario with real processes (default: the built-in one)")
     run.add_argument("scenario", nargs="?", help="scenario TOML file (default: built-in 'default')")
     run.add_argument("--builtin", default="default", help="name of a built-in scenario")
-    run.add_argument("--algorithm", choices=["ddp", "diloco", "decoupled"], help="override the algorithm")
+    run.add_argument("--algorithm", choices=["ddp", "elastic_ddp", "diloco", "decoupled"],
+                     help="override the algorithm")
     run.add_argument("--seed", type=int, help="override the seed")
     run.add_argument("--runs-dir", default="runs", help="where run directories are created (default: runs)")
     run.add_argument("--quiet", action="store_true", help="no live progress")

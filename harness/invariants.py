@@ -419,13 +419,13 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
     `Contribution.trained`); two merges giving one fragment the same version (a merge
     the restored syncer forgot, so one broadcast version was lost).
 
-    ddp and diloco log no push events: only the last check applies there, as one merge per step (ddp) or
-    round (diloco)."""
+    ddp, elastic_ddp and diloco log no push events: only the last check applies there, as one merge per step
+    (ddp, elastic_ddp) or round (diloco)."""
     r = _run(run)
     problems: list[str] = []
     measure = "pushes lost or merged twice"
     if r.algorithm != "decoupled":
-        key = "step" if r.algorithm == "ddp" else "round"
+        key = "step" if r.algorithm in ("ddp", "elastic_ddp") else "round"
         seen = Counter(e.get(key) for e in r.of("merge"))
         for k, n in sorted(seen.items(), key=lambda kv: str(kv[0])):
             if n > 1:
@@ -564,13 +564,13 @@ def token_accounting(run: Run, *, tolerance: float = 1e-3, show: int = 5) -> Inv
     Two sums of absolute differences, so errors cannot cancel:
     * the syncer's own count (the last `syncer_done.tokens_merged`, else the final eval's, else the last
       merge's cumulative `tokens_merged`) against the sum over merge events of their contributions'
-      c_tokens / P (P fragments for decoupled, 1 for ddp and diloco: the report's definition). A restored
+      c_tokens / P (P fragments for decoupled, 1 for the others: the report's definition). A restored
       syncer's `tokens_merged` counts in where its versions show merges that were checkpointed but never
       logged; otherwise a restored count that differs from the log is a discrepancy;
     * decoupled: each merged contribution's c_tokens against the tokens the learner's `step` events logged for
       the steps it trained (the c_steps steps ending at its last_step; the latest logged value of each step),
-      divided by P; ddp: each participant's tokens against its step's. A contribution whose steps were not
-      all logged is counted in the detail as unverifiable, not as a discrepancy."""
+      divided by P; ddp and elastic_ddp: each participant's tokens against its step's. A contribution whose
+      steps were not all logged is counted in the detail as unverifiable, not as a discrepancy."""
     r = _run(run)
     merges = r.of("merge")
     p_div = r.fragments
@@ -613,7 +613,7 @@ def token_accounting(run: Run, *, tolerance: float = 1e-3, show: int = 5) -> Inv
                 c_steps = [int(x) for x in e.get("c_steps", [b - a + 1 for a, b in ranges])]
                 misreported += sum(1 for (a, b), cs in zip(ranges, c_steps, strict=False) if cs != b - a + 1)
                 spans = [(max(a, b - cs + 1), b) for (a, b), cs in zip(ranges, c_steps, strict=False)]
-            elif r.algorithm == "ddp" and e.get("step") is not None:
+            elif r.algorithm in ("ddp", "elastic_ddp") and e.get("step") is not None:
                 spans = [(int(e["step"]), int(e["step"]))] * len(c)
             else:
                 continue

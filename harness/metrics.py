@@ -71,7 +71,7 @@ def _covered(evs: list[dict[str, Any]], algorithm: str, fragments: int, sync_eve
             for m, (a, b) in zip(e["participants"], e.get("step_ranges", []), strict=False):
                 for s in range(int(a), int(b) + 1):
                     cover[m][s] += 1.0 / fragments
-        elif algorithm == "ddp":
+        elif algorithm in ("ddp", "elastic_ddp"):
             for m in e["participants"]:
                 cover[m][int(e["step"])] = 1.0
         else:

@@ -53,7 +53,7 @@ class Timeouts:
     """One hierarchy of bounds; each level must be shorter than the one above it.
 
     socket_op_s < liveness_s < gloo_s < barrier_s < run_s, heartbeat_s * 3 <= liveness_s and
-    barrier_s + gloo_s < run_s (validated before any process starts). In ddp and diloco a chip's
+    barrier_s + gloo_s < run_s (validated before any process starts). In ddp, elastic_ddp and diloco a chip's
     collectives are bounded by barrier_s + gloo_s, since its host may wait barrier_s for the syncer.
     A socket call fails before the link is declared dead; a dead link is noticed before a Gloo
     collective gives up; a blocked baseline learner gives up before the whole run's deadline kills
@@ -140,7 +140,8 @@ class Scenario:
     seed: int = bounded(0, 0, 2**31 - 1)
     """Seeds model init, data order and every random choice of the harness."""
     algorithm: str = choice("decoupled", ALGORITHMS)
-    """decoupled (Decoupled DiLoCo), diloco (synchronous DiLoCo) or ddp (synchronous data parallel)."""
+    """decoupled (Decoupled DiLoCo), diloco (synchronous DiLoCo), ddp (synchronous data parallel) or elastic_ddp
+    (data parallel whose global group drops a lost learner and admits it again after its repair)."""
     topology: Topology = field(default_factory=Topology)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -276,7 +277,7 @@ def validate(sc: Scenario) -> None:
                                     "and recovery.syncer_checkpoint = 'every_merge'")
     if sc.recovery.policy == "shrink" and sc.algorithm != "decoupled":
         raise ScenarioError(f"recovery.policy = 'shrink': supported for algorithm = 'decoupled' only, not "
-                            f"{sc.algorithm!r}; use 'restart'")
+                            f"{sc.algorithm!r}; use 'restart' (elastic_ddp's elastic unit is a learner)")
     if sc.links.proxy == "off" and any(f.action in LINK_ACTIONS for f in sc.faults):
         raise ScenarioError("links.proxy = 'off': link faults need proxies; use auto or embedded")
     if sc.diloco.min_quorum > m:

@@ -27,6 +27,7 @@ later) and the online step-time estimates.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -60,6 +61,7 @@ from harness.wire import (
 from trainers.baselines import DdpSyncer, DilocoSyncer, SyncRound
 from trainers.data import eval_batches, make_splits
 from trainers.decoupled_syncer import DecoupledSyncer, MergeRecord, PushOutcome
+from trainers.elastic_ddp import ElasticDdpSyncer
 from trainers.model import build_model
 
 log = logging.getLogger(__name__)
@@ -133,6 +135,8 @@ class SyncerService:
             self.core: Any = DecoupledSyncer(sc.model, sc.diloco, sc.seed, m)
         elif sc.algorithm == "diloco":
             self.core = DilocoSyncer(sc.model, sc.diloco, sc.seed, m)
+        elif sc.algorithm == "elastic_ddp":
+            self.core = ElasticDdpSyncer(sc.model, sc.train, sc.seed, m)
         else:
             self.core = DdpSyncer(sc.model, sc.train, sc.seed, m)
         self.inbox: queue.Queue = queue.Queue()
@@ -444,7 +448,10 @@ class SyncerService:
                 if self.budget_reached:  # it came back after the budget was spent: it stops after a step
                     self._send(conn, Message(MsgType.STOP, {"total": self.budget_total}))
             else:  # a restarted baseline learner resumes from the syncer's state (a fresh one ignores it)
-                step, tensors = self.core.resume_state()
+                if self.algorithm == "elastic_ddp":  # it is admitted at the next step, from this state
+                    step, tensors = self.core.on_join(learner, time.monotonic(), f"connected from {conn.peer}")
+                else:
+                    step, tensors = self.core.resume_state()
                 self._send(conn, Message(MsgType.RESUME, {"step": step}, tensors))
             return
         if kind == "leave":
@@ -454,10 +461,17 @@ class SyncerService:
             if self.algorithm == "decoupled":
                 self.core.forget(learner)
             self.events.log("learner_leave", learner=learner, alive=sorted(self.alive()))
+            if self.algorithm == "elastic_ddp" and self.by_learner.get(learner) is None:  # the group shrinks
+                res = self.core.on_leave(learner, time.monotonic(), "link closed")
+                self._log_reconfigurations()
+                if res is not None:
+                    self._on_sync_result(learner, res, MsgType.GRADS_AVG, "step", res.key)
             return
         assert msg is not None
         if msg.type is MsgType.BYE:
             self.finished.add(learner)
+            if self.algorithm == "elastic_ddp":
+                self.core.on_finished(learner)
             self.events.log("learner_bye", learner=learner)
         elif msg.type is MsgType.META and self.algorithm == "decoupled":
             pulls = self.core.on_meta(learner, int(msg.meta["step"]), float(msg.meta["step_time_s"]),
@@ -469,6 +483,11 @@ class SyncerService:
             self._on_push(learner, msg)
         elif msg.type is MsgType.GRADS and self.algorithm == "ddp":
             res = self.core.on_grads(learner, int(msg.meta["step"]), int(msg.meta["tokens"]), msg.tensors)
+            self._on_sync_result(learner, res, MsgType.GRADS_AVG, "step", int(msg.meta["step"]))
+        elif msg.type is MsgType.GRADS and self.algorithm == "elastic_ddp":
+            res = self.core.on_grads(learner, int(msg.meta["step"]), int(msg.meta["tokens"]), msg.tensors,
+                                     time.monotonic())
+            self._log_reconfigurations()
             self._on_sync_result(learner, res, MsgType.GRADS_AVG, "step", int(msg.meta["step"]))
         elif msg.type is MsgType.PARAMS and self.algorithm == "diloco":
             res = self.core.on_params(learner, int(msg.meta["round"]), int(msg.meta["step"]),
@@ -580,6 +599,12 @@ class SyncerService:
             self._persist(recs)
         return counted
 
+    def _log_reconfigurations(self) -> None:
+        """elastic_ddp: one `elastic_reconfigure` event per change of the global group (times since run start
+        are the events' own `t`; started_at / ended_at here are the syncer's monotonic clock)."""
+        for rec in self.core.take_reconfigurations():
+            self.events.log("elastic_reconfigure", **dataclasses.asdict(rec))
+
     def _on_sync_result(self, learner: int, res: SyncRound | None | bool, reply: MsgType, key: str,
                         value: int) -> None:
         if res is False:
@@ -593,7 +618,10 @@ class SyncerService:
                 conn = self.by_learner.get(res.replay_to)
             if conn is not None:
                 self._send(conn, msg)
-            self.events.log("sync_replayed", learner=res.replay_to, **{key: value})
+            if res.step != res.key:  # elastic_ddp: it missed steps; it is sent the group's state instead
+                self.events.log("elastic_catch_up_sent", learner=res.replay_to, **{key: value}, state_step=res.step)
+            else:
+                self.events.log("sync_replayed", learner=res.replay_to, **{key: value})
             return
         with self.lock:
             targets = [self.by_learner[m] for m in res.participants if m in self.by_learner]

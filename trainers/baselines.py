@@ -10,7 +10,9 @@
   Theta - theta_m, applies outer Nesterov SGD and hands the model back.
 
 Both reject non-finite inputs (the round then never completes, which is how a
-synchronous system fails).
+synchronous system fails). Elastic data parallel (trainers/elastic_ddp.py)
+takes `DdpSyncer.merge` behind a barrier whose membership follows the learners
+present.
 """
 
 from __future__ import annotations
@@ -89,6 +91,12 @@ class DdpSyncer:
         done = self.barrier.add(step, learner, tokens, grads)
         if done is None:
             return None
+        self.barrier.last = self.merge(step, done)
+        return self.barrier.last
+
+    def merge(self, step: int, done: dict[int, tuple[int, dict[str, Tensor]]]) -> SyncRound:
+        """Average the contributions (learner -> (tokens, gradient)) weighted by tokens and take the AdamW step
+        on the replica; the round to send back."""
         learners = sorted(done)
         toks = [done[m][0] for m in learners]
         w = [t / sum(toks) for t in toks]
@@ -97,8 +105,7 @@ class DdpSyncer:
             p.grad = avg[n].clone()
         self.optimizer.step(step)
         self.merges += 1
-        self.barrier.last = SyncRound(key=step, participants=learners, tokens=toks, step=step, tensors=avg)
-        return self.barrier.last
+        return SyncRound(key=step, participants=learners, tokens=toks, step=step, tensors=avg)
 
     def resume_state(self) -> tuple[int, dict[str, Tensor]]:
         """For a restarted learner: the last completed step, the replica and its AdamW moments (the replica

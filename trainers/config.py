@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-ALGORITHMS = ("decoupled", "diloco", "ddp")
+ALGORITHMS = ("decoupled", "diloco", "ddp", "elastic_ddp")
 INF = math.inf
 
 

@@ -547,8 +547,19 @@ def run_diloco(core: LearnerCore, batch: BatchFn, link: SyncLink | None, on_step
             on_step(core.step, loss, tokens)
 
 
-def run_ddp(core: LearnerCore, batch: BatchFn, link: SyncLink | None, on_step: StepHook) -> None:
-    """Synchronous data parallel: every step's gradient is averaged over all learners via the syncer."""
+STATE_STEP_KEY = "elastic.state_step"
+"""elastic_ddp: in the syncer's answer to a gradient, marks it as the group's state after that step (replica and
+AdamW moments, as `resume_sync` takes) instead of an averaged gradient: the answer to a learner that missed
+steps while its link was down."""
+
+
+def run_ddp(core: LearnerCore, batch: BatchFn, link: SyncLink | None, on_step: StepHook, elastic: bool = False,
+            on_catch_up: Callable[[int, int], None] | None = None) -> None:
+    """Synchronous data parallel: every step's gradient is averaged over all learners via the syncer.
+
+    `elastic` (elastic_ddp): the syncer may answer with the group's state instead (`STATE_STEP_KEY`); the host
+    then tells its chips in a one-number broadcast, every chip loads that state and the loop goes on from its
+    step (`on_catch_up(our step, the group's step)` on the host)."""
     is_host = core.collective.rank == 0
     names = list(core.named)
     while core.step < core.train_cfg.steps:
@@ -559,11 +570,23 @@ def run_ddp(core: LearnerCore, batch: BatchFn, link: SyncLink | None, on_step: S
         core.allreduce_grads()
         compute = time.perf_counter() - t0
         tokens = x.numel() * core.collective.size
+        avg: dict[str, Tensor] = {}
         if is_host:
             assert link is not None
             t_sync = time.perf_counter()
             avg = link.exchange_grads(step, tokens, dict(zip(names, core.grads(), strict=True)))
             core.last_sync_s = time.perf_counter() - t_sync
+        if elastic:
+            flag = torch.tensor([int(avg[STATE_STEP_KEY]) if STATE_STEP_KEY in avg else -1], dtype=torch.int64)
+            if core.collective.size > 1:
+                core.collective.broadcast_(flag)
+            if int(flag[0]) >= 0:  # caught up: load the group's state, redo from its next step
+                core.optimizer.opt.zero_grad(set_to_none=False)
+                resume_sync(core, (int(flag[0]), avg) if is_host else None)
+                if is_host and on_catch_up is not None:
+                    on_catch_up(step, core.step)
+                continue
+        if is_host:
             flat = flatten([avg[n] for n in names])
         else:
             flat = torch.empty(sum(p.numel() for p in core.named.values()))
