@@ -119,7 +119,7 @@ def read_run(run_dir: str | Path) -> RunFacts:
     gaps = []
     for rows in by_learner.values():
         rows.sort()
-        gaps += [b[1] - a[1] for a, b in zip(rows, rows[1:]) if b[0] == a[0] + 1]
+        gaps += [b[1] - a[1] for a, b in zip(rows, rows[1:], strict=False) if b[0] == a[0] + 1]
     if not gaps:
         raise CalibrationError(f"{d}: no consecutive step events")
     repair_default = float(cfg.get("recovery", {}).get("repair_s", 0.0))
