@@ -64,24 +64,27 @@ class FaultProcess:
     """Repair-time distribution of a failed domain (paper: exponentiated Weibull)."""
     repair_mean_s: float = 3600.0
     """Mean repair time of a domain, seconds (fitted to the elastic data-parallel row)."""
-    repair_cv: float = 1.0
-    """lognormal: coefficient of variation of the repair time."""
+    repair_sd_s: float = 3600.0
+    """lognormal: standard deviation of the repair time, seconds."""
     repair_weibull_k: float = 0.8
     """exp_weibull: Weibull shape k (< 1: a heavy tail of long repairs)."""
     repair_weibull_a: float = 2.0
     """exp_weibull: exponentiation a (> 1: few very short repairs)."""
     repair_min_s: float = 0.0
     """Repair times are clamped to at least this, seconds."""
+    repair_max_s: float = 1e9
+    """Repair times are clamped to at most this, seconds."""
 
     def validate(self) -> None:
         _check("faults.mtbi_chip_s", self.mtbi_chip_s, 1e-3, 1e12)
         _check("faults.chips_per_domain", self.chips_per_domain, 1, 10**7)
         _choice("faults.repair", self.repair, REPAIRS)
         _check("faults.repair_mean_s", self.repair_mean_s, 0.0, 1e9)
-        _check("faults.repair_cv", self.repair_cv, 0.0, 100.0)
+        _check("faults.repair_sd_s", self.repair_sd_s, 0.0, 1e9)
         _check("faults.repair_weibull_k", self.repair_weibull_k, 0.05, 20.0)
         _check("faults.repair_weibull_a", self.repair_weibull_a, 0.05, 50.0)
         _check("faults.repair_min_s", self.repair_min_s, 0.0, 1e9)
+        _check("faults.repair_max_s", self.repair_max_s, self.repair_min_s, 1e12)
 
 
 @dataclass(frozen=True)
@@ -174,14 +177,14 @@ def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
 
 
 def draw_repairs(rng: np.random.Generator, n: int, fp: FaultProcess) -> np.ndarray:
-    """n repair times, seconds, with mean `repair_mean_s` (exp_weibull: scaled so its mean is that)."""
+    """n repair times, seconds, with mean `repair_mean_s` (exp_weibull: scaled so its mean is that), clamped."""
     mean = fp.repair_mean_s
     if fp.repair == "fixed" or mean == 0.0:
         out = np.full(n, mean)
     elif fp.repair == "exponential":
         out = rng.exponential(mean, n)
     elif fp.repair == "lognormal":
-        sigma2 = math.log1p(fp.repair_cv ** 2)
+        sigma2 = math.log1p((fp.repair_sd_s / mean) ** 2)
         out = rng.lognormal(math.log(mean) - sigma2 / 2, math.sqrt(sigma2), n)
     else:
         # Inverse CDF of the exponentiated Weibull F(x) = (1 - exp(-x^k))^a, unit scale, then scaled to the mean.
@@ -189,7 +192,7 @@ def draw_repairs(rng: np.random.Generator, n: int, fp: FaultProcess) -> np.ndarr
         u = rng.random(n)
         x = (-np.log1p(-u ** (1.0 / a))) ** (1.0 / k)
         out = x * (mean / exp_weibull_mean(k, a))
-    return np.maximum(out, fp.repair_min_s)
+    return np.clip(out, fp.repair_min_s, fp.repair_max_s)
 
 
 def exp_weibull_mean(k: float, a: float, n: int = 20_000) -> float:
