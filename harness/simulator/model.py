@@ -215,7 +215,7 @@ def stall_chain(t: np.ndarray, dur: np.ndarray, lane: np.ndarray) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     span = float(np.max(t + dur) - min(0.0, float(np.min(t)))) + 1.0
     g = t + lane * span  # lanes laid end to end: a search never crosses into the next lane's times
-    nxt = np.searchsorted(g, g + dur, side="left")
+    nxt = np.maximum(np.searchsorted(g, g + dur, side="left"), np.arange(1, e + 1))  # a zero-length stall ends at once
     nxt = np.where((nxt < e) & (lane[np.minimum(nxt, e - 1)] == lane), nxt, e)
     jump = np.append(nxt, e)  # sentinel e points at itself
     reach = np.zeros(e + 1, dtype=bool)
