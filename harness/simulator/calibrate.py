@@ -99,8 +99,10 @@ class Prediction:
         return self.predicted - self.measured
 
 
-def read_run(run_dir: str | Path) -> RunFacts:
-    """The calibration facts of one run directory."""
+def read_run(run_dir: str | Path, recompute: bool = False) -> RunFacts:
+    """The calibration facts of one run directory; with `recompute`, the measured goodput is computed again from
+    its event log by the harness's current report code (harness/report.py `build_report`) instead of read from
+    the report.json written when the run finished, so a changed goodput definition applies to old runs."""
     d = Path(run_dir)
     for name in ("config.json", EVENTS_FILE, "report.json"):
         if not (d / name).is_file():
@@ -134,7 +136,18 @@ def read_run(run_dir: str | Path) -> RunFacts:
                                  float(back["t"] - f["t"]) if back is not None else None))
     return RunFacts(str(d), algorithm, m, int(cfg["topology"]["chips_per_learner"]), m * steps,
                     algorithm != "decoupled" or budget != "total", statistics.median(gaps), tuple(faults),
-                    float(report["goodput"]["goodput"]))
+                    float(_measured(d, recompute, report)))
+
+
+def _measured(d: Path, recompute: bool, report: dict[str, Any]) -> float:
+    if recompute:
+        from harness.report import build_report
+
+        report = build_report(d)
+    g = report.get("goodput", {}).get("goodput")
+    if g is None:
+        raise CalibrationError(f"{d}: report has no goodput.goodput")
+    return float(g)
 
 
 def _after_restart(evs: list[dict[str, Any]], t0: float, t1: float, who: int) -> bool:
@@ -175,16 +188,17 @@ def predict(run: RunFacts, cal: Calibration) -> Prediction:
                       run.measured_goodput, cal.runs)
 
 
-def calibrate_and_predict(calibrate: list[str], holdout: list[str]) -> tuple[list[Calibration], list[Prediction]]:
+def calibrate_and_predict(calibrate: list[str], holdout: list[str],
+                          recompute: bool = False) -> tuple[list[Calibration], list[Prediction]]:
     """Fit per algorithm on `calibrate` and predict `holdout`; with no holdout, leave one run out at a time."""
-    cal_runs = [read_run(d) for d in calibrate]
+    cal_runs = [read_run(d, recompute) for d in calibrate]
     by_alg: dict[str, list[RunFacts]] = defaultdict(list)
     for r in cal_runs:
         by_alg[r.algorithm].append(r)
     cals = [fit(rs) for rs in by_alg.values()]
     preds: list[Prediction] = []
     if holdout:
-        for r in (read_run(d) for d in holdout):
+        for r in (read_run(d, recompute) for d in holdout):
             if r.algorithm not in by_alg:
                 raise CalibrationError(f"{r.run_dir}: no calibration run of algorithm {r.algorithm}")
             preds.append(predict(r, fit(by_alg[r.algorithm])))

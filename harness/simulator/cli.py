@@ -39,6 +39,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                       help="fit time parameters on these run directories and predict held-out runs' goodput")
     p.add_argument("--holdout", nargs="+", metavar="RUN_DIR", default=[],
                    help="with --calibrate: runs to predict (default: leave one calibration run out at a time)")
+    p.add_argument("--recompute", action="store_true",
+                   help="with --calibrate: measured goodput recomputed from events.jsonl by the current report code")
     p.add_argument("--scenario", help="TOML whose [random_faults], [recovery], [topology] and algorithm set the job")
     p.add_argument("--method", choices=METHODS, help="dp, elastic_dp or decoupled (default decoupled)")
     p.add_argument("--chips", type=int, help="N, chips in all (default 1,200,000)")
@@ -163,13 +165,14 @@ def _table1(args: argparse.Namespace, seeds: tuple[int, ...], faults: FaultProce
 def _calibrate(args: argparse.Namespace) -> int:
     from harness.simulator.calibrate import calibrate_and_predict
 
-    cals, preds = calibrate_and_predict(args.calibrate, args.holdout)
+    cals, preds = calibrate_and_predict(args.calibrate, args.holdout, args.recompute)
     print("calibrated (per algorithm): step_s, restart_s (outage beyond the configured repair), efficiency "
           "(report.json goodput of a fault-free step)")
     for c in cals:
         print(f"  {c.algorithm}: step_s {c.step_s:.4f}, restart_s {c.restart_s:.3f}, efficiency {c.efficiency:.3f} "
               f"({len(c.runs)} runs)")
-    print("held-out: predicted / measured goodput (report.json goodput.goodput) / error")
+    source = "recomputed from events.jsonl by harness/report.py" if args.recompute else "the run's report.json"
+    print(f"held-out: predicted / measured goodput.goodput ({source}) / error")
     for p in preds:
         print(f"  {p.algorithm:9s} {p.predicted:.3f} / {p.measured:.3f} / {p.error:+.3f}  {p.run_dir}")
     worst = max((abs(p.error) for p in preds), default=0.0)
