@@ -207,3 +207,29 @@ def test_calibration_fits_restart_and_predicts_longer_repairs() -> None:
     alone = _facts("decoupled", False, 5.0, 2.0, 0.0)  # only the failed learner stalls: 120 / (120 + 5)
     assert predict(alone, fit([_facts("decoupled", False, 5.0, 2.0, 0.9 * 120 / 125)])).predicted == \
         pytest.approx(0.9 * 120 / 125)
+
+
+def test_scenario_tables_map_to_simulator_keys(tmp_path: Path) -> None:
+    toml = tmp_path / "s.toml"
+    toml.write_text('algorithm = "decoupled"\n[topology]\nlearners = 4\nchips_per_learner = 2\n'
+                    '[recovery]\npolicy = "shrink"\nsyncer_repair_s = 3.0\n'
+                    '[random_faults]\nmtbf_steps = 500\nrepair = "lognormal"\nrepair_mean_s = 2.0\nrepair_sd_s = 1.0\n')
+    got = simulate_cli.scenario_params(str(toml), step_s=0.2)
+    assert got == {"method": "decoupled", "learners": 4, "chips": 8, "chips_per_domain": 1, "policy": "shrink",
+                   "syncer_repair_s": 3.0, "mtbi_chip_s": 100.0, "repair": "lognormal", "repair_mean_s": 2.0,
+                   "repair_sd_s": 1.0}
+    with pytest.raises(SimConfigError, match="--step-s"):
+        simulate_cli.scenario_params(str(toml), step_s=None)
+    ddp = tmp_path / "d.toml"
+    ddp.write_text('algorithm = "ddp"\n[topology]\nlearners = 4\n[recovery]\npolicy = "restart"\nrepair_s = 2.0\n')
+    got = simulate_cli.scenario_params(str(ddp), step_s=None)
+    assert (got["method"], got["learners"], got["chips"], got["repair"], got["repair_mean_s"]) == \
+        ("dp", 1, 8, "fixed", 2.0)
+
+
+def test_plots_are_written(tmp_path: Path) -> None:
+    from harness.simulator.plots import goodput_vs_chips, goodput_vs_m
+
+    grid = run_grid(seeds=(0,), horizon_s=DAY / 8)
+    for path in (goodput_vs_chips(grid, tmp_path / "a.png"), goodput_vs_m(grid, tmp_path / "b.png")):
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
