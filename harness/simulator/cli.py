@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import logging
 import sys
 import time
 import tomllib
@@ -20,8 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from harness.simulator.model import METHODS, REPAIRS, FaultProcess, Job, SimConfigError, TimeParams, simulate
-
-log = logging.getLogger(__name__)
 
 _FAULT_ARGS = ("mtbi_chip_s", "chips_per_domain", "repair", "repair_mean_s", "repair_sd_s", "repair_weibull_k",
                "repair_weibull_a", "repair_min_s", "repair_max_s")
