@@ -191,8 +191,8 @@ def test_cli_registered_and_writes_json(tmp_path: Path, capsys: pytest.CaptureFi
     assert exc.value.code == 2
 
 
-def _facts(alg: str, stalls_all: bool, outage: float, repair: float, goodput: float) -> RunFacts:
-    return RunFacts(f"/runs/{alg}-{outage}", alg, 4, 2, 1200, stalls_all, 0.1, (FaultFacts(1, repair, outage),),
+def _facts(alg: str, stalls_all: bool, outage: float, repair: float, goodput: float, skew: float = 0.0) -> RunFacts:
+    return RunFacts(f"/runs/{alg}-{outage}", alg, 4, 2, 1200, stalls_all, 0.1, skew, (FaultFacts(1, repair, outage),),
                     goodput)
 
 
@@ -207,6 +207,12 @@ def test_calibration_fits_restart_and_predicts_longer_repairs() -> None:
     alone = _facts("decoupled", False, 5.0, 2.0, 0.0)  # only the failed learner stalls: 120 / (120 + 5)
     assert predict(alone, fit([_facts("decoupled", False, 5.0, 2.0, 0.9 * 120 / 125)])).predicted == \
         pytest.approx(0.9 * 120 / 125)
+    # Learners that started late are allocated and idle: their summed skew is lost like an outage of one learner.
+    skewed = fit([_facts("decoupled", False, 5.0, 2.0, 0.9 * 120 / 135, skew=10.0)])
+    assert (skewed.start_skew_s, skewed.efficiency) == (10.0, pytest.approx(0.9))
+    late = predict(_facts("decoupled", False, 5.0, 2.0, 0.0, skew=20.0), skewed)
+    assert late.predicted == pytest.approx(0.9 * 120 / 135)  # the calibrated skew
+    assert late.predicted_given_speed == pytest.approx(0.9 * 120 / 145)  # the run's own
 
 
 def test_scenario_tables_map_to_simulator_keys(tmp_path: Path) -> None:

@@ -6,13 +6,16 @@ budget, `[recovery]`, the explicit `[[faults]]`), `events.jsonl` and
 parameters stand for, at miniature:
 
 * step_s: the median interval between a learner's consecutive steps;
+* start_skew_s: the sum over learners of how long after the first learner's
+  first step each took its own (process start-up staggered by the machine's
+  load: allocated, not training, in the report's goodput);
 * per fault: its outage, from `fault_start` to the failed learner's first step
   after it (detection, repair, restart and rejoin together), and the repair
   time the scenario configured;
 * the measured goodput, whatever definition the run's report.json used.
 
-Fitted per algorithm: ``restart_s`` = mean(outage - repair), ``step_s`` = mean
-of the runs' step_s, and ``efficiency`` = the goodput report.json gives a
+Fitted per algorithm: ``restart_s`` = mean(outage - repair), ``step_s`` and
+``start_skew_s`` = means of the runs', and ``efficiency`` = the goodput report.json gives a
 fault-free step (1.0 under the paper's definition; below 1 where the report
 counts a step's synchronisation as lost). The prediction is the simulator's
 mechanism applied to the held-out run's own fault schedule: a fault stalls
@@ -20,14 +23,18 @@ every learner (ddp, diloco, or a per-learner step budget: the others wait for
 the failed one) or only the failed learner (decoupled with a total budget: the
 others take over its share of the steps), for restart_s + its repair time:
 
-    goodput = efficiency * W * step_s / (W * step_s + k * sum(outages)),
+    goodput = efficiency * W * step_s / (W * step_s + k * sum(outages) + start_skew_s),
 
 W the learner-steps of the run, k = M when a fault stalls all M learners, 1
-otherwise (the same 1 / (1 + lost / useful) as a lane of model.py).
+otherwise (the same 1 / (1 + lost / useful) as a lane of model.py). A second
+prediction takes step_s and start_skew_s from the held-out run itself (its
+machine's speed and start-up, not its faults), to separate the fault model's
+error from the machine's run-to-run spread.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
@@ -66,6 +73,8 @@ class RunFacts:
     stalls_all: bool
     """A fault stalls every learner (ddp, diloco, or a per-learner budget), not only its own."""
     step_s: float
+    start_skew_s: float
+    """Sum over learners of (own first step - the first learner's first step), seconds."""
     faults: tuple[FaultFacts, ...]
     measured_goodput: float
     """report.json goodput.goodput (under the definition the run's harness used)."""
@@ -77,6 +86,7 @@ class Calibration:
 
     algorithm: str
     step_s: float
+    start_skew_s: float
     restart_s: float
     """Outage beyond the configured repair time: detection, restart, rejoin."""
     efficiency: float
@@ -91,6 +101,9 @@ class Prediction:
     run_dir: str
     algorithm: str
     predicted: float
+    """From the calibrated parameters and the run's fault schedule."""
+    predicted_given_speed: float
+    """The same with the run's own step_s and start_skew_s (its machine's speed, not its faults)."""
     measured: float
     calibrated_on: tuple[str, ...]
 
@@ -119,6 +132,7 @@ def read_run(run_dir: str | Path, recompute: bool = False) -> RunFacts:
         if e["ev"] == "step":
             by_learner[int(e["learner"])].append((int(e["step"]), float(e["t"])))
     gaps = []
+    firsts = [min(t for _, t in rows) for rows in by_learner.values()]
     for rows in by_learner.values():
         rows.sort()
         gaps += [b[1] - a[1] for a, b in zip(rows, rows[1:], strict=False) if b[0] == a[0] + 1]
@@ -135,7 +149,8 @@ def read_run(run_dir: str | Path, recompute: bool = False) -> RunFacts:
         faults.append(FaultFacts(who, float(repair) if repair is not None else repair_default,
                                  float(back["t"] - f["t"]) if back is not None else None))
     return RunFacts(str(d), algorithm, m, int(cfg["topology"]["chips_per_learner"]), m * steps,
-                    algorithm != "decoupled" or budget != "total", statistics.median(gaps), tuple(faults),
+                    algorithm != "decoupled" or budget != "total", statistics.median(gaps),
+                    sum(f - min(firsts) for f in firsts), tuple(faults),
                     float(_measured(d, recompute, report)))
 
 
@@ -160,7 +175,7 @@ def _loss_factor(run: RunFacts, outages: list[float]) -> float:
     """W * step / (W * step + k * sum(outages)): the share of allocated time the faults leave to training."""
     work = run.learner_steps * run.step_s
     k = run.learners if run.stalls_all else 1
-    return work / (work + k * sum(outages))
+    return work / (work + k * sum(outages) + run.start_skew_s)
 
 
 def fit(runs: list[RunFacts]) -> Calibration:
@@ -175,17 +190,16 @@ def fit(runs: list[RunFacts]) -> Calibration:
     eff = statistics.fmean(
         r.measured_goodput / _loss_factor(r, [f.outage_s for f in r.faults if f.outage_s is not None])
         for r in runs)
-    return Calibration(runs[0].algorithm, statistics.fmean(r.step_s for r in runs), restart, eff,
-                       tuple(r.run_dir for r in runs))
+    return Calibration(runs[0].algorithm, statistics.fmean(r.step_s for r in runs),
+                       statistics.fmean(r.start_skew_s for r in runs), restart, eff, tuple(r.run_dir for r in runs))
 
 
 def predict(run: RunFacts, cal: Calibration) -> Prediction:
     """The held-out run's goodput from its fault schedule and the calibrated time parameters."""
-    scaled = RunFacts(run.run_dir, run.algorithm, run.learners, run.chips_per_learner, run.learner_steps,
-                      run.stalls_all, cal.step_s, run.faults, run.measured_goodput)
+    scaled = dataclasses.replace(run, step_s=cal.step_s, start_skew_s=cal.start_skew_s)
     outages = [cal.restart_s + f.repair_s for f in run.faults]
     return Prediction(run.run_dir, run.algorithm, cal.efficiency * _loss_factor(scaled, outages),
-                      run.measured_goodput, cal.runs)
+                      cal.efficiency * _loss_factor(run, outages), run.measured_goodput, cal.runs)
 
 
 def calibrate_and_predict(calibrate: list[str], holdout: list[str],

@@ -163,15 +163,17 @@ def _calibrate(args: argparse.Namespace) -> int:
     from harness.simulator.calibrate import calibrate_and_predict
 
     cals, preds = calibrate_and_predict(args.calibrate, args.holdout, args.recompute)
-    print("calibrated (per algorithm): step_s, restart_s (outage beyond the configured repair), efficiency "
-          "(report.json goodput of a fault-free step)")
+    print("calibrated (per algorithm): step_s, start_skew_s (learners' staggered first steps, summed), restart_s "
+          "(outage beyond the configured repair), efficiency (report.json goodput of a fault-free step)")
     for c in cals:
-        print(f"  {c.algorithm}: step_s {c.step_s:.4f}, restart_s {c.restart_s:.3f}, efficiency {c.efficiency:.3f} "
-              f"({len(c.runs)} runs)")
+        print(f"  {c.algorithm}: step_s {c.step_s:.4f}, start_skew_s {c.start_skew_s:.2f}, "
+              f"restart_s {c.restart_s:.3f}, efficiency {c.efficiency:.3f} ({len(c.runs)} runs)")
     source = "recomputed from events.jsonl by harness/report.py" if args.recompute else "the run's report.json"
-    print(f"held-out: predicted / measured goodput.goodput ({source}) / error")
+    print(f"held-out: predicted / measured goodput.goodput ({source}) / error; and predicted given the run's own "
+          "step time and start skew / error")
     for p in preds:
-        print(f"  {p.algorithm:9s} {p.predicted:.3f} / {p.measured:.3f} / {p.error:+.3f}  {p.run_dir}")
+        print(f"  {p.algorithm:9s} {p.predicted:.3f} / {p.measured:.3f} / {p.error:+.3f};  "
+              f"{p.predicted_given_speed:.3f} / {p.predicted_given_speed - p.measured:+.3f}  {p.run_dir}")
     worst = max((abs(p.error) for p in preds), default=0.0)
     print(f"largest |error| {worst:.3f}")
     if args.json:
