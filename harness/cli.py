@@ -23,6 +23,7 @@ import sys
 
 from harness import scenario as scenario_mod
 from harness.progress import Progress, summary_table
+from harness.simulator import cli as simulate_cli
 from harness.supervisor import RunFailed, RunResult, run_scenario
 
 EXIT_BAD_CONFIG = 2
@@ -189,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     tps.add_argument("--log-level", default="INFO", type=str.upper,
                      choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], help="logging level (default INFO)")
     tps.set_defaults(func=cmd_toxiproxy_server)
+    simulate_cli.add_parser(sub)
     args = parser.parse_args(argv)
     return int(args.func(args))
 
