@@ -6,8 +6,9 @@ after a (re)start), which includes its ordinary communication: a data-parallel s
 DiLoCo round's parameter exchange. Each learner's healthy step time is the median interval of its own steps
 (per `StepKind`); a step longer than STALL_TOLERANCE x that is a stall (blocked on a peer, a collective or the
 syncer) and counts only the healthy time. A step counts only if its work reached the global model (decoupled:
-a merge took in a push whose step range covers it; diloco: its round was merged; ddp and elastic_ddp: its
-gradient was merged). Time a learner is down, restarting, not yet started or finished while others train is
+a merge took in a push whose step range covers it, or its work on a fragment was overwritten by that
+fragment's merged value in the overlap window, by design; diloco: its round was merged; ddp and elastic_ddp:
+its gradient was merged). Time a learner is down, restarting, not yet started or finished while others train is
 allocated and not useful. `credit_step` is the pure per-step decision; `merged_fraction` keeps the stricter
 per-fragment figure and `compute_fraction` the share of compute alone (links excluded).
 
@@ -133,7 +134,8 @@ class Goodput:
 
 def _step_spans(evs: list[dict[str, Any]], algorithm: str, sync_every: int) -> dict[int, list[StepSpan]]:
     """learner -> its logged inner steps in time order. A (re)started learner's first step counts from when it
-    was ready (rank 0's `chip_start`, `initial_pull`, `resume`) or, failing those, its `learner_restart`."""
+    was last ready: rank 0's `chip_start`, the supervisor's `learner_restart`, the host's `initial_pull` or
+    `resume` (a restarted learner's state from the syncer)."""
     round_ends = {int(e["step"]) for e in evs if e["ev"] == "merge" and e.get("round") is not None
                   and e.get("step") is not None}
     out: dict[int, list[StepSpan]] = defaultdict(list)
@@ -143,7 +145,9 @@ def _step_spans(evs: list[dict[str, Any]], algorithm: str, sync_every: int) -> d
     for e in sorted((e for e in evs if e["ev"] in marks and e.get("learner") is not None), key=lambda e: e["t"]):
         m, t = int(e["learner"]), float(e["t"])
         if e["ev"] != "step":
-            if e.get("rank", 0) == 0:
+            # a chip_start means ready only before the learner steps (a repaired chip joining a running group
+            # under the shrink policy starts too); a restart begins with the supervisor's learner_restart
+            if e.get("rank", 0) == 0 and (e["ev"] != "chip_start" or m not in last):
                 ready[m] = t
                 last.pop(m, None)
             continue
@@ -209,6 +213,27 @@ def _covered(evs: list[dict[str, Any]], algorithm: str, fragments: int, sync_eve
     return cover
 
 
+def overwritten_in_overlap(evs: list[dict[str, Any]]) -> dict[int, set[int]]:
+    """Decoupled DiLoCo: learner -> steps whose work on some fragment was overwritten by that fragment's merged
+    value, which by design arrives tau steps after the pull (steps after the learner's merged range, up to the
+    `apply`). Their compute overlapped the exchange: useful work by the algorithm's design, not lost."""
+    merged: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)  # (learner, fragment) -> (version, end)
+    for e in evs:
+        if e["ev"] == "merge" and e.get("fragment") is not None and "step_ranges" in e:
+            for m, (_, b) in zip(e["participants"], e["step_ranges"], strict=False):
+                merged[(int(m), int(e["fragment"]))].append((int(e["version"]), int(b)))
+    out: dict[int, set[int]] = defaultdict(set)
+    for e in evs:
+        if e["ev"] != "apply" or "fragments" not in e:
+            continue
+        m, step = int(e["learner"]), int(e["step"])
+        for p, v in zip(e["fragments"], e.get("versions", []), strict=False):
+            ends = [b for ver, b in merged.get((m, int(p)), []) if ver <= int(v) and b < step]
+            if ends:
+                out[m].update(range(max(ends) + 1, step + 1))
+    return out
+
+
 def goodput(evs: list[dict[str, Any]], algorithm: str, learners: int, chips: int, fragments: int,
             sync_every: int, tolerance: float = STALL_TOLERANCE) -> Goodput:
     """The share of allocated chip-time spent on useful training: every step whose work reached the global
@@ -218,6 +243,7 @@ def goodput(evs: list[dict[str, Any]], algorithm: str, learners: int, chips: int
     spans = _step_spans(evs, algorithm, sync_every)
     healthy = healthy_step_times(spans)
     cover = _covered(evs, algorithm, fragments, sync_every)
+    overlap = overwritten_in_overlap(evs) if algorithm == "decoupled" else {}
     credit = {m: [credit_step(x.interval_s, h, tolerance) for x, h in zip(xs, healthy[m], strict=True)]
               for m, xs in spans.items()}
     begin = {m: xs[0].end - credit[m][0][0] for m, xs in spans.items()}
@@ -236,7 +262,7 @@ def goodput(evs: list[dict[str, Any]], algorithm: str, learners: int, chips: int
             if not x.first:  # a first step's excess is start-up or restart, not waiting on others
                 stalled += x.chips * (x.interval_s - c)
                 stalls += verdict is StepCredit.STALLED
-            if share > 0:
+            if share > 0 or x.step in overlap.get(m, ()):
                 good += x.chips * c
                 strict_total += x.chips * c * min(1.0, share)
                 compute_total += x.chips * min(c, max(0.0, x.interval_s - x.sync_s))

@@ -14,6 +14,7 @@ from harness.metrics import (
     goodput,
     learner_availability,
     merge_stats,
+    overwritten_in_overlap,
 )
 
 
@@ -157,6 +158,21 @@ def test_decoupled_goodput_counts_steps_some_merge_took_in_and_keeps_the_per_fra
     assert (g.per_learner["1"].good_chip_s, g.per_learner["1"].discarded_chip_s) == (2.0, 2.0)
     # per fragment: learner 0 fully (4), learner 1's steps 1-2 in one of two fragments (1): 5 of 8
     assert g.merged_fraction == pytest.approx(0.625)
+
+
+def test_decoupled_overlap_steps_overwritten_by_the_merged_value_are_useful() -> None:
+    # 1 learner, P = 2: fragment 0 merged its steps 1-4 (version 1) and was applied after step 6, so steps 5-6
+    # computed while the exchange was in flight and were overwritten on apply: useful by design. Fragment 1
+    # merged 1-4 too but its value was never applied, and step 7-8 were never merged: lost.
+    evs = steps(0, 8) + [
+        {"ev": "merge", "t": 4.5, "fragment": 0, "version": 1, "participants": [0], "step_ranges": [[1, 4]]},
+        {"ev": "merge", "t": 4.6, "fragment": 1, "version": 1, "participants": [0], "step_ranges": [[1, 4]]},
+        {"ev": "apply", "t": 6.0, "learner": 0, "step": 6, "fragments": [0], "versions": [1]},
+    ]
+    g = goodput(evs, "decoupled", learners=1, chips=1, fragments=2, sync_every=4)
+    assert overwritten_in_overlap(evs) == {0: {5, 6}}
+    assert g.good_chip_s == pytest.approx(6.0) and g.discarded_chip_s == pytest.approx(2.0)
+    assert g.merged_fraction == pytest.approx(4.0 / 8.0), "the per-fragment figure counts merged ranges only"
 
 
 def test_a_learner_that_finished_early_idles_and_a_missing_one_is_all_idle() -> None:
