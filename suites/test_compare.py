@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.compare import LOSS_TOLERANCE, compare, table, verdict
+from harness.compare import LOSS_TOLERANCE, compare, runnable, table, verdict
 from harness.scenario import builtin
 
 pytestmark = [pytest.mark.failure, pytest.mark.timeout(600)]
@@ -28,16 +28,18 @@ def test_compare_failure_decoupled_beats_the_synchronous_baselines(run_scenario)
                     diloco=type(sc.diloco)(fragments=4, sync_every=8, overlap=2, min_quorum=1),
                     recovery=type(sc.recovery)(policy="restart", repair_s=2.0),
                     faults=[{"action": "kill_chip", "learner": 1, "chip": 1, "at": {"step": 40, "learner": 0}}])
-    rows = {r["run"]: r for r in compare(sc, runner=run_scenario)}
+    rows = {r.label: r for r in compare(sc, runner=run_scenario)}
     print("\n" + table(list(rows.values())))
-    # goodput (docs/metrics.md): time on steps that reached the global model, net of barrier waits and stalls;
+    # goodput (docs/metrics.md): the share of allocated chip-time on useful training; a step's routine exchange
+    # is useful, stalls beyond the local pace, discarded steps and time down or restarting are not.
     # LOSS_TOLERANCE: measured here +0.35, +0.52, +0.29 and +0.38 (asynchronous runs spread)
     claims = verdict(list(rows.values()))
-    assert len(claims) == 5, claims
-    assert all(holds for _, holds, _ in claims), [c for c in claims if not c[1]]
+    # 6 claims; with elastic_ddp also decoupled's goodput and uptime against it, and elastic_ddp's above ddp
+    assert len(claims) == 6 + 3 * ("elastic_ddp" in runnable()), claims
+    assert all(c.holds for c in claims), [c for c in claims if not c.holds]
     decoupled = run_scenario.runs[-1]
     assert decoupled.scenario.algorithm == "decoupled"
-    decoupled.check("converged", baseline_loss=rows["ddp, fault-free"]["final_eval_loss"], tolerance=LOSS_TOLERANCE)
+    decoupled.check("converged", baseline_loss=rows["ddp, fault-free"].final_eval_loss, tolerance=LOSS_TOLERANCE)
     decoupled.check("no_global_downtime", bound_s=MAX_GAP_S)
     decoupled.check("faults_fired")
     decoupled.check("rejoined", within_s=10.0)

@@ -38,6 +38,10 @@ MIN_UPTIME = 0.95
 """Uptime without faults (harness/metrics.py's definition: the training span minus the part of each merge gap
 beyond its first `UPTIME_WINDOW_S`). Measured on this machine: decoupled 0.999, ddp 1.0, diloco 1.0 over its
 round-sized window (0.63 over report.json's 1 s window)."""
+MIN_GOODPUT = 0.95
+"""Goodput without faults (harness/metrics.py): data parallel without failures is 100 % in the paper; what is
+lost here is jitter beyond the stall tolerance and, for decoupled under `budget = "per_learner"`, learners
+that finished first idling while the others finish (docs/metrics.md has the measured figures)."""
 UPTIME_WINDOW_S = {"decoupled": 1.0, "diloco": 3.0, "ddp": 1.0}
 """The gap allowed before it counts as downtime: report.json's 1 s, except for diloco, whose global model by
 design only moves once per round (~2 s here, longest gap measured 2.07 s): a round is not an outage."""
@@ -51,7 +55,8 @@ def test_default_scenario_converges(run_scenario, algorithm):
     rep = res.report
     res.figures(algorithm=algorithm, initial_eval=rep["initial_eval_loss"], final_eval=rep["final_eval_loss"],
                 tokens_merged=rep["tokens_merged"], merges=rep["merge_count"], wall_s=rep["wall_s"],
-                longest_gap_s=rep["longest_gap_s"], uptime=(rep.get("availability") or {}).get("uptime"))
+                longest_gap_s=rep["longest_gap_s"], uptime=(rep.get("availability") or {}).get("uptime"),
+                goodput=rep["goodput"]["goodput"])
     assert len(rep["chip_pids"]) == LEARNERS * CHIPS, rep["chip_pids"]
     assert len(rep["gloo_groups"]) == LEARNERS, rep["gloo_groups"]
     assert all(d["steps"] == sc.train.steps for d in rep["per_learner"].values())
@@ -63,6 +68,8 @@ def test_default_scenario_converges(run_scenario, algorithm):
     # availability: without faults the global model never stands still for long
     res.check("no_global_downtime", bound_s=MAX_GAP_S[algorithm], min_alive=1)
     res.check("availability", min_uptime=MIN_UPTIME, window_s=UPTIME_WINDOW_S[algorithm])
+    # goodput: without faults nearly every allocated chip-second is useful training, exchanges included
+    assert rep["goodput"]["goodput"] >= MIN_GOODPUT, rep["goodput"]
     # accounting: nothing merged twice, nothing lost, tokens merged = tokens trained in the merged steps
     res.check("updates_accounted")
     res.check("token_accounting")
