@@ -1,16 +1,17 @@
 """Goodput and uptime from a run's event log (definitions, formulas and a worked example in docs/metrics.md).
 
-goodput: the share of allocated chip-time (M x C x the training span) spent on useful training, the paper's
-notion. A step's work is its chips x its interval (from the learner's previous step, or from when it was ready
-after a (re)start), which includes its ordinary communication: a data-parallel step's gradient exchange, a
-DiLoCo round's parameter exchange. Each learner's healthy step time is the median interval of its own steps
-(per `StepKind`); a step longer than STALL_TOLERANCE x that is a stall (blocked on a peer, a collective or the
-syncer) and counts only the healthy time. A step counts only if its work reached the global model (decoupled:
-a merge took in a push whose step range covers it, or its work on a fragment was overwritten by that
-fragment's merged value in the overlap window, by design; diloco: its round was merged; ddp and elastic_ddp:
-its gradient was merged). Time a learner is down, restarting, not yet started or finished while others train is
-allocated and not useful. `credit_step` is the pure per-step decision; `merged_fraction` keeps the stricter
-per-fragment figure and `compute_fraction` the share of compute alone (links excluded).
+goodput: the share of allocated chip-time spent on useful training, the paper's notion. A learner's C chips
+are allocated from its first step to the end of training. A step's work is its chips x its interval (from the
+learner's previous step, or from when it was ready after a (re)start), which includes its ordinary
+communication: a data-parallel step's gradient exchange, a DiLoCo round's parameter exchange. A step's healthy
+time is the median interval of its learner's neighbouring steps of the same `StepKind`; a step longer than
+STALL_TOLERANCE x that is a stall (blocked on a peer, a collective or the syncer, or frozen) and counts only
+the healthy time. A step counts only if its work reached the global model (decoupled: a merge took in a push
+whose step range covers it, or its work on a fragment was overwritten by that fragment's merged value in the
+overlap window, by design; diloco: its round was merged; ddp and elastic_ddp: its gradient was merged). Time a
+learner is down, restarting or finished while others train is allocated and not useful. `credit_step` is the
+pure per-step decision; `merged_fraction` keeps the stricter per-fragment figure and `compute_fraction` the
+previous definition (time in the link to the syncer excluded).
 
 uptime: the fraction of the training span in which the global model advanced within `window_s`, i.e. 1 - the
 downtime, where downtime intervals are the gaps between consecutive merges (and the span's ends) longer than
