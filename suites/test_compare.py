@@ -40,8 +40,8 @@ def test_compare_failure_decoupled_beats_the_synchronous_baselines(run_scenario)
     # is useful, stalls beyond the local pace, discarded steps and time down or restarting are not.
     # LOSS_TOLERANCE: measured here +0.35, +0.52, +0.29 and +0.38 (asynchronous runs spread)
     claims = verdict(list(rows.values()))
-    # 6 claims; with elastic_ddp also decoupled's goodput and uptime against it, and elastic_ddp's above ddp
-    assert len(claims) == 6 + 3 * ("elastic_ddp" in runnable()), claims
+    # 5 claims; with elastic_ddp also decoupled's goodput and uptime against it, and elastic_ddp's above ddp
+    assert len(claims) == 5 + 3 * ("elastic_ddp" in runnable()), claims
     assert all(c.holds for c in claims), [c for c in claims if not c.holds]
     decoupled = run_scenario.runs[-1]
     assert decoupled.scenario.algorithm == "decoupled"
