@@ -1,13 +1,14 @@
 """The `diloco-chaos` command line.
 
-    diloco-chaos run [SCENARIO.toml] [--algorithm ddp|diloco|decoupled] [--runs-dir DIR]
+    diloco-chaos run [SCENARIO.toml] [--algorithm ddp|diloco|decoupled] [--runs-dir DIR] [--json PATH]
     diloco-chaos run ... --incident INCIDENT.toml   the same, with an incident's [[faults]] on top
     diloco-chaos replay RUN_DIR   run a recorded run again (config, seed, fault schedule) and compare
     diloco-chaos scenarios        list the built-in scenarios
     diloco-chaos report RUN_DIR [--open]   write RUN_DIR/report.html (plots, timeline, metrics); print its path
-    diloco-chaos compare [SCENARIO.toml] [--builtin chip-loss] [--runs-dir DIR]
+    diloco-chaos compare [SCENARIO.toml] [--builtin chip-loss] [--runs-dir DIR] [--json PATH]
                                   the same scenario and faults under ddp, diloco and decoupled (and
                                   fault-free ddp): goodput, uptime, tokens/s, final eval side by side
+    --json PATH                   also write the results as JSON for CI (schema: docs/metrics.md)
     diloco-chaos toxiproxy-server [--host H] [--port P] [--seed N] [--log-level L]
                                   run the embedded Toxiproxy-compatible server until SIGINT/SIGTERM
 
@@ -25,6 +26,7 @@ from harness import scenario as scenario_mod
 from harness.progress import Progress, summary_table
 from harness.simulator import cli as simulate_cli
 from harness.supervisor import RunFailed, RunResult, run_scenario
+from trainers.config import ALGORITHMS
 
 EXIT_BAD_CONFIG = 2
 EXIT_RUN_FAILED = 1
@@ -54,6 +56,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         return res
     print(summary_table([res.report]))
     print(f"run directory: {res.run_dir}")
+    if args.json:
+        from harness.results import ResultsFile, run_row, write_results
+
+        path = write_results(args.json, ResultsFile("run", (run_row(sc.algorithm, res),)))
+        print(f"results: {path}")
     return 0
 
 
@@ -126,15 +133,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return EXIT_BAD_CONFIG
     try:
         rows = compare(sc, args.runs_dir, baseline=not args.no_baseline,
-                       on_run=lambda r: print(f"{r['run']}: final eval {r['final_eval_loss']}, "
-                                              f"goodput {r['goodput']}, uptime {r['uptime']} ({r['run_dir']})",
-                                              flush=True))
+                       on_run=lambda r: print(f"{r.label}: final eval {r.final_eval_loss}, goodput {r.goodput}, "
+                                              f"uptime {r.uptime} ({r.run_dir})", flush=True))
     except RunFailed as e:
         print(f"diloco-chaos: compare failed: {e}", file=sys.stderr)
         return EXIT_RUN_FAILED
     print(table(rows))
-    for claim, holds, figures in verdict(rows):
-        print(f"{'holds ' if holds else 'FAILS '} decoupled {claim}: {figures}")
+    claims = verdict(rows)
+    for c in claims:
+        print(f"{'holds ' if c.holds else 'FAILS '} {c.claim}: {c.figures}")
+    if args.json:
+        from harness.results import ResultsFile, write_results
+
+        print(f"results: {write_results(args.json, ResultsFile('compare', tuple(rows), tuple(claims)))}")
     os.makedirs(args.runs_dir, exist_ok=True)
     png = plot(rows, os.path.join(args.runs_dir, f"compare-{sc.name}.png"))
     if png is not None:
@@ -158,12 +169,13 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="run a scenario with real processes (default: the built-in one)")
     run.add_argument("scenario", nargs="?", help="scenario TOML file (default: built-in 'default')")
     run.add_argument("--builtin", default="default", help="name of a built-in scenario")
-    run.add_argument("--algorithm", choices=["ddp", "elastic_ddp", "diloco", "decoupled"],
-                     help="override the algorithm")
+    run.add_argument("--algorithm", choices=ALGORITHMS, help="override the algorithm")
     run.add_argument("--seed", type=int, help="override the seed")
     run.add_argument("--runs-dir", default="runs", help="where run directories are created (default: runs)")
     run.add_argument("--quiet", action="store_true", help="no live progress")
     run.add_argument("--incident", help="TOML file of [[faults]] tables to inject on top of the scenario")
+    run.add_argument("--json", metavar="PATH", help="also write the run's results as JSON (docs/metrics.md, "
+                                                    "'Results JSON')")
     run.set_defaults(func=cmd_run)
     rp = sub.add_parser("replay", help="run a recorded run again and compare its fault timeline")
     rp.add_argument("run_dir", help="a run directory (holds config.json and events.jsonl)")
@@ -182,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     cmp.add_argument("--seed", type=int, help="override the seed")
     cmp.add_argument("--runs-dir", default="runs", help="where run directories are created (default: runs)")
     cmp.add_argument("--no-baseline", action="store_true", help="skip the fault-free ddp reference run")
+    cmp.add_argument("--json", metavar="PATH", help="also write every run's results and the verdict as JSON "
+                                                    "(docs/metrics.md, 'Results JSON')")
     cmp.set_defaults(func=cmd_compare)
     tps = sub.add_parser("toxiproxy-server", help="run the embedded Toxiproxy-compatible server (foreground)")
     tps.add_argument("--host", default="127.0.0.1", help="API listen host (default 127.0.0.1)")

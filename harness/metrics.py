@@ -1,16 +1,17 @@
-"""Goodput and uptime from a run's event log (definitions and formulas in docs/metrics.md).
+"""Goodput and uptime from a run's event log (definitions, formulas and a worked example in docs/metrics.md).
 
-goodput: chip-seconds spent on inner steps whose work reached the global model, over the chip-seconds
-allocated to the run (M x C x the training span). A step's chip-seconds are its chips x its interval (from
-the learner's previous step, or from when it was ready after a (re)start) minus `sync_s`, the time the host
-spent in its link to the syncer during it: a synchronous baseline's barrier wait, Decoupled DiLoCo's taking
-and publishing fragments. A step longer than STALL_FACTOR x the learner's median is a stall (a frozen
-process, a hung collective): only that bound of it counts. A step is good if a merge took in a push of its
-learner covering it (decoupled: any fragment's merged step range; diloco: the round that contains it; ddp: the
-step's own merge). Steps lost in a crash, superseded or never merged count zero; time a learner spent down or
-idle after finishing counts as allocated and not good. This is the paper's notion (time lost to failures,
-restarts and waiting); `merged_fraction` keeps the stricter per-fragment figure for Decoupled DiLoCo, where a
-fragment's own overlap steps are overwritten when the merged value arrives.
+goodput: the share of allocated chip-time spent on useful training, the paper's notion. A learner's C chips
+are allocated from its first step to the end of training. A step's work is its chips x its interval (from the
+learner's previous step, or from when it was ready after a (re)start), which includes its ordinary
+communication: a data-parallel step's gradient exchange, a DiLoCo round's parameter exchange. A step's healthy
+time is the median interval of its learner's neighbouring steps of the same `StepKind`; a step longer than
+STALL_TOLERANCE x that is a stall (blocked on a peer, a collective or the syncer, or frozen) and counts only
+the healthy time. A step counts only if its work reached the global model (decoupled: a merge took in a push
+whose step range covers it, or its work on a fragment was overwritten by that fragment's merged value in the
+overlap window, by design; diloco: its round was merged; ddp and elastic_ddp: its gradient was merged). Time a
+learner is down, restarting or finished while others train is allocated and not useful. `credit_step` is the
+pure per-step decision; `merged_fraction` keeps the stricter per-fragment figure and `compute_fraction` the
+previous definition (time in the link to the syncer excluded).
 
 uptime: the fraction of the training span in which the global model advanced within `window_s`, i.e. 1 - the
 downtime, where downtime intervals are the gaps between consecutive merges (and the span's ends) longer than
@@ -19,46 +20,177 @@ downtime, where downtime intervals are the gaps between consecutive merges (and 
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 DOWNTIME_WINDOW_S = 1.0
 """A gap between merges longer than this is downtime (beyond this allowance)."""
 
+DATA_PARALLEL = ("ddp", "elastic_ddp")
+"""Algorithms whose every step is one merge of the participants' gradients (`merge` events carry `step`)."""
 
-STALL_FACTOR = 5.0
-"""A step counts for at most this many times its learner's median step time; beyond that it is a stall."""
+STALL_TOLERANCE = 5.0
+"""A step may take up to this many times its healthy step time and count in full; a longer step is a stall and
+counts only its healthy time. Ordinary jitter stays under it: on a shared 2-core machine a step slowed by a
+neighbour's burst of CPU (an eval, a process starting) reaches 3-8 x its neighbours', while every fault the
+harness injects blocks a learner for tens of healthy steps (docs/metrics.md has the figures)."""
+
+HEALTHY_WINDOW = 4
+"""A step's healthy time is the median interval of its learner's steps of the same kind within this many steps
+before and after it: a local pace, so that a machine slowed for a while by other load sets the pace of its
+steps, while a stall (one step blocked on a peer, a collective or the syncer) stands out against its
+neighbours."""
+
+MIN_HEALTHY_SAMPLES = 3
+"""A window with fewer steps than this takes the median of every learner's steps of that kind instead."""
 
 
-def _steps(evs: list[dict[str, Any]]) -> tuple[dict[int, list[tuple[int, float, int]]], float]:
-    """learner -> [(step, seconds spent on it, chips)] for every logged inner step: its interval (from the
-    previous step's end, or the learner's ready time) minus its time in the link (`sync_s`); logs written
-    before `sync_s` existed give `compute_s` instead. Stalls are cut to STALL_FACTOR x the median.
-    Also returns the training span: from the first step's beginning to the last step's end."""
-    out: dict[int, list[tuple[int, float, int]]] = defaultdict(list)
-    first, end = float("inf"), float("-inf")
-    starts = {e["learner"]: e["t"] for e in evs if e["ev"] == "learner_restart"}
+class StepKind(enum.Enum):
+    """Steps whose healthy time is estimated apart: synchronous DiLoCo's round-closing step carries the whole
+    round's exchange of every parameter, several times an inner step's time, and is routine."""
+
+    INNER = "inner"
+    ROUND_END = "round_end"
+
+
+class StepCredit(enum.Enum):
+    """How much of a step's interval counts as work (the verdict of `credit_step`)."""
+
+    FULL = "within tolerance of the healthy step time: the whole interval is work"
+    STALLED = "beyond tolerance: only the healthy step time is work, the rest was waiting"
+
+
+def credit_step(interval_s: float, healthy_s: float, tolerance: float = STALL_TOLERANCE) -> tuple[float, StepCredit]:
+    """Seconds of a step's interval that count as training work, and why: the whole interval when it is at most
+    `tolerance` x the healthy step time, else the healthy step time alone (the excess is a stall)."""
+    if interval_s <= tolerance * healthy_s:
+        return interval_s, StepCredit.FULL
+    return healthy_s, StepCredit.STALLED
+
+
+@dataclass(frozen=True)
+class StepSpan:
+    """One logged inner step of a learner: when it ended, how long since the learner's previous step ended (or
+    since it was ready after a (re)start: `first`), its chips and the host's seconds in its link (`sync_s`)."""
+
+    learner: int
+    step: int
+    end: float
+    interval_s: float
+    chips: int
+    kind: StepKind
+    first: bool
+    sync_s: float
+
+
+@dataclass(frozen=True)
+class LearnerGoodput:
+    """One learner's side of goodput, chip-seconds."""
+
+    allocated_chip_s: float
+    """C x (the span's end - the start of its first step's credited work), or C x the span if it never stepped."""
+    good_chip_s: float
+    """Work on steps whose result reached the global model."""
+    step_chip_s: float
+    """Every logged step's interval x its chips."""
+    stalled_chip_s: float
+    """Intervals beyond their healthy time in stalled steps (waiting on a peer, a collective, the syncer)."""
+    discarded_chip_s: float
+    """Work on steps that never reached the global model (lost in a crash, superseded, never merged)."""
+    healthy_step_s: dict[str, float]
+    """Per StepKind value: the median over its steps of their healthy step time (seconds)."""
+    stalls: int
+    """Steps beyond STALL_TOLERANCE x their healthy time."""
+
+
+@dataclass(frozen=True)
+class Goodput:
+    """Goodput of a run and its parts (docs/metrics.md has each formula)."""
+
+    goodput: float | None
+    """good_chip_s / allocated_chip_s: the share of allocated chip-time spent on useful training."""
+    merged_fraction: float | None
+    """Like goodput, each good step weighted by the share of the P fragments whose merges took it in."""
+    compute_fraction: float | None
+    """Good steps' time outside the link to the syncer (interval - sync_s, at most its credit) / allocated."""
+    good_chip_s: float
+    allocated_chip_s: float
+    """Sum over learners of their allocated_chip_s."""
+    span_s: float
+    """The training span: from the first step's credited start to the last step's end."""
+    stalled_chip_s: float
+    discarded_chip_s: float
+    idle_chip_s: float
+    """Allocated and in no step: down, repaired, restarting, finished while others trained, or a chip missing
+    from its learner's group."""
+    tolerance: float
+    per_learner: dict[str, LearnerGoodput]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _step_spans(evs: list[dict[str, Any]], algorithm: str, sync_every: int) -> dict[int, list[StepSpan]]:
+    """learner -> its logged inner steps in time order. A (re)started learner's first step counts from when it
+    was last ready: rank 0's `chip_start`, the supervisor's `learner_restart`, the host's `initial_pull` or
+    `resume` (a restarted learner's state from the syncer)."""
+    round_ends = {int(e["step"]) for e in evs if e["ev"] == "merge" and e.get("round") is not None
+                  and e.get("step") is not None}
+    out: dict[int, list[StepSpan]] = defaultdict(list)
     last: dict[int, float] = {}
-    for e in sorted((e for e in evs if e["ev"] in ("step", "chip_start", "initial_pull", "resume")
-                     and "learner" in e), key=lambda e: e["t"]):
-        m = e["learner"]
+    ready: dict[int, float] = {}
+    marks = ("step", "chip_start", "initial_pull", "resume", "learner_restart")
+    for e in sorted((e for e in evs if e["ev"] in marks and e.get("learner") is not None), key=lambda e: e["t"]):
+        m, t = int(e["learner"]), float(e["t"])
         if e["ev"] != "step":
-            if e.get("rank", 0) == 0:
-                last[m] = e["t"]  # a (re)started learner's first step starts when it was ready
+            # a chip_start means ready only before the learner steps (a repaired chip joining a running group
+            # under the shrink policy starts too); a restart begins with the supervisor's learner_restart
+            if e.get("rank", 0) == 0 and (e["ev"] != "chip_start" or m not in last):
+                ready[m] = t
+                last.pop(m, None)
             continue
-        begin = last.get(m, starts.get(m, e["t"]))
-        first, end = min(first, begin), max(end, e["t"])
-        spent = e["t"] - begin
-        if "sync_s" in e:
-            spent -= float(e["sync_s"])
-        elif "compute_s" in e:
-            spent = min(spent, float(e["compute_s"]))
-        out[m].append((int(e["step"]), max(0.0, spent), int(e.get("chips", 1))))
-        last[m] = e["t"]
-    for m, xs in out.items():
-        cap = STALL_FACTOR * sorted(d for _, d, _ in xs)[len(xs) // 2]
-        out[m] = [(s, min(d, cap), c) for s, d, c in xs]
-    return out, (end - first if out else 0.0)
+        first = m not in last
+        begin = last.get(m, ready.get(m, t))
+        s = int(e["step"])
+        kind = (StepKind.ROUND_END if algorithm == "diloco" and (s % sync_every == 0 or s in round_ends)
+                else StepKind.INNER)
+        out[m].append(StepSpan(m, s, t, max(0.0, t - begin), int(e.get("chips", 1)), kind, first,
+                               float(e.get("sync_s", 0.0))))
+        last[m] = t
+    return out
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return (s[n // 2] + s[(n - 1) // 2]) / 2
+
+
+def healthy_step_times(spans: dict[int, list[StepSpan]], window: int = HEALTHY_WINDOW) -> dict[int, list[float]]:
+    """learner -> the healthy time of each of its steps (same order as `spans[learner]`): the median interval of
+    the learner's steps of the same kind within `window` steps either side, first steps after a (re)start
+    left out (they hold start-up); with fewer than MIN_HEALTHY_SAMPLES there, every learner's steps of that kind;
+    with none, the step's own interval."""
+    pooled: dict[StepKind, list[float]] = defaultdict(list)
+    for xs in spans.values():
+        for x in xs:
+            if not x.first:
+                pooled[x.kind].append(x.interval_s)
+    overall = {k: _median(v) for k, v in pooled.items()}
+    out: dict[int, list[float]] = {}
+    for m, xs in spans.items():
+        healthy = [0.0] * len(xs)
+        for kind in {x.kind for x in xs}:
+            idx = [i for i, x in enumerate(xs) if x.kind == kind]
+            for j, i in enumerate(idx):
+                near = [xs[k].interval_s for k in idx[max(0, j - window):j + window + 1] if not xs[k].first]
+                healthy[i] = (_median(near) if len(near) >= MIN_HEALTHY_SAMPLES
+                              else overall.get(kind, xs[i].interval_s))
+        out[m] = healthy
+    return out
 
 
 def _covered(evs: list[dict[str, Any]], algorithm: str, fragments: int, sync_every: int) -> dict[int, dict[int, float]]:
@@ -71,7 +203,7 @@ def _covered(evs: list[dict[str, Any]], algorithm: str, fragments: int, sync_eve
             for m, (a, b) in zip(e["participants"], e.get("step_ranges", []), strict=False):
                 for s in range(int(a), int(b) + 1):
                     cover[m][s] += 1.0 / fragments
-        elif algorithm in ("ddp", "elastic_ddp"):
+        elif algorithm in DATA_PARALLEL:
             for m in e["participants"]:
                 cover[m][int(e["step"])] = 1.0
         else:
@@ -82,25 +214,77 @@ def _covered(evs: list[dict[str, Any]], algorithm: str, fragments: int, sync_eve
     return cover
 
 
+def overwritten_in_overlap(evs: list[dict[str, Any]]) -> dict[int, set[int]]:
+    """Decoupled DiLoCo: learner -> steps whose work on some fragment was overwritten by that fragment's merged
+    value, which by design arrives tau steps after the pull (steps after the learner's merged range, up to the
+    `apply`). Their compute overlapped the exchange: useful work by the algorithm's design, not lost."""
+    merged: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)  # (learner, fragment) -> (version, end)
+    for e in evs:
+        if e["ev"] == "merge" and e.get("fragment") is not None and "step_ranges" in e:
+            for m, (_, b) in zip(e["participants"], e["step_ranges"], strict=False):
+                merged[(int(m), int(e["fragment"]))].append((int(e["version"]), int(b)))
+    out: dict[int, set[int]] = defaultdict(set)
+    for e in evs:
+        if e["ev"] != "apply" or "fragments" not in e:
+            continue
+        m, step = int(e["learner"]), int(e["step"])
+        for p, v in zip(e["fragments"], e.get("versions", []), strict=False):
+            ends = [b for ver, b in merged.get((m, int(p)), []) if ver <= int(v) and b < step]
+            if ends:
+                out[m].update(range(max(ends) + 1, step + 1))
+    return out
+
+
 def goodput(evs: list[dict[str, Any]], algorithm: str, learners: int, chips: int, fragments: int,
-            sync_every: int) -> dict[str, Any]:
-    steps, span = _steps(evs)
-    if not steps or span <= 0:
-        return {"goodput": None, "merged_fraction": None, "good_chip_s": 0.0, "allocated_chip_s": 0.0,
-                "per_learner": {}}
-    allocated = learners * chips * span
+            sync_every: int, tolerance: float = STALL_TOLERANCE) -> Goodput:
+    """The share of allocated chip-time spent on useful training: every step whose work reached the global
+    model counts its chips x its interval, or x its healthy step time if it stalled (`credit_step`). A learner's
+    chips are allocated from its first step's credited start (start-up before it is left out) to the span's
+    end; a learner that never stepped, for the whole span."""
+    spans = _step_spans(evs, algorithm, sync_every)
+    healthy = healthy_step_times(spans)
     cover = _covered(evs, algorithm, fragments, sync_every)
-    good_total = strict_total = 0.0
-    per = {}
-    for m, xs in steps.items():
-        good = sum(d * c for s, d, c in xs if cover[m].get(s, 0.0) > 0)
-        strict = sum(min(1.0, cover[m].get(s, 0.0)) * d * c for s, d, c in xs)
-        spent = sum(d * c for _, d, c in xs)
-        per[str(m)] = {"good_chip_s": round(good, 3), "step_chip_s": round(spent, 3)}
+    overlap = overwritten_in_overlap(evs) if algorithm == "decoupled" else {}
+    credit = {m: [credit_step(x.interval_s, h, tolerance) for x, h in zip(xs, healthy[m], strict=True)]
+              for m, xs in spans.items()}
+    begin = {m: xs[0].end - credit[m][0][0] for m, xs in spans.items()}
+    start = min(begin.values(), default=0.0)
+    end = max((x.end for xs in spans.values() for x in xs), default=0.0)
+    per: dict[str, LearnerGoodput] = {}
+    allocated = good_total = strict_total = compute_total = stalled_total = discarded_total = 0.0
+    for m in range(learners):
+        xs = spans.get(m, [])
+        alloc = chips * (end - begin.get(m, start))
+        good = stepped = stalled = discarded = 0.0
+        stalls = 0
+        for x, (c, verdict) in zip(xs, credit.get(m, []), strict=True):
+            share = cover[m].get(x.step, 0.0)
+            stepped += x.chips * x.interval_s
+            if not x.first:  # a first step's excess is start-up or restart, not waiting on others
+                stalled += x.chips * (x.interval_s - c)
+                stalls += verdict is StepCredit.STALLED
+            if share > 0 or x.step in overlap.get(m, ()):
+                good += x.chips * c
+                strict_total += x.chips * c * min(1.0, share)
+                compute_total += x.chips * min(c, max(0.0, x.interval_s - x.sync_s))
+            else:
+                discarded += x.chips * c
+        kinds = {x.kind for x in xs}
+        typical = {k.value: round(_median([h for x, h in zip(xs, healthy[m], strict=True) if x.kind == k]), 5)
+                   for k in sorted(kinds, key=lambda k: k.value)}
+        per[str(m)] = LearnerGoodput(round(alloc, 3), round(good, 3), round(stepped, 3), round(stalled, 3),
+                                     round(discarded, 3), typical, stalls)
+        allocated += alloc
         good_total += good
-        strict_total += strict
-    return {"goodput": round(good_total / allocated, 4), "merged_fraction": round(strict_total / allocated, 4),
-            "good_chip_s": round(good_total, 3), "allocated_chip_s": round(allocated, 3), "per_learner": per}
+        stalled_total += stalled
+        discarded_total += discarded
+
+    def ratio(x: float) -> float | None:
+        return round(x / allocated, 4) if allocated > 0 else None
+
+    return Goodput(ratio(good_total), ratio(strict_total), ratio(compute_total), round(good_total, 3),
+                   round(allocated, 3), round(end - start, 3), round(stalled_total, 3), round(discarded_total, 3),
+                   round(allocated - good_total - stalled_total - discarded_total, 3), tolerance, per)
 
 
 def downtime(merge_times: list[float], start: float, end: float,

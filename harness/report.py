@@ -118,7 +118,7 @@ def build_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
                       {"backend": "off"}),
         "faults": fault_timeline(evs, start),
         "goodput": goodput(evs, sc.algorithm, sc.topology.learners, sc.topology.chips_per_learner,
-                           sc.diloco.fragments, sc.diloco.sync_every),
+                           sc.diloco.fragments, sc.diloco.sync_every).to_dict(),
         "availability": downtime([e["t"] for e in merges], train_start, train_end),
         "speed_profiles": achieved_speeds(evs, sc.topology.learners),
         "learner_availability": learner_availability(evs, sc.topology.learners, train_start, train_end),

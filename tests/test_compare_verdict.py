@@ -2,28 +2,56 @@
 
 from __future__ import annotations
 
-from harness.compare import verdict
+from harness.compare import ALGORITHMS, verdict
+from harness.results import RunRow
 
 
-def rows(dec_goodput: float, dec_uptime: float, dec_gap: float) -> list[dict]:
-    def r(run: str, alg: str, goodput: float, uptime: float, gap: float) -> dict:
-        return {"run": run, "algorithm": alg, "goodput": goodput, "uptime": uptime, "vs_fault_free_ddp": gap}
-    return [r("ddp, fault-free", "ddp", 0.7, 1.0, 0.0), r("ddp, with faults", "ddp", 0.6, 0.95, 0.0),
+def r(label: str, alg: str, goodput: float, uptime: float, gap: float) -> RunRow:
+    return RunRow(label=label, algorithm=alg, scenario="t", seed=0, faults=0 if "fault-free" in label else 1,
+                  goodput=goodput, merged_fraction=goodput, uptime=uptime, final_eval_loss=2.0 + gap,
+                  tokens_trained=100, tokens_merged=100.0, tokens_merged_per_s=10.0, merges=10, longest_gap_s=0.1,
+                  wall_s=1.0, run_dir="-", vs_fault_free_ddp=gap)
+
+
+def rows(dec_goodput: float, dec_uptime: float, dec_gap: float) -> list[RunRow]:
+    return [r("ddp, fault-free", "ddp", 0.99, 1.0, 0.0), r("ddp, with faults", "ddp", 0.6, 0.95, 0.0),
             r("diloco, with faults", "diloco", 0.8, 0.9, 0.5),
             r("decoupled, with faults", "decoupled", dec_goodput, dec_uptime, dec_gap)]
 
 
 def test_every_claim_holds() -> None:
     claims = verdict(rows(0.9, 1.0, 0.6), tolerance=0.7)
-    assert [c for c, _, _ in claims] == ["goodput above ddp", "goodput above diloco", "uptime above ddp",
-                                         "uptime above diloco", "final eval within 0.7 of fault-free ddp"]
-    assert all(ok for _, ok, _ in claims)
+    assert [c.claim for c in claims] == [
+        "decoupled goodput above ddp", "decoupled goodput above diloco", "decoupled uptime at least ddp",
+        "decoupled uptime at least diloco", "decoupled final eval within 0.7 of fault-free ddp"]
+    assert all(c.holds for c in claims)
 
 
 def test_each_claim_fails_on_its_own_figure() -> None:
-    claims = dict((c, (ok, f)) for c, ok, f in verdict(rows(0.75, 0.92, 0.8), tolerance=0.7))
-    assert claims["goodput above ddp"][0] and not claims["goodput above diloco"][0]
-    assert claims["goodput above diloco"][1] == "0.750 vs 0.800"
-    assert not claims["uptime above ddp"][0] and claims["uptime above diloco"][0]
-    assert not claims["final eval within 0.7 of fault-free ddp"][0]
+    claims = {c.claim: c for c in verdict(rows(0.75, 0.92, 0.8), tolerance=0.7)}
+    assert claims["decoupled goodput above ddp"].holds and not claims["decoupled goodput above diloco"].holds
+    assert claims["decoupled goodput above diloco"].figures == "0.750 vs 0.800"
+    assert not claims["decoupled uptime at least ddp"].holds and claims["decoupled uptime at least diloco"].holds
+    assert not claims["decoupled final eval within 0.7 of fault-free ddp"].holds
     assert verdict(rows(0.9, 1.0, 0.1)[:3]) == [], "no decoupled row: nothing to judge"
+
+
+def test_equal_uptime_holds_and_equal_goodput_does_not() -> None:
+    claims = {c.claim: c.holds for c in verdict(rows(0.6, 0.95, 0.1))}
+    assert claims["decoupled uptime at least ddp"] and not claims["decoupled goodput above ddp"]
+
+
+def test_with_elastic_ddp_goodput_ranks_decoupled_then_elastic_then_ddp() -> None:
+    assert "elastic_ddp" in ALGORITHMS
+    rs = rows(0.9, 1.0, 0.1) + [r("elastic_ddp, with faults", "elastic_ddp", 0.7, 0.99, 0.0)]
+    claims = {c.claim: c for c in verdict(rs)}
+    assert claims["decoupled goodput above elastic_ddp"].holds
+    assert claims["elastic_ddp goodput above ddp"].holds and claims["elastic_ddp goodput above ddp"].figures == \
+        "0.700 vs 0.600"
+    assert claims["decoupled uptime at least elastic_ddp"].holds
+    rs[-1] = r("elastic_ddp, with faults", "elastic_ddp", 0.55, 0.99, 0.0)
+    claims = {c.claim: c for c in verdict(rs)}
+    assert not claims["elastic_ddp goodput above ddp"].holds
+    # without a ddp row the chain is decoupled > elastic_ddp only
+    claims = {c.claim: c for c in verdict([x for x in rs if x.label != "ddp, with faults"])}
+    assert "elastic_ddp goodput above ddp" not in claims and "decoupled goodput above elastic_ddp" in claims
