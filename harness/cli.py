@@ -6,7 +6,7 @@
     diloco-chaos scenarios        list the built-in scenarios
     diloco-chaos report RUN_DIR [--open]   write RUN_DIR/report.html (plots, timeline, metrics); print its path
     diloco-chaos compare [SCENARIO.toml] [--builtin chip-loss] [--runs-dir DIR] [--json PATH]
-                                  the same scenario and faults under ddp, diloco and decoupled (and
+                                  the same scenario and faults under ddp, elastic_ddp, diloco and decoupled (and
                                   fault-free ddp): goodput, uptime, tokens/s, final eval side by side
     --json PATH                   also write the results as JSON for CI (schema: docs/metrics.md)
     diloco-chaos toxiproxy-server [--host H] [--port P] [--seed N] [--log-level L]
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("run_dir", help="a run directory (holds events.jsonl and report.json)")
     rep.add_argument("--open", action="store_true", help="open the report in a web browser")
     rep.set_defaults(func=cmd_report)
-    cmp = sub.add_parser("compare", help="one scenario under ddp, diloco and decoupled, side by side")
+    cmp = sub.add_parser("compare", help="one scenario under ddp, elastic_ddp, diloco and decoupled, side by side")
     cmp.add_argument("scenario", nargs="?", help="scenario TOML file (default: built-in 'chip-loss')")
     cmp.add_argument("--builtin", default="chip-loss", help="name of a built-in scenario")
     cmp.add_argument("--seed", type=int, help="override the seed")

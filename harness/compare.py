@@ -19,13 +19,12 @@ from typing import Any
 from harness.results import Claim, RunRow, run_row
 from harness.scenario import Scenario
 from harness.supervisor import run_scenario
-from trainers.config import ALGORITHMS as KNOWN_ALGORITHMS
 
 log = logging.getLogger(__name__)
 
 ALGORITHMS = ("ddp", "elastic_ddp", "diloco", "decoupled")
 """Every algorithm compare runs, in this order, and the only list of them here: the verdict judges whichever
-of them have rows. One the scenario loader does not know (trainers.config.ALGORITHMS) is skipped."""
+of them have rows."""
 
 GOODPUT_ORDER = ("decoupled", "elastic_ddp", "ddp")
 """The paper's ranking of goodput under failures (its Table 1): each is above the next one that has a row."""
@@ -40,11 +39,6 @@ FAULT_FREE_DDP = "ddp, fault-free"
 """The label of the reference run."""
 
 
-def runnable(algorithms: tuple[str, ...] = ALGORITHMS) -> tuple[str, ...]:
-    """The algorithms of `algorithms` that scenarios accept."""
-    return tuple(a for a in algorithms if a in KNOWN_ALGORITHMS)
-
-
 def row(label: str, res: Any, baseline_loss: float | None = None) -> RunRow:
     """The comparison figures of one finished run (a RunResult, or anything with `report` and `run_dir`, such
     as the pytest plugin's ChaosRun), with its invariants; `converged` against `baseline_loss` when given."""
@@ -55,7 +49,7 @@ def compare(sc: Scenario, runs_dir: str | os.PathLike[str] | None = None,
             algorithms: tuple[str, ...] | None = None, baseline: bool = True,
             on_run: Callable[[RunRow], None] | None = None,
             runner: Callable[[Scenario], Any] | None = None) -> list[RunRow]:
-    """Run `sc` under each algorithm (default: `runnable()`; with `baseline`, fault-free ddp first); returns one
+    """Run `sc` under each algorithm (default: ALGORITHMS; with `baseline`, fault-free ddp first); returns one
     row per run, each with `vs_fault_free_ddp` (its final eval loss minus the reference's) when there is a
     reference.
 
@@ -73,7 +67,7 @@ def compare(sc: Scenario, runs_dir: str | os.PathLike[str] | None = None,
         ref = rows[-1].final_eval_loss
         if on_run is not None:
             on_run(rows[-1])
-    for alg in runnable() if algorithms is None else algorithms:
+    for alg in ALGORITHMS if algorithms is None else algorithms:
         rows.append(row(f"{alg}, with faults", runner(sc.replace(algorithm=alg)), ref))
         if on_run is not None:
             on_run(rows[-1])

@@ -119,8 +119,8 @@ def test_compare_json_writes_every_run_and_the_verdict(tmp_path: Path, capsys: p
     assert rc == 0
     res = read_results(out)
     assert res.command == "compare"
-    assert [r.label for r in res.runs] == ["ddp, fault-free", "ddp, with faults", "diloco, with faults",
-                                           "decoupled, with faults"]
+    assert [r.label for r in res.runs] == ["ddp, fault-free", "ddp, with faults", "elastic_ddp, with faults",
+                                           "diloco, with faults", "decoupled, with faults"]
     ref = res.runs[0].final_eval_loss
     assert ref is not None
     for r in res.runs[1:]:
