@@ -127,6 +127,25 @@ def test_rounds_follow_the_learners_still_here_when_the_leaders_leave() -> None:
     assert [(q.fragment, q.learners) for q in pulls] == [(1, alive(1))]
 
 
+def test_rounds_follow_the_others_when_the_leader_stalls_for_h_step_times() -> None:
+    """Learner 0 (the leader, step 12) stops stepping but stays connected; learner 1 (0.1 s a step) reaches
+    fragment 1's sync point at step 5. Within H = 4 step times of the leader's last report it is late; after
+    that the leader no longer drives the rounds and learner 1's report opens one."""
+    def run_to_12() -> DecoupledSyncer:
+        s = make(min_quorum=1, grace_enabled=False)
+        steps = {0: 0, 1: 0}
+        for step in range(1, 13):
+            for m in (0, 1) if step <= 4 else (0,):
+                steps[m] = step
+                answer_all(s, s.on_meta(m, step, 0.1, 0.1 * step, alive(0, 1)), 0.1 * step, steps)
+                s.poll(0.1 * step, alive(0, 1))
+        return s
+
+    assert run_to_12().on_meta(1, 5, 0.1, 1.2 + 0.3, alive(0, 1)) == [], "0.3 s < 4 x 0.1 s: the leader drives"
+    pulls = run_to_12().on_meta(1, 5, 0.1, 1.2 + 0.5, alive(0, 1))
+    assert [(q.fragment, q.learners) for q in pulls] == [(1, alive(1))]
+
+
 def test_a_jumping_step_reports_each_fragment_once() -> None:
     """A learner back from an outage reports a step far ahead: one pull per fragment, not one per sync point."""
     s = make(min_quorum=1)

@@ -13,8 +13,9 @@ while a round is open joins it (pulled again if it was already in: the newer
 copy supersedes its older one); any other report is *late* (its round already
 merged) and the learner is pulled when p's next round opens. So rounds follow
 the most advanced learners: about one merge per fragment per H of their steps,
-never one per learner. When those leave, `lead` falls back to the most
-advanced learner still alive, so the survivors open rounds. `poll(now, alive)`
+never one per learner. When those leave, or stop stepping for H step times
+(a stalled leader is a straggler too), `lead` falls back to the most advanced
+learner still driving, so the others open rounds. `poll(now, alive)`
 asks the pure quorum / grace policy (`syncer_policy.decide`) about every open
 round: K fresh pushes (answers of learners at the sync point), then the grace
 window; learners not at the point are not in the merge.
@@ -155,6 +156,10 @@ class DecoupledSyncer:
         self.step_times = StepTimeTracker()
         self.sync_time = EwmaEstimator(alpha=0.2)
         self.reported_step: dict[int, int] = {}
+        self.last_report_at: dict[int, float] = {}
+        """Learner -> clock time it last reported a new step (a leader that stopped stepping stops driving)."""
+        self.step_gaps: dict[int, EwmaEstimator] = {}
+        """Learner -> EWMA of the clock time between its reported steps, per step."""
         self.merged_into: dict[tuple[int, int], tuple[int, int]] = {}
         """(learner, fragment) -> (version its last merged push went into, last step that push covered)."""
         self.joined_at: dict[tuple[int, int], int] = {}
@@ -221,17 +226,24 @@ class DecoupledSyncer:
         sync point it reached at this step (or whose declined answer is due again), plus the late learners of
         a round this report opens."""
         prev = self.reported_step.get(learner, step - 1)
-        # where the learners still here were before this report (a report below decides what it opens)
-        here = [self.reported_step[m] if m != learner else prev for m in alive | {learner}
-                if m in self.reported_step or m == learner]
-        self.reported_step[learner] = max(step, prev)
-        self.clock = max(self.clock, step)
         if step_time_s > 0:
             self.step_times.update(learner, step_time_s)
+        # Where the learners still driving progress were before this report: alive, and reported a step within
+        # H of their own recent step intervals (a leader that stalls that long is a straggler; the others must
+        # not wait for it).
+        driving = [m for m in alive if m != learner and m in self.reported_step and not self._stalled(m, now)]
+        here = [prev] + [self.reported_step[m] for m in driving]
+        if learner in self.last_report_at and step > prev:
+            gap = self.step_gaps.setdefault(learner, EwmaEstimator(alpha=0.2))
+            gap.update(max(0.0, now - self.last_report_at[learner]) / (step - prev))
+        self.reported_step[learner] = max(step, prev)
+        if step > prev or learner not in self.last_report_at:
+            self.last_report_at[learner] = now
+        self.clock = max(self.clock, step)
         pulls: list[Pull] = []
         for p, rnd in enumerate(self.rounds):
-            # The learners that drove p's rounds may have left (finished, failed, cut off): follow the most
-            # advanced one still here, or the survivors' reports would all be late and nothing would merge.
+            # The learners that drove p's rounds may have left (finished, failed, cut off) or stalled: follow the
+            # most advanced one still driving, or the others' reports would all be late and nothing would merge.
             top = max(self.schedule.sync_index(p, max(s, 0)) for s in here)
             self.lead[p] = min(self.lead[p], top)
             i_new, i_old = self.schedule.sync_index(p, step), self.schedule.sync_index(p, max(prev, 0))
@@ -252,6 +264,13 @@ class DecoupledSyncer:
                 self.pending[p].add(learner)
                 self.late_reports += 1
         return pulls
+
+    def _stalled(self, m: int, now: float) -> bool:
+        """Learner m has not reported a new step for H of its own recent step intervals."""
+        gap = self.step_gaps.get(m)
+        if gap is None or gap.value is None:
+            return False
+        return now - self.last_report_at[m] > self.cfg.sync_every * gap.value
 
     def _open(self, p: int, index: int, learner: int, now: float, alive: frozenset[int]) -> Pull:
         """Open round `index` of fragment p for `learner`, with p's late learners still here and its carried
