@@ -20,9 +20,10 @@ every merged fragment is written to its slot under `syncer_state/`
 rewritten in place, never over the newest version) *before* it is broadcast,
 so no learner ever holds a version the syncer could lose. A syncer started with
 `restore` loads the newest valid slots, binds the same port and carries on; what a crash
-loses is only what was never acknowledged to anyone: rounds still open (the
-learners' counters were not reset for them, so those steps are pulled again
-later) and the online step-time estimates.
+loses is only what was never acknowledged to anyone: rounds still open and
+pushes carried for a fragment's next round (the learners' counters were not
+reset for them, so those steps are pulled again at their next sync point), and
+the online step-time estimates.
 """
 
 from __future__ import annotations
