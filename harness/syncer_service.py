@@ -438,6 +438,11 @@ class SyncerService:
                 self._close(old, "replaced by a new connection")
             # decoupled: the versions of the current fragments it is sent (which it applies, resetting counters)
             sent = {"versions": self.core.on_join(learner)} if self.algorithm == "decoupled" else {}
+            for q in self.core.drop_carried(learner) if self.algorithm == "decoupled" else []:
+                self.events.log("push_superseded", learner=learner, fragment=q.fragment, first_step=q.first_step,
+                                last_step=q.last_step, base_version=q.base_version,
+                                reason="dropped on rejoin: carried from before it rejoined, where it is sent the "
+                                       "current value (its counters reset)")
             self.events.log("learner_join", learner=learner, peer=conn.peer, alive=sorted(self.alive()), **sent)
             if self.algorithm == "decoupled":  # the pull: current global fragments to a (re)joining learner
                 for p, version in enumerate(sent["versions"]):

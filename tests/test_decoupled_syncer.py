@@ -212,6 +212,24 @@ def test_an_answer_after_its_round_merged_is_carried_into_the_next_round() -> No
 # -- pushes -------------------------------------------------------------------------------------
 
 
+def test_a_carried_push_from_before_a_rejoin_is_dropped_on_rejoin() -> None:
+    """Learner 1's late answer for fragment 1 (based on version 0) is held while learner 0's merge makes version 1;
+    learner 1 then rejoins, where it is sent version 1 and its counters reset: the held copy is dropped, never
+    merged. Its held copy of fragment 2, based on the current version 0, stays."""
+    s = make(min_quorum=1, grace_enabled=False)
+    rid = open_round(s, 1, who=alive(0))
+    late = push(s, 1, 1)
+    s.on_push(push(s, 0, 1), rid, 10.1)
+    s.poll(10.1, alive(0))
+    assert s.versions[1] == 1
+    assert s.on_push(late, rid, 10.2)[0] is PushOutcome.CARRIED and s.held[1] == {1: late}
+    keep = push(s, 1, 2)
+    assert s.on_push(keep, 7, 10.2)[0] is PushOutcome.CARRIED
+    s.on_join(1)
+    assert s.drop_carried(1) == [late] and s.held[1] == {}
+    assert s.held[2] == {1: keep}
+
+
 def test_push_to_a_round_that_is_not_open_is_carried() -> None:
     s = make()
     rid = open_round(s, 1)

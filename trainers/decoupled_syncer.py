@@ -292,6 +292,19 @@ class DecoupledSyncer:
             self.joined_at[(learner, p)] = version
         return list(self.versions)
 
+    def drop_carried(self, learner: int) -> list[FragmentPush]:
+        """A learner (re)joined: drop its carried pushes based on versions older than the current ones. It is
+        sent the current values, which overwrite that work and reset its counters; merged afterwards, measured
+        against the current value, such a push would pull the model back (the BEFORE_REJOIN case)."""
+        dropped = []
+        for p in range(len(self.partition)):
+            rnd = self.rounds[p]
+            for held, fresh in ((self.held[p], set()), (rnd.pushes, rnd.fresh) if rnd is not None else ({}, set())):
+                q = held.get(learner)
+                if q is not None and learner not in fresh and q.base_version < self.versions[p]:
+                    dropped.append(held.pop(learner))
+        return dropped
+
     def forget(self, learner: int) -> None:
         """A learner left: keep its last step (it may come back) but stop waiting on it."""
         self.step_times.forget(learner)
