@@ -1,8 +1,10 @@
 """Quorum and grace window with mixed-speed learners: K=M, K=1, and K=1 with the adaptive grace window.
 
 Not a test: it prints a table. M=4 learners x 1 chip, two of them held to half the fast learners' progress
-(SIGSTOP/SIGCONT, `slow` fault). For each configuration: final eval loss, wall time, merges, mean participants
-per merge, and the fraction of trained tokens that reached the global model (tokens merged / tokens trained,
+(SIGSTOP/SIGCONT, `slow` fault). The quorum counts learners that reached the fragment's sync point at their own
+cadence (docs/algorithm.md, Syncer). For each configuration: final eval loss, wall time, merges, mean participants
+per merge and how many of them were carried over from an earlier round (answers that came after their round
+merged), and the fraction of trained tokens that reached the global model (tokens merged / tokens trained,
 the token side of goodput), goodput and uptime (harness/metrics.py), steps/s over the whole run, and the
 slow learners' achieved speed relative to the fast ones while all four trained (report.json speed_profiles).
 
@@ -41,6 +43,7 @@ def run(steps: int, seed: int, diloco: dict, runs_dir: str | None = None) -> dic
     rep = res.report
     return {"final": rep["final_eval_loss"], "wall": rep["wall_s"], "merges": rep["merge_count"],
             "participants": statistics.mean(len(e["participants"]) for e in merges) if merges else 0.0,
+            "carried": statistics.mean(len(e.get("carried", [])) for e in merges) if merges else 0.0,
             "merged_frac": rep["tokens_merged"] / rep["tokens_trained"] if rep["tokens_trained"] else 0.0,
             "slow_steps_s": statistics.mean(rep["per_learner"][str(m)]["steps_per_s"] for m in (2, 3)),
             "fast_steps_s": statistics.mean(rep["per_learner"][str(m)]["steps_per_s"] for m in (0, 1)),
@@ -57,11 +60,12 @@ def main() -> None:
     rows = {name: run(a.steps, a.seed, cfg, a.runs_dir) for name, cfg in CONFIGS.items()}
     print(f"M=4 x 1 chip, learners 2 and 3 at speed 0.5, {a.steps} steps, seed {a.seed}")
     print(f"{'configuration':22} {'final eval':>10} {'wall s':>7} {'merges':>7} {'particip.':>9} "
-          f"{'merged tok':>10} {'goodput':>8} {'uptime':>7} {'fast st/s':>9} {'slow st/s':>9} {'achieved':>8}")
+          f"{'carried':>7} {'merged tok':>10} {'goodput':>8} {'uptime':>7} {'fast st/s':>9} {'slow st/s':>9} "
+          f"{'achieved':>8}")
     for name, r in rows.items():
         print(f"{name:22} {r['final']:10.3f} {r['wall']:7.1f} {r['merges']:7d} {r['participants']:9.2f} "
-              f"{r['merged_frac']:10.2f} {r['goodput']:8.2f} {r['uptime']:7.2f} {r['fast_steps_s']:9.1f} "
-              f"{r['slow_steps_s']:9.1f} {r['achieved']:8.2f}")
+              f"{r['carried']:7.2f} {r['merged_frac']:10.2f} {r['goodput']:8.2f} {r['uptime']:7.2f} "
+              f"{r['fast_steps_s']:9.1f} {r['slow_steps_s']:9.1f} {r['achieved']:8.2f}")
 
 
 if __name__ == "__main__":

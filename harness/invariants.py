@@ -396,11 +396,12 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
     Decoupled DiLoCo. A push is what the syncer logged as a `push` event; its identity is
     (learner, fragment, round, first_step, last_step): a learner answers a round at most once per step
     range, and a merge's contribution carries the same fields (participants, fragment, round, step_ranges).
-    A final unsolicited push is logged with round None (the syncer assigns its round after logging it), so
-    it matches a merge of any round. A merge matches only pushes logged before it by the same syncer process
+    A final unsolicited push is logged with round None, and a carried push (outcome carried: an answer that
+    arrived after its round merged, merged into the fragment's next round) with the round it answered; both
+    match a merge of any round. A merge matches only pushes logged before it by the same syncer process
     (no `syncer_down` in between: open rounds die with the syncer and a restored one may reuse their ids).
     Each push must end in exactly one of:
-    * outcome accepted: taken in by a merge with the same identity; or superseded by a newer push of the
+    * outcome accepted or carried: taken in by a merge with the same identity; or superseded by a newer push of the
       same learner in the same round (`push_superseded` without a reason, same learner, fragment and step
       range); or, if the syncer went down (`syncer_down`) while the push's round was open, re-pushed: a later
       merge takes in a push of that learner and fragment whose step range covers it (the learner's counters
@@ -484,7 +485,7 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
     for e in pushes:  # late / stale / rejected first: their own follow-up event accounts for them
         m, p, a, b = int(e["learner"]), int(e["fragment"]), int(e["first_step"]), int(e["last_step"])
         outcome = str(e.get("outcome", ""))
-        if outcome == "accepted":
+        if outcome in ("accepted", "carried"):
             pending.append(e)
         elif outcome in _SUPERSEDED_TAG:
             tag = _SUPERSEDED_TAG[outcome]
@@ -503,8 +504,9 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
         m, p, a, b = int(e["learner"]), int(e["fragment"]), int(e["first_step"]), int(e["last_step"])
         t = float(e["t"])
         cands = merged_pool.get((m, p, a, b), [])
+        any_round = e.get("round") is None or e.get("outcome") == "carried"
         hit = next((i for i, x in enumerate(cands)
-                    if (e.get("round") is None or x.get("round") == e.get("round")) and same_syncer(t, x["t"])), None)
+                    if (any_round or x.get("round") == e.get("round")) and same_syncer(t, x["t"])), None)
         if hit is not None:
             cands.pop(hit)
             continue
@@ -521,7 +523,7 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
         if crash is not None and given_up_on_rejoin(m, p, crash):
             n_given_up += 1  # its round died with the syncer; the rejoin's fragment then reset its counters
             continue
-        lost.append(f"{_push_id(e)} accepted but never merged nor superseded")
+        lost.append(f"{_push_id(e)} {e.get('outcome')} but never merged nor superseded")
     phantom = [f"merge of fragment {p} v{x.get('version')} round {x.get('round')} took learner {m} steps {a}-{b}, "
                "which no logged push accounts for"
                for (m, p, a, b), left in merged_pool.items() for x in left]

@@ -20,9 +20,10 @@ every merged fragment is written to its slot under `syncer_state/`
 rewritten in place, never over the newest version) *before* it is broadcast,
 so no learner ever holds a version the syncer could lose. A syncer started with
 `restore` loads the newest valid slots, binds the same port and carries on; what a crash
-loses is only what was never acknowledged to anyone: rounds still open (the
-learners' counters were not reset for them, so those steps are pulled again
-later) and the online step-time estimates.
+loses is only what was never acknowledged to anyone: rounds still open and
+pushes carried for a fragment's next round (the learners' counters were not
+reset for them, so those steps are pulled again at their next sync point), and
+the online step-time estimates.
 """
 
 from __future__ import annotations
@@ -441,6 +442,11 @@ class SyncerService:
                 self._close(old, "replaced by a new connection")
             # decoupled: the versions of the current fragments it is sent (which it applies, resetting counters)
             sent = {"versions": self.core.on_join(learner)} if self.algorithm == "decoupled" else {}
+            for q in self.core.drop_carried(learner) if self.algorithm == "decoupled" else []:
+                self.events.log("push_superseded", learner=learner, fragment=q.fragment, first_step=q.first_step,
+                                last_step=q.last_step, base_version=q.base_version,
+                                reason="dropped on rejoin: carried from before it rejoined, where it is sent the "
+                                       "current value (its counters reset)")
             self.events.log("learner_join", learner=learner, peer=conn.peer, alive=sorted(self.alive()), **sent)
             if self.algorithm == "decoupled":  # the pull: current global fragments to a (re)joining learner
                 for p, version in enumerate(sent["versions"]):
@@ -509,22 +515,14 @@ class SyncerService:
         outcome, superseded = self.core.on_push(push, round_id, time.monotonic())
         if outcome is PushOutcome.DECLINED:
             return
-        if round_id is None and push.final:  # a final unsolicited push joins (or opens) the fragment's round
-            rnd = self.core.rounds[push.fragment] if 0 <= push.fragment < len(self.core.rounds) else None
-            round_id = rnd.round_id if rnd is not None else None
+        into_round = None  # accepted or carried: the round it is in now (None: held for the fragment's next one)
+        if outcome in (PushOutcome.ACCEPTED, PushOutcome.CARRIED):
+            rnd = self.core.rounds[push.fragment]
+            into_round = rnd.round_id if rnd is not None else None
         self.events.log("push", learner=learner, fragment=push.fragment, round=round_id, c_steps=push.c_steps,
                         c_tokens=push.c_tokens, first_step=push.first_step, last_step=push.last_step,
-                        base_version=push.base_version, outcome=outcome.value, final=push.final)
-        if outcome is PushOutcome.LATE:
-            self.events.log("push_superseded", learner=learner, fragment=push.fragment, reason="late",
-                            first_step=push.first_step, last_step=push.last_step)
-            p = push.fragment
-            if 0 <= p < len(self.core.partition) and push.base_version < self.core.versions[p]:
-                # it missed the merge it answered for: send the current value, applied on arrival (its unmerged
-                # work on the fragment is dropped), so a learner that keeps answering late still follows the
-                # global model instead of training the fragment alone into one huge, stale outer gradient
-                self._resend_current(learner, p, reason="late")
-        elif outcome in (PushOutcome.STALE, PushOutcome.UNANCHORED, PushOutcome.BEFORE_REJOIN):
+                        base_version=push.base_version, outcome=outcome.value, final=push.final, joined=into_round)
+        if outcome in (PushOutcome.STALE, PushOutcome.UNANCHORED, PushOutcome.BEFORE_REJOIN):
             if outcome is PushOutcome.STALE:
                 into = self.core.merged_into[(learner, push.fragment)]
                 reason = f"stale: its work is already in version {into[0]}, not yet applied"
@@ -540,11 +538,11 @@ class SyncerService:
             # it stepped on without the merge, or is too far behind: send it the fragment's current value
             if outcome is PushOutcome.UNANCHORED or self.core.missed_broadcast(push):
                 self._resend_current(learner, push.fragment, reason=outcome.value)
-        elif outcome is not PushOutcome.ACCEPTED:
+        elif outcome not in (PushOutcome.ACCEPTED, PushOutcome.CARRIED):
             self.events.log("push_rejected", learner=learner, fragment=push.fragment, reason=outcome.value,
                             first_step=push.first_step, last_step=push.last_step)
         if superseded is not None:
-            self.events.log("push_superseded", learner=learner, fragment=push.fragment, round=round_id,
+            self.events.log("push_superseded", learner=learner, fragment=push.fragment, round=into_round,
                             reason="newer push in the same round", first_step=superseded.first_step,
                             last_step=superseded.last_step)
 
@@ -558,17 +556,15 @@ class SyncerService:
                         clock=self.core.clock)
 
     def _merge_decoupled(self) -> float | None:
-        merges, wake, empty = self.core.poll(time.monotonic(), self.alive())
+        merges, wake = self.core.poll(time.monotonic(), self.alive())
         for rec, counted in zip(merges, self._account(merges), strict=True):
             self._broadcast_merge(rec, *counted)
-        for p in empty:
-            self.events.log("round_empty", fragment=p)
         return wake
 
     def _broadcast_merge(self, rec: MergeRecord, tokens: float, tokens_merged: float) -> None:
         """Send a merge to its participants and log it with its tokens and the total merged up to it."""
         t0 = time.monotonic()
-        with self.lock:  # the participants apply it; a learner whose answer comes late is sent it then
+        with self.lock:  # the participants apply it; a late answer is carried into the next round
             targets = {m: self.by_learner[m] for m in rec.participants if m in self.by_learner}
         for m, pulled in zip(rec.participants, rec.pulled_steps, strict=True):
             if m in targets:
@@ -578,7 +574,8 @@ class SyncerService:
         w = rec.weights
         self.events.log(
             "merge", fragment=rec.fragment, version=rec.version, merges=self.core.merges, round=rec.round_id,
-            participants=rec.participants, weights=[round(x, 6) for x in w], c_steps=rec.c_steps,
+            participants=rec.participants, carried=rec.carried, weights=[round(x, 6) for x in w],
+            c_steps=rec.c_steps,
             c_tokens=rec.c_tokens, step_ranges=rec.step_ranges, base_versions=rec.base_versions,
             reason=rec.reason, grace_s=rec.grace_s, quorum_wait_s=(rec.quorum_at or rec.merged_at) - rec.started_at,
             wait_s=rec.merged_at - rec.started_at, broadcast_s=time.monotonic() - t0,

@@ -191,3 +191,12 @@ def test_schedule_apply_step_and_validation() -> None:
         FragmentSchedule(2, 0, 2)
     with pytest.raises(ValueError):
         FragmentSchedule(2, 4, -1)
+
+
+def test_schedule_sync_index_counts_the_sync_points_reached() -> None:
+    s = FragmentSchedule(num_fragments=4, period=4, overlap=2)  # fragment p due at steps t % 4 == p
+    assert [s.sync_index(1, t) for t in range(0, 10)] == [0, 1, 1, 1, 1, 2, 2, 2, 2, 3]
+    assert [s.sync_index(0, t) for t in range(0, 10)] == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2]
+    for p in range(4):  # it grows exactly at the steps fragments_due names
+        assert [t for t in range(1, 30) if s.sync_index(p, t) > s.sync_index(p, t - 1)] == [
+            t for t in range(1, 30) if p in s.fragments_due(t)]

@@ -357,6 +357,17 @@ def test_updates_accounted_late_stale_rejected_and_superseded_pushes(tmp_path: P
              "outcome rejected_shape but no push_rejected with a reason")
 
 
+def test_updates_accounted_a_carried_push_is_merged_in_a_later_round(tmp_path: Path) -> None:
+    """An answer to round 7 that arrived after round 7 merged is carried: merged in round 8 of the fragment
+    (another round id than the one it answered). Never merged, it is lost."""
+    carried = push(3.0, 0, 0, 9, 10, outcome="carried", round_id=7, joined=None)
+    merged = ev("merge", 3.2, fragment=0, version=3, merges=7, round=8, participants=[0], carried=[0], c_steps=[2],
+                c_tokens=[2 * TOK], step_ranges=[[9, 10]], base_versions=[2], tokens=2 * TOK / P, tokens_merged=0.0)
+    holds(updates_accounted(write_run(tmp_path, decoupled_log() + [carried, merged], name="ok")))
+    violated(updates_accounted(write_run(tmp_path, decoupled_log() + [carried], name="lost")), "1 > bound 0",
+             "push of learner 0 fragment 0 round 7 steps 9-10 carried but never merged nor superseded")
+
+
 def test_updates_accounted_a_round_lost_with_the_syncer_is_re_pushed(tmp_path: Path) -> None:
     """The syncer dies with a round open; the learner's counters were not reset, so its next answer holds the
     same steps and more. That later merge accounts for the lost push; without it the push is lost."""

@@ -24,6 +24,7 @@ def state(
     quorum_at: float | None = 10.02,
     step_time_s: float | None = 0.1,
     sync_time_s: float = 0.03,
+    carried: frozenset[int] | set[int] = frozenset(),
 ) -> RoundState:
     return RoundState(
         started_at=started_at,
@@ -32,6 +33,7 @@ def state(
         alive=frozenset(alive),
         step_time_s=step_time_s,
         sync_time_s=sync_time_s,
+        carried=frozenset(carried),
     )
 
 
@@ -58,7 +60,7 @@ def test_grace_window_formula_and_clamps() -> None:
 def test_below_quorum_waits_without_deadline() -> None:
     cfg = QuorumConfig(min_quorum=2)
     d = decide(50.0, state({0}, {0, 1, 2}, quorum_at=None), cfg)
-    assert d == Decision(Action.WAIT, "quorum 1/2: waiting for 1 more", 0.0, None)
+    assert d == Decision(Action.WAIT, "quorum 1/2: waiting for 1 more learner(s) at the sync point", 0.0, None)
     d = decide(50.0, state(set(), {0, 1}, quorum_at=None), QuorumConfig(min_quorum=1))
     assert d.action is Action.WAIT and d.wake_at is None and "0/1" in d.reason
 
@@ -66,7 +68,7 @@ def test_below_quorum_waits_without_deadline() -> None:
 def test_all_alive_reported_merges_immediately() -> None:
     d = decide(10.021, state({0, 1, 2}, {0, 1, 2}), CFG)
     assert d.action is Action.MERGE
-    assert d.reason == "all 3 alive learners reported"
+    assert d.reason == "all 3 alive learners in: 3 at the sync point"
     # a learner that pushed and then disconnected still counts; superset is fine
     d = decide(10.021, state({0, 1, 2}, {0, 2}), CFG)
     assert d.action is Action.MERGE and "all 2 alive" in d.reason
@@ -134,7 +136,7 @@ def test_simulated_round_with_float_clock() -> None:
     assert decide(d.wake_at, s1, cfg).action is Action.MERGE
     # if the straggler shows up inside the window, merge right away
     s2 = state({0, 1, 2}, alive, started_at=0.0, quorum_at=0.04, step_time_s=0.2, sync_time_s=0.06)
-    assert decide(0.1, s2, cfg).reason == "all 3 alive learners reported"
+    assert decide(0.1, s2, cfg).reason == "all 3 alive learners in: 3 at the sync point"
 
 
 def test_inconsistent_state_and_config_errors() -> None:
@@ -183,16 +185,57 @@ def test_step_time_tracker() -> None:
         t.update(0, -1.0)
 
 
-def test_declines_count_toward_the_quorum_but_a_merge_needs_a_push() -> None:
-    """K = M: a learner with nothing new (it declined) must not hold the round until the fragment is due again."""
-    cfg = QuorumConfig(min_quorum=3, overlap=2, grace_gamma=0.5, grace_cap_s=0.5, grace_enabled=False)
-    base = dict(started_at=0.0, step_time_s=0.1, sync_time_s=0.0)
-    waiting = decide(1.0, RoundState(quorum_at=None, reported=frozenset({0}), alive=frozenset({1}),
-                                     declined=frozenset({2}), **base), cfg)
-    assert waiting.action is Action.WAIT and "quorum 2/3" in waiting.reason
-    merged = decide(1.0, RoundState(quorum_at=0.5, reported=frozenset({0, 1}), alive=frozenset({0, 1}),
-                                    declined=frozenset({2}), **base), cfg)
-    assert merged.action is Action.MERGE
-    only_declines = decide(1.0, RoundState(quorum_at=0.5, reported=frozenset(), alive=frozenset({0}),
-                                           declined=frozenset({1, 2, 3}), **base), cfg)
-    assert only_declines.action is Action.WAIT and "no push yet" in only_declines.reason
+# -- the quorum of learners at the sync point (issue 14): K reached, grace running, late, gone -------------
+
+
+def test_k_reached_starts_the_grace_window_at_the_kth_fresh_push() -> None:
+    """K = 2 of 4: the grace window runs from the K-th fresh push, not from the round's start."""
+    cfg = QuorumConfig(min_quorum=2, overlap=2, grace_gamma=0.5, grace_cap_s=1.0)
+    below = decide(0.03, state({0}, {0, 1, 2, 3}, started_at=0.0, quorum_at=None, step_time_s=0.2,
+                                sync_time_s=0.0), cfg)
+    assert below.action is Action.WAIT and below.wake_at is None
+    at_k = state({0, 1}, {0, 1, 2, 3}, started_at=0.0, quorum_at=0.1, step_time_s=0.2, sync_time_s=0.0)
+    d = decide(0.1, at_k, cfg)  # grace = 0.5 * (2 * 0.2 - 0.1 - 0) = 0.15, from quorum_at 0.1
+    assert d.action is Action.WAIT and d.grace_s == pytest.approx(0.15) and d.wake_at == pytest.approx(0.25)
+    assert "waiting for 2 more" in d.reason
+
+
+def test_grace_running_merges_at_its_end_without_the_learners_not_at_the_point() -> None:
+    s = state({0}, {0, 1, 2, 3}, started_at=0.0, quorum_at=0.02, step_time_s=0.2, sync_time_s=0.02)
+    running = decide(0.1, s, CFG)  # grace = 0.5 * (0.4 - 0.02 - 0.02) = 0.18
+    assert running.action is Action.WAIT and running.wake_at == pytest.approx(0.2)
+    assert running.grace_s == pytest.approx(0.18)
+    done = decide(0.2, s, CFG)
+    assert done.action is Action.MERGE and done.reason == (
+        "grace expired after 0.180s: 1 at the sync point, 3 alive learner(s) not in")
+
+
+def test_a_learner_reporting_late_inside_the_grace_window_merges_at_once() -> None:
+    """Learner 1 reaches the sync point while the window runs: with everyone alive in, no reason to wait on."""
+    alive = {0, 1}
+    s = state({0}, alive, started_at=0.0, quorum_at=0.02, step_time_s=0.2, sync_time_s=0.02)
+    assert decide(0.05, s, CFG).action is Action.WAIT
+    s = state({0, 1}, alive, started_at=0.0, quorum_at=0.02, step_time_s=0.2, sync_time_s=0.02)
+    d = decide(0.06, s, CFG)
+    assert d.action is Action.MERGE and d.wake_at is None and d.grace_s == 0.0
+
+
+def test_a_carried_push_rides_along_but_does_not_count_toward_k() -> None:
+    """A push carried from an earlier round (its answer arrived after that round merged) is no report for this
+    round: K = 1 is not reached by it, but once a learner at the sync point is in, it is waited for no more."""
+    only_carried = decide(1.0, state(set(), {0, 1}, quorum_at=None, carried={1}), CFG)
+    assert only_carried.action is Action.WAIT and only_carried.reason.startswith("quorum 0/1")
+    d = decide(10.03, state({0}, {0, 1}, carried={1}), CFG)
+    assert d.action is Action.MERGE and d.reason == "all 2 alive learners in: 1 at the sync point (+1 carried)"
+
+
+def test_a_learner_gone_is_not_waited_for_but_k_stays_a_floor() -> None:
+    """Learner 2 left during the window: the remaining alive learners are all in, merge now. With K = 3 and
+    only two learners left, the round waits (no deadline): K is a floor on fresh updates merged."""
+    s = state({0, 1}, {0, 1, 2}, started_at=0.0, quorum_at=0.02, step_time_s=0.2, sync_time_s=0.02)
+    assert decide(0.05, s, CFG).action is Action.WAIT
+    gone = state({0, 1}, {0, 1}, started_at=0.0, quorum_at=0.02, step_time_s=0.2, sync_time_s=0.02)
+    assert decide(0.05, gone, CFG).action is Action.MERGE
+    k3 = QuorumConfig(min_quorum=3, overlap=2, grace_gamma=0.5, grace_cap_s=1.0)
+    d = decide(100.0, state({0, 1}, {0, 1}, quorum_at=None), k3)
+    assert d.action is Action.WAIT and d.wake_at is None and d.reason.startswith("quorum 2/3")

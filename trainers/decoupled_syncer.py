@@ -1,28 +1,42 @@
 """The synchronizer's logic for Decoupled DiLoCo, without sockets or threads.
 
 It owns the global fragments Theta_p, their versions and the outer Nesterov
-optimizer (one momentum state per fragment), and it drives the fragment
-schedule, as in the paper: learners report metadata (their step) every step;
-the syncer's clock is the step of the K-th most advanced alive learner (it
-moves back when the learners ahead leave, so those still here are pulled); when
-that clock reaches a step at which fragment p is due (fragments staggered
-over H steps), the syncer opens a *round* for p and pulls p from every alive
-learner. Each learner answers at once from its host-RAM snapshot, whatever
-step it is at, so a slower learner contributes fewer steps and the token
-weights c_tokens**2 / c_steps account for it; a learner that has nothing new
-(c_steps = 0) declines. `poll(now, alive)` asks the pure quorum / grace
-policy about every open round and merges those it allows: outer gradient
-Delta_m = Theta_p - theta_{m,p}, RDA on non-embedding tensors, weighted mean
-on embeddings, then the outer step.
+optimizer (one momentum state per fragment), and it runs the fragment rounds
+as in the paper: learners report metadata (their step) every step, and a
+learner *reports* for fragment p when its own step count reaches one of p's
+sync points (every H of its steps, staggered by fragment; `FragmentSchedule`).
+The syncer then pulls p from that learner's host-RAM snapshot at once.
+
+Rounds. Each fragment has at most one open round. A report opens one only if
+its sync index is beyond every round of p opened so far (`lead`); a report
+while a round is open joins it (pulled again if it was already in: the newer
+copy supersedes its older one); any other report is *late* (its round already
+merged) and the learner is pulled when p's next round opens. So rounds follow
+the most advanced learners: about one merge per fragment per H of their steps,
+never one per learner. When those leave, or stop stepping for H step times
+(a stalled leader is a straggler too), `lead` falls back to the most advanced
+learner still driving, so the others open rounds. `poll(now, alive)`
+asks the pure quorum / grace policy (`syncer_policy.decide`) about every open
+round: K fresh pushes (answers of learners at the sync point), then the grace
+window; learners not at the point are not in the merge.
+
+Late answers. An answer that arrives after its round merged is *carried*: it
+joins p's open round, or the next one when it opens, and is merged there (not
+counted toward K); its learner's counters were not reset, so its work is not
+lost and its token weight covers all of it. At the end of the run `drain`
+merges what is still open or carried. Merge: outer gradient
+Delta_m = Theta_p - theta_{m,p}, RDA on non-embedding tensors, weighted mean on
+embeddings, then the outer step.
 
 Every push ends in exactly one of: merged, rejected (with a reason), or
-superseded (a newer push of the same learner in the same round, a late
-answer to a round that already merged, or a stale copy whose work an earlier
-merge already holds: a learner merged into version v of a fragment offers
-nothing new until it has applied v, so its pushes based on an older version
-are declined, never merged twice). A learner that (re)joins is sent every
-current fragment; until it has applied them, its pushes based on older
-versions are declined too (`on_join`, BEFORE_REJOIN).
+superseded (a newer push of the same learner in the same round, or a stale
+copy whose work an earlier merge already holds: a learner merged into version
+v of a fragment offers nothing new until it has applied v, so its pushes based
+on an older version are declined, never merged twice). A learner that
+(re)joins is sent every current fragment; until it has applied them, its
+pushes based on older versions are declined too (`on_join`, BEFORE_REJOIN). A
+learner at the sync point whose answer was declined is pulled again at its
+next step while the round is open.
 """
 
 from __future__ import annotations
@@ -44,8 +58,11 @@ from trainers.syncer_policy import Action, EwmaEstimator, QuorumConfig, RoundSta
 
 class PushOutcome(enum.Enum):
     ACCEPTED = "accepted"
+    """An answer to the open round's pull (a learner at the sync point): a fresh push, counted toward K."""
+    CARRIED = "carried"
+    """An answer that arrived after its round merged, or a final push with no round open: held for (or put in)
+    the fragment's open or next round and merged there, not counted toward K."""
     DECLINED = "declined"
-    LATE = "late"
     REJECTED_NONFINITE = "rejected_nonfinite"
     REJECTED_SHAPE = "rejected_shape"
     REJECTED_FRAGMENT = "rejected_fragment"
@@ -62,14 +79,21 @@ class PushOutcome(enum.Enum):
 
 @dataclass
 class OpenRound:
-    """One pull of one fragment: who was asked, who answered."""
+    """One round of one fragment: who reached the sync point, whose pushes are in."""
 
     round_id: int
     started_at: float
-    pulled: frozenset[int]
+    index: int
+    """The highest sync index of the fragment reported into this round."""
+    reporters: set[int] = field(default_factory=set)
+    """Learners pulled for this round because they reached the sync point (or were late for the last one)."""
     quorum_at: float | None = None
     pushes: dict[int, FragmentPush] = field(default_factory=dict)
-    declined: set[int] = field(default_factory=set)
+    """Per learner, the push merged if the round merges now (fresh or carried)."""
+    fresh: set[int] = field(default_factory=set)
+    """Learners whose push in `pushes` answers this round's pull: these count toward K."""
+    repull: dict[int, int] = field(default_factory=dict)
+    """Reporter -> its step when its answer was declined: pulled again once it reports a later step."""
 
 
 @dataclass
@@ -86,6 +110,8 @@ class MergeRecord:
     c_tokens: list[int]
     step_ranges: list[tuple[int, int]]
     base_versions: list[int]
+    carried: list[int]
+    """Participants whose push was carried over from an earlier round (not counted toward K)."""
     reason: str
     grace_s: float
     started_at: float
@@ -114,15 +140,26 @@ class DecoupledSyncer:
         self.params: dict[str, Tensor] = {n: p.detach().clone() for n, p in model.named_parameters()}
         self.partition = partition_tensors({n: t.numel() for n, t in self.params.items()}, cfg.fragments)
         self.schedule = FragmentSchedule(cfg.fragments, cfg.sync_every, cfg.overlap)
-        self.versions = [0] * len(self.partition)
-        self.round_ids = [0] * len(self.partition)
-        self.rounds: list[OpenRound | None] = [None] * len(self.partition)
+        n = len(self.partition)
+        self.versions = [0] * n
+        self.round_ids = [0] * n
+        self.rounds: list[OpenRound | None] = [None] * n
+        self.lead = [0] * n
+        """Per fragment: the highest sync index that opened or joined one of its rounds (r_p)."""
+        self.pending: list[set[int]] = [set() for _ in range(n)]
+        """Per fragment: learners that reached a sync point after its round merged; pulled when the next opens."""
+        self.held: list[dict[int, FragmentPush]] = [{} for _ in range(n)]
+        """Per fragment: carried pushes waiting for its next round (no round open when they arrived)."""
         self.outer = NesterovOuterOptimizer(OuterOptConfig(lr=cfg.outer_lr, momentum=cfg.outer_momentum))
         self.quorum = QuorumConfig(min_quorum=cfg.min_quorum, overlap=cfg.overlap, grace_gamma=cfg.grace_gamma,
                                    grace_cap_s=cfg.grace_cap_s, grace_enabled=cfg.grace_enabled)
         self.step_times = StepTimeTracker()
         self.sync_time = EwmaEstimator(alpha=0.2)
         self.reported_step: dict[int, int] = {}
+        self.last_report_at: dict[int, float] = {}
+        """Learner -> clock time it last reported a new step (a leader that stopped stepping stops driving)."""
+        self.step_gaps: dict[int, EwmaEstimator] = {}
+        """Learner -> EWMA of the clock time between its reported steps, per step."""
         self.merged_into: dict[tuple[int, int], tuple[int, int]] = {}
         """(learner, fragment) -> (version its last merged push went into, last step that push covered)."""
         self.joined_at: dict[tuple[int, int], int] = {}
@@ -132,8 +169,10 @@ class DecoupledSyncer:
         empty lists otherwise)."""
         self._reset_history()
         self.clock = 0
+        """The highest step any learner reported (informational; rounds follow each learner's own steps)."""
         self.merges = 0
-        self.skipped_due = 0
+        self.late_reports = 0
+        """Reports of a sync point whose round had already merged (the learner joins the next round)."""
 
     def fragment(self, p: int) -> dict[str, Tensor]:
         return {n: self.params[n] for n in self.partition[p]}
@@ -181,48 +220,70 @@ class DecoupledSyncer:
         self.history = [{self.versions[p]: {n: self.params[n].clone() for n in names}} if base else {}
                         for p, names in enumerate(self.partition)]
 
-    # -- the clock ------------------------------------------------------------------------------
+    # -- reports ------------------------------------------------------------------------------
     def on_meta(self, learner: int, step: int, step_time_s: float, now: float, alive: frozenset[int]) -> list[Pull]:
-        """A learner's per-step metadata. Returns the pulls to send (rounds opened by the clock)."""
-        self.reported_step[learner] = max(step, self.reported_step.get(learner, 0))
+        """A learner's per-step metadata. Returns the pulls to send: this learner's, for every fragment whose
+        sync point it reached at this step (or whose declined answer is due again), plus the late learners of
+        a round this report opens."""
+        prev = self.reported_step.get(learner, step - 1)
         if step_time_s > 0:
             self.step_times.update(learner, step_time_s)
-        steps = sorted((self.reported_step[m] for m in alive if m in self.reported_step), reverse=True)
-        if len(steps) < self.cfg.min_quorum:
-            return []
-        target = steps[self.cfg.min_quorum - 1]
-        if target < self.clock:
-            # The learners that set the clock have left (finished, failed or cut off): follow the ones still
-            # here, so their steps keep being pulled and merged instead of waiting until they pass the old
-            # clock (a run's tail, or a fast learner's outage, would otherwise be global downtime).
-            self.clock = target
-            return []
+        # Where the learners still driving progress were before this report: alive, and reported a step within
+        # H of their own recent step intervals (a leader that stalls that long is a straggler; the others must
+        # not wait for it).
+        driving = [m for m in alive if m != learner and m in self.reported_step and not self._stalled(m, now)]
+        here = [prev] + [self.reported_step[m] for m in driving]
+        if learner in self.last_report_at and step > prev:
+            gap = self.step_gaps.setdefault(learner, EwmaEstimator(alpha=0.2))
+            gap.update(max(0.0, now - self.last_report_at[learner]) / (step - prev))
+        self.reported_step[learner] = max(step, prev)
+        if step > prev or learner not in self.last_report_at:
+            self.last_report_at[learner] = now
+        self.clock = max(self.clock, step)
         pulls: list[Pull] = []
-        handled: set[int] = set()  # a clock that jumps (a learner back from an outage) asks once per fragment
-        for s in range(self.clock + 1, target + 1):
-            for p in self.schedule.fragments_due(s):
-                rnd = self.rounds[p]
-                if p in handled:
-                    self.skipped_due += 1
-                    continue
-                handled.add(p)
-                if rnd is not None:
-                    # The previous round of p is still open (below quorum): it serves for this due step
-                    # too, and every alive learner that has not pushed to it is asked (again): a learner
-                    # that left and came back lost its pull, and one that declined (nothing trained yet)
-                    # may have trained since; without asking again the round could never close.
-                    self.skipped_due += 1
-                    ask = alive - set(rnd.pushes)
-                    if ask:
-                        rnd.declined -= ask
-                        rnd.pulled = rnd.pulled | ask
-                        pulls.append(Pull(p, rnd.round_id, frozenset(ask)))
-                    continue
-                self.round_ids[p] += 1
-                self.rounds[p] = OpenRound(self.round_ids[p], now, alive)
-                pulls.append(Pull(p, self.round_ids[p], alive))
-        self.clock = target
+        for p, rnd in enumerate(self.rounds):
+            # The learners that drove p's rounds may have left (finished, failed, cut off) or stalled: follow the
+            # most advanced one still driving, or the others' reports would all be late and nothing would merge.
+            top = max(self.schedule.sync_index(p, max(s, 0)) for s in here)
+            self.lead[p] = min(self.lead[p], top)
+            i_new, i_old = self.schedule.sync_index(p, step), self.schedule.sync_index(p, max(prev, 0))
+            if i_new <= i_old:
+                if rnd is not None and learner in rnd.repull and step > rnd.repull[learner]:
+                    del rnd.repull[learner]  # declined last time (nothing new, stale copy): ask again
+                    pulls.append(Pull(p, rnd.round_id, frozenset({learner})))
+                continue
+            if rnd is not None:  # joins the open round (again: its newer copy supersedes the older one)
+                rnd.reporters.add(learner)
+                rnd.repull.pop(learner, None)
+                rnd.index = max(rnd.index, i_new)
+                self.lead[p] = max(self.lead[p], i_new)
+                pulls.append(Pull(p, rnd.round_id, frozenset({learner})))
+            elif i_new > self.lead[p]:
+                pulls.append(self._open(p, i_new, learner, now, alive))
+            else:  # its round already merged: it is pulled when p's next round opens
+                self.pending[p].add(learner)
+                self.late_reports += 1
         return pulls
+
+    def _stalled(self, m: int, now: float) -> bool:
+        """Learner m has not reported a new step for H of its own recent step intervals."""
+        gap = self.step_gaps.get(m)
+        if gap is None or gap.value is None:
+            return False
+        return now - self.last_report_at[m] > self.cfg.sync_every * gap.value
+
+    def _open(self, p: int, index: int, learner: int, now: float, alive: frozenset[int]) -> Pull:
+        """Open round `index` of fragment p for `learner`, with p's late learners still here and its carried
+        pushes."""
+        late = self.pending[p] & alive
+        self.pending[p] -= late
+        self.round_ids[p] += 1
+        rnd = OpenRound(self.round_ids[p], now, index, reporters={learner} | late)
+        rnd.pushes.update(self.held[p])
+        self.held[p].clear()
+        self.rounds[p] = rnd
+        self.lead[p] = index
+        return Pull(p, rnd.round_id, frozenset(rnd.reporters))
 
     def on_join(self, learner: int) -> list[int]:
         """A learner (re)joined and is sent every fragment's current value: returns those versions. Its pushes
@@ -231,38 +292,40 @@ class DecoupledSyncer:
             self.joined_at[(learner, p)] = version
         return list(self.versions)
 
+    def drop_carried(self, learner: int) -> list[FragmentPush]:
+        """A learner (re)joined: drop its carried pushes based on versions older than the current ones. It is
+        sent the current values, which overwrite that work and reset its counters; merged afterwards, measured
+        against the current value, such a push would pull the model back (the BEFORE_REJOIN case)."""
+        dropped = []
+        for p in range(len(self.partition)):
+            rnd = self.rounds[p]
+            for held, fresh in ((self.held[p], set()), (rnd.pushes, rnd.fresh) if rnd is not None else ({}, set())):
+                q = held.get(learner)
+                if q is not None and learner not in fresh and q.base_version < self.versions[p]:
+                    dropped.append(held.pop(learner))
+        return dropped
+
     def forget(self, learner: int) -> None:
         """A learner left: keep its last step (it may come back) but stop waiting on it."""
         self.step_times.forget(learner)
 
     # -- answers --------------------------------------------------------------------------------
     def on_push(self, push: FragmentPush, round_id: int | None, now: float) -> tuple[PushOutcome, FragmentPush | None]:
-        """Validate an answer to a pull (or a final unsolicited push, round_id None).
+        """Validate an answer to a pull (or a final unsolicited push, round_id None) and file it.
 
-        Returns (outcome, the push it superseded if any)."""
+        An answer to the open round is fresh (ACCEPTED); a final push joins the open round as fresh (the
+        learner's last step is its last sync point); any other answer, or a final push with no round open, is
+        CARRIED. Returns (outcome, the push it superseded if any: the same learner's older push for p)."""
         p = push.fragment
         if not 0 <= p < len(self.partition):
             return PushOutcome.REJECTED_FRAGMENT, None
         rnd = self.rounds[p]
-        if round_id is None and push.final:  # end of a learner's run: join the open round or open one
-            if rnd is None:
-                self.round_ids[p] += 1
-                rnd = self.rounds[p] = OpenRound(self.round_ids[p], now, frozenset({push.learner}))
-            round_id = rnd.round_id
-        if rnd is None or rnd.round_id != round_id:
-            return PushOutcome.LATE, None
-        if push.c_steps <= 0 or push.c_tokens <= 0:
-            self._decline(rnd, push.learner, now)
-            return PushOutcome.DECLINED, None
-        if self.is_stale(push):
-            self._decline(rnd, push.learner, now)
-            return PushOutcome.STALE, None
-        if push.base_version < self.joined_at.get((push.learner, p), 0):
-            self._decline(rnd, push.learner, now)
-            return PushOutcome.BEFORE_REJOIN, None
-        if self.cfg.outer_anchor == "base" and push.base_version not in self.history[p]:
-            self._decline(rnd, push.learner, now)
-            return PushOutcome.UNANCHORED, None
+        fresh = rnd is not None and (round_id == rnd.round_id or (round_id is None and push.final))
+        declined = self._check(push)
+        if declined is not None:
+            if fresh and rnd is not None and push.learner in rnd.reporters and declined is not PushOutcome.UNANCHORED:
+                rnd.repull[push.learner] = self.reported_step.get(push.learner, push.last_step)
+            return declined, None
         expected = self.fragment(p)
         if set(push.tensors) != set(expected) or any(push.tensors[n].shape != t.shape for n, t in expected.items()):
             return PushOutcome.REJECTED_SHAPE, None
@@ -270,20 +333,33 @@ class DecoupledSyncer:
             return PushOutcome.REJECTED_NONFINITE, None
         if push.step_time_s > 0:
             self.step_times.update(push.learner, push.step_time_s)
-        superseded = rnd.pushes.get(push.learner)
-        rnd.pushes[push.learner] = push
-        self._note_quorum(rnd, now)
-        return PushOutcome.ACCEPTED, superseded
+        held = rnd.pushes if rnd is not None else self.held[p]
+        older = held.get(push.learner)
+        if older is not None and older.last_step > push.last_step:
+            return (PushOutcome.ACCEPTED if fresh else PushOutcome.CARRIED), push  # an older copy: kept out
+        held[push.learner] = push
+        if rnd is not None:
+            if fresh:
+                rnd.reporters.add(push.learner)
+                rnd.fresh.add(push.learner)
+            else:
+                rnd.fresh.discard(push.learner)
+            if rnd.quorum_at is None and len(rnd.fresh) >= self.cfg.min_quorum:
+                rnd.quorum_at = now  # the grace window starts here
+        return (PushOutcome.ACCEPTED if fresh else PushOutcome.CARRIED), older
 
-    def _decline(self, rnd: OpenRound, learner: int, now: float) -> None:
-        """An answer with nothing to merge: it counts toward the quorum, not toward the merge."""
-        rnd.declined.add(learner)
-        self._note_quorum(rnd, now)
-
-    def _note_quorum(self, rnd: OpenRound, now: float) -> None:
-        """Stamp when the round first had K answers (pushes plus declines): the grace window starts there."""
-        if rnd.quorum_at is None and len(rnd.pushes) + len(rnd.declined - set(rnd.pushes)) >= self.cfg.min_quorum:
-            rnd.quorum_at = now
+    def _check(self, push: FragmentPush) -> PushOutcome | None:
+        """Why a push has nothing to merge (DECLINED, STALE, BEFORE_REJOIN, UNANCHORED), or None."""
+        p = push.fragment
+        if push.c_steps <= 0 or push.c_tokens <= 0:
+            return PushOutcome.DECLINED
+        if self.is_stale(push):
+            return PushOutcome.STALE
+        if push.base_version < self.joined_at.get((push.learner, p), 0):
+            return PushOutcome.BEFORE_REJOIN
+        if self.cfg.outer_anchor == "base" and push.base_version not in self.history[p]:
+            return PushOutcome.UNANCHORED
+        return None
 
     def is_stale(self, push: FragmentPush) -> bool:
         """Whether the push is based on a version older than one its learner's work was already merged into."""
@@ -305,25 +381,17 @@ class DecoupledSyncer:
         rnd = self.rounds[p]
         if rnd is None:
             return None
-        reported = frozenset(rnd.pushes)
-        awaited = (alive & rnd.pulled) - rnd.declined
-        return RoundState(started_at=rnd.started_at, quorum_at=rnd.quorum_at, reported=reported, alive=awaited,
-                          declined=frozenset(rnd.declined),
+        reported = frozenset(rnd.fresh)
+        return RoundState(started_at=rnd.started_at, quorum_at=rnd.quorum_at, reported=reported, alive=alive,
+                          carried=frozenset(rnd.pushes) - reported,
                           step_time_s=self.step_times.estimate(reported), sync_time_s=self.sync_time.value or 0.0)
 
-    def poll(self, now: float, alive: frozenset[int]) -> tuple[list[MergeRecord], float | None, list[int]]:
-        """Merge every round the policy allows.
-
-        Returns (merges, earliest time to poll again, fragments whose round closed empty)."""
+    def poll(self, now: float, alive: frozenset[int]) -> tuple[list[MergeRecord], float | None]:
+        """Merge every round the policy allows. Returns (merges, earliest time to poll again)."""
         merges: list[MergeRecord] = []
-        empty: list[int] = []
         wake: float | None = None
         for p, rnd in enumerate(self.rounds):
             if rnd is None:
-                continue
-            if not rnd.pushes and not ((alive & rnd.pulled) - rnd.declined):
-                self.rounds[p] = None  # everyone asked declined or left: nothing to merge
-                empty.append(p)
                 continue
             state = self.round_state(p, alive)
             assert state is not None
@@ -332,12 +400,18 @@ class DecoupledSyncer:
                 merges.append(self.merge(p, now, d.reason, d.grace_s))
             elif d.wake_at is not None:
                 wake = d.wake_at if wake is None else min(wake, d.wake_at)
-        return merges, wake, empty
+        return merges, wake
 
     def drain(self, now: float) -> list[MergeRecord]:
-        """Merge every open round that has data, regardless of quorum (the run is ending)."""
+        """Merge every open round and every carried push, regardless of quorum (the run is ending)."""
         out = []
-        for p, rnd in enumerate(self.rounds):
+        for p in range(len(self.partition)):
+            rnd = self.rounds[p]
+            if rnd is None and self.held[p]:
+                self.round_ids[p] += 1
+                rnd = self.rounds[p] = OpenRound(self.round_ids[p], now, self.lead[p])
+                rnd.pushes.update(self.held[p])
+                self.held[p].clear()
             if rnd is not None and rnd.pushes:
                 out.append(self.merge(p, now, "drain at end of run", 0.0))
             self.rounds[p] = None
@@ -367,6 +441,8 @@ class DecoupledSyncer:
             for v in sorted(held)[:-self.cfg.anchor_history]:
                 del held[v]
         self.rounds[p] = None
+        # reached the sync point but not in (answer in flight, or declined): they are in the next round
+        self.pending[p] |= rnd.reporters - set(rnd.pushes)
         self.merges += 1
         for m, q in zip(learners, pushes, strict=True):
             self.merged_into[(m, p)] = (self.versions[p], q.last_step)
@@ -376,7 +452,8 @@ class DecoupledSyncer:
             pulled_steps=[q.last_step for q in pushes], weights=weights,
             c_steps=[q.c_steps for q in pushes], c_tokens=[q.c_tokens for q in pushes],
             step_ranges=[(q.first_step, q.last_step) for q in pushes],
-            base_versions=[q.base_version for q in pushes], reason=reason, grace_s=grace_s,
+            base_versions=[q.base_version for q in pushes], carried=[m for m in learners if m not in rnd.fresh],
+            reason=reason, grace_s=grace_s,
             started_at=rnd.started_at, quorum_at=rnd.quorum_at, merged_at=now,
             tensors={n: t.clone() for n, t in frag.items()}, outer_grad_norm=norm,
         )

@@ -123,6 +123,14 @@ class FragmentSchedule:
         phase = step % self.period
         return [p for p in range(self.num_fragments) if self.offset(p) % self.period == phase]
 
+    def sync_index(self, fragment: int, step: int) -> int:
+        """How many of `fragment`'s sync points lie in steps [1, `step`] (0 for `step` < its first one).
+
+        The r-th sync point (r >= 1) is the r-th step after which the fragment is due: a learner whose step
+        count goes from s to s' > s has reached a sync point of p exactly when this index grows."""
+        first = self.offset(fragment) or self.period
+        return 0 if step < first else (step - first) // self.period + 1
+
     def apply_step(self, sent_step: int) -> int:
         """Inner step after which a fragment sent after `sent_step` is applied: sent_step + tau."""
         return sent_step + self.overlap

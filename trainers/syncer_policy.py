@@ -1,12 +1,18 @@
-"""When the syncer merges a fragment round: minimum quorum plus adaptive grace window.
+"""When the syncer merges a fragment round: minimum quorum of learners at the sync point, plus grace window.
 
 Why: the syncer must never wait for a failed or straggling learner, yet a merge
-that includes more learners is more sample-efficient. It therefore merges as
-soon as K learners have reported, unless there is slack in the overlap budget:
-a fragment sent at step t must be back within tau learner steps, so after the
-quorum is reached (ξ_quorum) and allowing for the merge itself (ξ_sync), it may
-wait up to ξ_grace = clamp(γ·(τ·ξ_step − ξ_quorum − ξ_sync), 0, cap) for more
-learners without delaying anyone's compute (paper Eq. 3).
+that includes more learners is more sample-efficient. A learner *reports* for
+fragment p when its own step count reaches one of p's sync points (every H of
+its steps, staggered by fragment); its answer to the pull that report causes
+is a *fresh* push. A round merges once K learners' fresh pushes are in, unless
+there is slack in the overlap budget: a fragment pulled at step t must be back
+within tau learner steps, so after the quorum is reached (ξ_quorum) and
+allowing for the merge itself (ξ_sync), it may wait up to
+ξ_grace = clamp(γ·(τ·ξ_step − ξ_quorum − ξ_sync), 0, cap) for more learners
+to reach the point without delaying anyone's compute (paper Eq. 3). Learners
+that have not reached the point are not waited for beyond that window.
+Declines (an answer with nothing to merge) and pushes carried over from an
+earlier round do not count toward K, so K is a floor on fresh updates merged.
 
 `decide` is a pure function of (clock value, round state, config): it never
 reads a clock, so every branch is testable with plain floats and a replayed
@@ -33,7 +39,7 @@ class QuorumConfig:
     """Quorum and grace-window settings."""
 
     min_quorum: int = 1
-    """K: pushes needed before a round may merge (1 <= K <= M)."""
+    """K: fresh pushes (learners at the sync point) needed before a round may merge (1 <= K <= M)."""
     overlap: int = 2
     """tau: learner steps a fragment's sync may overlap with compute."""
     grace_gamma: float = 0.5
@@ -59,20 +65,20 @@ class RoundState:
     """What the syncer knows about one fragment round at decision time."""
 
     started_at: float
-    """Clock time the first push of this fragment round arrived."""
+    """Clock time the round opened: the first learner reached the fragment's sync point."""
     quorum_at: float | None
-    """Clock time the K-th push arrived (None if the quorum is not reached)."""
+    """Clock time the K-th fresh push arrived (None if the quorum is not reached)."""
     reported: frozenset[int]
-    """Learner ids whose push for this round is in."""
+    """Learner ids whose fresh push (an answer to this round's pull at their sync point) is in."""
     alive: frozenset[int]
-    """Learner ids currently connected."""
+    """Learner ids currently connected: the learners the grace window may still hear from."""
     step_time_s: float | None
     """xi_step estimate, seconds per inner step (None before any estimate)."""
     sync_time_s: float
     """xi_sync estimate: seconds to merge and broadcast a fragment."""
-    declined: frozenset[int] = frozenset()
-    """Learner ids that answered the pull with nothing new (no steps since they last received the fragment).
-    They count toward the quorum (they answered; their contribution is zero) but bring no push."""
+    carried: frozenset[int] = frozenset()
+    """Learner ids whose only push in is carried over from an earlier round (it arrived after that round
+    merged). Merged with the round, but not counted toward K: they did not report for this round."""
 
 
 @dataclass(frozen=True)
@@ -108,40 +114,41 @@ def grace_window(
 def decide(now: float, state: RoundState, cfg: QuorumConfig) -> Decision:
     """Decide whether a fragment round merges now or keeps waiting.
 
-    Branches, first match wins:
-      1. fewer than K answers (pushes plus declines) -> WAIT (no deadline: only an answer can change this);
-      1b. K answers but all of them declines -> WAIT (nothing to merge yet; poll() closes a round nobody
-          can still answer);
-      2. every alive learner has reported -> MERGE (nobody left to wait for);
+    Only fresh pushes (learners that reached the sync point and answered this round's pull) count toward
+    K; declines never do, and carried pushes ride along. Branches, first match wins:
+      1. fewer than K fresh pushes -> WAIT (no deadline: only a learner reaching the point can change this);
+      2. every alive learner is in (fresh or carried) -> MERGE (nobody left to wait for);
       3. grace window is 0 -> MERGE at quorum;
-      4. now >= quorum_at + grace -> MERGE (grace expired);
+      4. now >= quorum_at + grace -> MERGE (grace expired; the learners not at the point are not in it);
       5. otherwise WAIT until quorum_at + grace.
 
     Raises:
-        ValueError: if K pushes are in but `state.quorum_at` is None.
+        ValueError: if K fresh pushes are in but `state.quorum_at` is None.
     """
     k = cfg.min_quorum
     n = len(state.reported)
-    answered = n + len(state.declined - state.reported)
-    if answered < k:
-        return Decision(Action.WAIT, f"quorum {answered}/{k}: waiting for {k - answered} more", 0.0, None)
-    if n == 0:
-        return Decision(Action.WAIT, f"{answered} declined, no push yet: waiting for one", 0.0, None)
-    if state.reported >= state.alive:
-        return Decision(Action.MERGE, f"all {len(state.alive)} alive learners reported", 0.0, None)
+    if n < k:
+        return Decision(Action.WAIT, f"quorum {n}/{k}: waiting for {k - n} more learner(s) at the sync point",
+                        0.0, None)
+    inside = state.reported | state.carried
+    extra = f" (+{len(state.carried - state.reported)} carried)" if state.carried - state.reported else ""
+    if state.alive <= inside:
+        return Decision(Action.MERGE, f"all {len(state.alive)} alive learners in: {n} at the sync point{extra}",
+                        0.0, None)
     if state.quorum_at is None:
-        raise ValueError(f"{n} pushes reported (K={k}) but quorum_at is None")
+        raise ValueError(f"{n} fresh pushes in (K={k}) but quorum_at is None")
     quorum_wait = state.quorum_at - state.started_at
     grace = grace_window(cfg, state.step_time_s, quorum_wait, state.sync_time_s)
-    missing = len(state.alive - state.reported)
+    missing = len(state.alive - inside)
     if grace <= 0.0:
         why = "grace disabled" if not cfg.grace_enabled else "no slack"
-        return Decision(Action.MERGE, f"{why}: grace window 0, merging {n} of {n + missing}", 0.0, None)
+        return Decision(Action.MERGE, f"{why}: grace window 0, merging {n} at the sync point{extra}, "
+                        f"{missing} alive not in", 0.0, None)
     deadline = state.quorum_at + grace
     if now >= deadline:
         return Decision(
             Action.MERGE,
-            f"grace expired after {grace:.3f}s with {missing} alive learner(s) missing",
+            f"grace expired after {grace:.3f}s: {n} at the sync point{extra}, {missing} alive learner(s) not in",
             grace,
             None,
         )
