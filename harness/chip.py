@@ -152,7 +152,7 @@ def chip_main(spec: ChipSpec) -> None:
     # Build the replica and load the data before joining the group: a repaired chip joining a running
     # learner keeps the others waiting in the group's first collective only for the state transfer.
     core = LearnerCore(spec.learner, sc.model, sc.train, sc.diloco, sc.seed,
-                       shrinkable=sc.recovery.policy == "shrink")
+                       shrinkable=scenario_mod.learner_policy(sc.recovery.policy, sc.algorithm)[0] == "shrink")
     shard = make_splits(sc.data, sc.topology.learners).shards[spec.learner]
     seq, bs = sc.model.seq_len, sc.data.batch_size
     members = list(spec.members) or list(range(spec.size))
@@ -227,7 +227,8 @@ def chip_main(spec: ChipSpec) -> None:
         elif sc.algorithm == "elastic_ddp":
             run_ddp(core, batch, link, on_step, elastic=True,
                     on_catch_up=lambda ours, group: events.log("elastic_catch_up", learner=spec.learner,
-                                                               from_step=ours, to_step=group))
+                                                               from_step=ours, to_step=group),
+                    on_regroup=on_regroup)
         else:
             run_ddp(core, batch, link, on_step)
         if spec.rank == 0:

@@ -16,7 +16,7 @@ import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 from chaos.schedule import LINK_ACTIONS, FaultSpec, ScheduleError, parse_fault
 from chaos.toxiproxy_backend import PROXY_MODES
@@ -93,16 +93,40 @@ class LinksConfig:
     """Inner-step time WAN profiles are scaled to (0.15 s: the default scenario on 2 cores)."""
 
 
+ELASTIC_ALGORITHMS = ("decoupled", "elastic_ddp")
+"""Algorithms that are elastic inside a learner: a learner whose non-host chip dies can go on with fewer chips."""
+
+LearnerPolicy = Literal["fail", "restart", "shrink"]
+
+
+def learner_policy(policy: str, algorithm: str) -> tuple[LearnerPolicy, str]:
+    """The learner recovery in force for `algorithm` under `recovery.policy`, and why.
+
+    Pure: 'elastic' resolves to 'shrink' for ELASTIC_ALGORITHMS and to 'restart' for the others (they wait for
+    the repair); every other value is taken as written (validation keeps 'shrink' to ELASTIC_ALGORITHMS)."""
+    if policy == "elastic":
+        if algorithm in ELASTIC_ALGORITHMS:
+            return "shrink", f"policy 'elastic': {algorithm} is elastic inside a learner"
+        return "restart", f"policy 'elastic': {algorithm} is not elastic inside a learner, it waits for the repair"
+    if policy in ("fail", "restart", "shrink"):
+        return cast(LearnerPolicy, policy), f"policy {policy!r} as written"
+    raise ValueError(f"recovery.policy = {policy!r}: not one of fail, restart, shrink, elastic")
+
+
 @dataclass(frozen=True)
 class RecoveryConfig:
     """What the supervisor does when a learner fails (a chip process dies or its Gloo group breaks)."""
 
-    policy: str = choice("fail", ("fail", "restart", "shrink"))
+    policy: Literal["fail", "restart", "shrink", "elastic"] = choice("fail", ("fail", "restart", "shrink",
+                                                                             "elastic"))
     """fail: the run fails (any chip failure is a bug to see); restart: the whole learner is stopped and,
     after repair_s, started again as a new Gloo group; it pulls the global model and resumes its steps;
-    shrink (decoupled only): when chips other than the host die, the survivors re-form a smaller group on a
-    fresh store prefix and keep training with fewer tokens per step; each lost chip is started again after
-    repair_s and joins at a step boundary. A lost host (chip 0, the link) falls back to restart."""
+    shrink (decoupled and elastic_ddp only): when chips other than the host die, the survivors re-form a
+    smaller group on a fresh store prefix and keep training with fewer tokens per step; each lost chip is
+    started again after repair_s and joins at a step boundary. A lost host (chip 0, the link) falls back to
+    restart. elastic: each algorithm's own recovery, so one scenario compares them: shrink for the algorithms
+    that are elastic inside a learner (ELASTIC_ALGORITHMS), restart for the others (ddp and diloco wait for
+    the repair); `learner_policy` resolves it."""
     repair_s: float = bounded(2.0, 0.0, 3600.0)
     """Repair delay: seconds between a learner's failure and its restart."""
     max_restarts: int = bounded(3, 0, 1000)
@@ -275,9 +299,10 @@ def validate(sc: Scenario) -> None:
             if sc.recovery.syncer_policy != "restart" or sc.recovery.syncer_checkpoint != "every_merge":
                 raise ScenarioError(f"faults[{i}].action = 'kill_syncer': needs recovery.syncer_policy = 'restart' "
                                     "and recovery.syncer_checkpoint = 'every_merge'")
-    if sc.recovery.policy == "shrink" and sc.algorithm != "decoupled":
-        raise ScenarioError(f"recovery.policy = 'shrink': supported for algorithm = 'decoupled' only, not "
-                            f"{sc.algorithm!r}; use 'restart' (elastic_ddp's elastic unit is a learner)")
+    if sc.recovery.policy == "shrink" and sc.algorithm not in ELASTIC_ALGORITHMS:
+        raise ScenarioError(f"recovery.policy = 'shrink': supported for algorithm in {ELASTIC_ALGORITHMS} "
+                            f"only, not {sc.algorithm!r}; use 'restart', or 'elastic' (shrink where the "
+                            "algorithm has it, restart elsewhere)")
     if sc.links.proxy == "off" and any(f.action in LINK_ACTIONS for f in sc.faults):
         raise ScenarioError("links.proxy = 'off': link faults need proxies; use auto or embedded")
     if sc.diloco.min_quorum > m:

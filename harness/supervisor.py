@@ -31,7 +31,7 @@ from harness.chip import ChipSpec, chip_main, members_key
 from harness.events import EVENTS_FILE, EventLog, EventTail
 from harness.fault_runner import FaultRunner
 from harness.rundir import CONFIG_FILE, PROCESSES_FILE, REPORT_FILE, make_run_dir, write_json
-from harness.scenario import Scenario, validate
+from harness.scenario import Scenario, learner_policy, validate
 from harness.syncer_service import SyncerSpec, syncer_main
 from harness.wire import new_secret
 
@@ -133,8 +133,10 @@ class Supervisor:
         write_json(self.run_dir / CONFIG_FILE, sc.to_dict())
         old_term = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
         t0 = time.monotonic()
+        policy, why = learner_policy(sc.recovery.policy, sc.algorithm)
         self.events.log("run_start", algorithm=sc.algorithm, learners=sc.topology.learners,
-                        chips_per_learner=sc.topology.chips_per_learner, seed=sc.seed)
+                        chips_per_learner=sc.topology.chips_per_learner, seed=sc.seed, learner_policy=policy,
+                        learner_policy_why=why)
         try:
             self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                                        timeout=datetime.timedelta(seconds=t.startup_s))
@@ -279,7 +281,8 @@ class Supervisor:
         settled = {r: c for r, c in codes.items() if r not in self.joining[m]}
         lost = [r for r, c in codes.items() if c not in (None, 0)]
         if lost:
-            shrinkable = (rec.policy == "shrink" and 0 not in lost and not set(lost) & self.joining[m]
+            policy, _ = learner_policy(rec.policy, self.sc.algorithm)
+            shrinkable = (policy == "shrink" and 0 not in lost and not set(lost) & self.joining[m]
                           and self.restarts.get(m, 0) < rec.max_restarts)
             if shrinkable:
                 self._shrink(m, lost, now, step)

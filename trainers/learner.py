@@ -397,6 +397,15 @@ def regroup(core: LearnerCore, why: str, on_regroup: RegroupHook | None = None) 
         on_regroup(core.step, why)
 
 
+def regroup_after(core: LearnerCore, failure: CollectiveFailed, on_regroup: RegroupHook | None = None) -> None:
+    """A collective failed: under the shrink policy (`core.shrinkable`) re-form the group with the chips left and
+    go on from rank 0's replica; otherwise the failure propagates and the learner fails as a whole. Shared by
+    the loops that survive a chip loss (Decoupled DiLoCo's and elastic_ddp's)."""
+    if not core.shrinkable:
+        raise failure
+    regroup(core, f"collective failed: {failure}", on_regroup)
+
+
 ApplyHook = Callable[[int, list[tuple[int, int]]], None]
 
 
@@ -488,11 +497,9 @@ def run_decoupled(
             t0 = time.perf_counter()
             applied, reform, stop = _sync_applies(core, link)
         except CollectiveFailed as e:
-            if not core.shrinkable:
-                raise
-            if is_host and core.step > before:  # the step itself was done before the group broke
+            if core.shrinkable and is_host and core.step > before:  # the step was done before the group broke
                 on_step(core.step, loss, tokens)
-            regroup(core, f"collective failed: {e}", on_regroup)
+            regroup_after(core, e, on_regroup)
             continue
         t1 = time.perf_counter()
         if is_host:
@@ -554,43 +561,57 @@ steps while its link was down."""
 
 
 def run_ddp(core: LearnerCore, batch: BatchFn, link: SyncLink | None, on_step: StepHook, elastic: bool = False,
-            on_catch_up: Callable[[int, int], None] | None = None) -> None:
+            on_catch_up: Callable[[int, int], None] | None = None, on_regroup: RegroupHook | None = None) -> None:
     """Synchronous data parallel: every step's gradient is averaged over all learners via the syncer.
 
     `elastic` (elastic_ddp): the syncer may answer with the group's state instead (`STATE_STEP_KEY`); the host
-    then tells its chips in a one-number broadcast, every chip loads that state and the loop goes on from its
-    step (`on_catch_up(our step, the group's step)` on the host)."""
-    is_host = core.collective.rank == 0
+    then tells its chips in the step's control broadcast, every chip loads that state and the loop goes on from
+    its step (`on_catch_up(our step, the group's step)` on the host).
+    With `core.shrinkable` (the shrink policy, elastic_ddp only) a failed collective re-forms the learner's group
+    with the chips left (`regroup_after`) and the step is done again with fewer chips: the learner stays in the
+    global group, whose barrier waits for its gradient meanwhile (a step the syncer already completed is
+    answered with its stored result). A repaired chip joins at a step boundary, announced in the same control
+    broadcast as in Decoupled DiLoCo's loop."""
     names = list(core.named)
+    control = elastic or core.shrinkable
     while core.step < core.train_cfg.steps:
+        is_host = core.collective.rank == 0  # the host (chip 0) never leaves a group it is in
         step = core.step + 1
         x, y = batch(step)
         t0 = time.perf_counter()
         loss = core.forward_backward(x, y)
-        core.allreduce_grads()
-        compute = time.perf_counter() - t0
-        tokens = x.numel() * core.collective.size
-        avg: dict[str, Tensor] = {}
-        if is_host:
-            assert link is not None
-            t_sync = time.perf_counter()
-            avg = link.exchange_grads(step, tokens, dict(zip(names, core.grads(), strict=True)))
-            core.last_sync_s = time.perf_counter() - t_sync
-        if elastic:
-            flag = torch.tensor([int(avg[STATE_STEP_KEY]) if STATE_STEP_KEY in avg else -1], dtype=torch.int64)
-            if core.collective.size > 1:
-                core.collective.broadcast_(flag)
-            if int(flag[0]) >= 0:  # caught up: load the group's state, redo from its next step
-                core.optimizer.opt.zero_grad(set_to_none=False)
-                resume_sync(core, (int(flag[0]), avg) if is_host else None)
-                if is_host and on_catch_up is not None:
-                    on_catch_up(step, core.step)
-                continue
-        if is_host:
-            flat = flatten([avg[n] for n in names])
-        else:
-            flat = torch.empty(sum(p.numel() for p in core.named.values()))
-        core.collective.broadcast_(flat)
+        try:
+            core.allreduce_grads()
+            compute = time.perf_counter() - t0
+            tokens = x.numel() * core.collective.size
+            avg: dict[str, Tensor] = {}
+            reform = False
+            if is_host:
+                assert link is not None
+                t_sync = time.perf_counter()
+                avg = link.exchange_grads(step, tokens, dict(zip(names, core.grads(), strict=True)))
+                core.last_sync_s = time.perf_counter() - t_sync
+            if control:  # [group's state step or -1, re-form after this step]
+                head = torch.tensor([int(avg[STATE_STEP_KEY]) if STATE_STEP_KEY in avg else -1,
+                                     int(is_host and core.shrinkable and core.collective.pending_reform())],
+                                    dtype=torch.int64)
+                if core.collective.size > 1:
+                    core.collective.broadcast_(head)
+                reform = bool(head[1])
+                if int(head[0]) >= 0:  # caught up: load the group's state, redo from its next step
+                    core.optimizer.opt.zero_grad(set_to_none=False)
+                    resume_sync(core, (int(head[0]), avg) if is_host else None)
+                    if is_host and on_catch_up is not None:
+                        on_catch_up(step, core.step)
+                    continue
+            if is_host:
+                flat = flatten([avg[n] for n in names])
+            else:
+                flat = torch.empty(sum(p.numel() for p in core.named.values()))
+            core.collective.broadcast_(flat)
+        except CollectiveFailed as e:
+            regroup_after(core, e, on_regroup)
+            continue
         unflatten_into(flat, core.grads())
         core.step = step
         t1 = time.perf_counter()
@@ -598,6 +619,8 @@ def run_ddp(core: LearnerCore, batch: BatchFn, link: SyncLink | None, on_step: S
         core.last_compute_s = compute + time.perf_counter() - t1
         if is_host:
             on_step(step, loss, tokens)
+        if reform:
+            regroup(core, "membership changed", on_regroup)
 
 
 def params_finite(tensors: Mapping[str, Tensor]) -> bool:
