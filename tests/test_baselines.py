@@ -337,6 +337,84 @@ def test_run_ddp_elastic_loads_the_groups_state_and_goes_on_from_its_step() -> N
         assert torch.allclose(p.detach(), ref * (1 - train.lr * train.weight_decay) ** 2)
 
 
+class _ScriptedGroup:
+    """A learner's group for the host's side of run_ddp: its broadcast fails once at `fail_at` (a chip died),
+    it re-forms with one chip fewer, and a repaired chip is waiting from `grow_at` on (the chip processes and
+    Gloo group themselves are exercised in suites/test_elastic.py)."""
+
+    def __init__(self, fail_at: int, grow_at: int) -> None:
+        self.rank, self.size = 0, 2
+        self.fail_at, self.grow_at = fail_at, grow_at
+        self.broadcasts = 0
+        self.reforms: list[int] = []
+        self.step = 0
+
+    def allreduce_mean_(self, flat: torch.Tensor) -> None:
+        return None
+
+    def broadcast_(self, flat: torch.Tensor, src: int = 0) -> None:
+        self.broadcasts += 1
+        if self.broadcasts == self.fail_at:
+            from trainers.learner import CollectiveFailed
+
+            raise CollectiveFailed("connection closed by peer")
+
+    def pending_reform(self) -> bool:
+        return self.step >= self.grow_at and self.size == 1
+
+    def reform(self) -> None:
+        self.size = 2 if self.size == 1 and self.step >= self.grow_at else 1
+        self.reforms.append(self.size)
+
+
+class _AveragingLink:
+    """The syncer's side: averages (returns our gradient), recording (step, tokens) asked; a step asked again
+    after a regroup is answered again (the syncer's stored result)."""
+
+    def __init__(self, group: _ScriptedGroup) -> None:
+        self.group = group
+        self.asked: list[tuple[int, int]] = []
+
+    def exchange_grads(self, step: int, tokens: int, g: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        self.asked.append((step, tokens))
+        self.group.step = step
+        return {n: t.clone() for n, t in g.items()}
+
+    def exchange_params(self, round_: int, step: int, tokens: int,
+                        params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        raise AssertionError("not a diloco run")
+
+
+def test_run_ddp_shrinkable_regroups_after_a_failed_collective_and_grows_at_a_step_boundary() -> None:
+    train = TrainConfig(steps=8, lr=1e-2, warmup_steps=0)
+    core = LearnerCore(0, MODEL, train, DilocoConfig(fragments=1, sync_every=1), SEED, shrinkable=True)
+    group = _ScriptedGroup(fail_at=2 * 3, grow_at=5)  # two broadcasts a step: the 6th is step 3's gradient
+    core.collective = group
+    link = _AveragingLink(group)
+    x = torch.zeros(2, MODEL.seq_len, dtype=torch.long)
+    regroups: list[tuple[int, str]] = []
+    steps: list[tuple[int, int]] = []
+    run_ddp(core, lambda s: (x, x), link, lambda s, loss, tokens: steps.append((s, tokens)), elastic=True,
+            on_regroup=lambda s, why: regroups.append((s, why.split(":")[0])))
+    full, half = 2 * x.numel(), x.numel()
+    assert regroups == [(2, "collective failed"), (5, "membership changed")] and group.reforms == [1, 2]
+    assert link.asked[:4] == [(1, full), (2, full), (3, full), (3, half)], "step 3 done again with one chip"
+    assert steps == [(1, full), (2, full), (3, half), (4, half), (5, half), (6, full), (7, full), (8, full)]
+    assert core.step == 8 and core.finite()
+
+
+def test_run_ddp_not_shrinkable_fails_the_learner_on_a_failed_collective() -> None:
+    from trainers.learner import CollectiveFailed
+
+    core = LearnerCore(0, MODEL, TrainConfig(steps=4, lr=1e-2, warmup_steps=0),
+                       DilocoConfig(fragments=1, sync_every=1), SEED)
+    core.collective = _ScriptedGroup(fail_at=3, grow_at=99)
+    x = torch.zeros(2, MODEL.seq_len, dtype=torch.long)
+    with pytest.raises(CollectiveFailed):
+        run_ddp(core, lambda s: (x, x), _AveragingLink(core.collective), lambda *a: None, elastic=True)
+    assert core.step == 1
+
+
 def _fault(action: str) -> dict[str, object]:
     extra: dict[str, object] = {"until": {"after_s": 1.0}} if action in ("freeze", "slow", "partition", "degrade",
                                                                           "flap", "slice", "limit_data") else {}

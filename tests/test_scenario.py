@@ -212,3 +212,26 @@ def test_kill_syncer_needs_decoupled_and_a_restart_policy():
         from_dict({**base, "faults": [{"action": "kill_syncer", "learner": 0}]})
     with pytest.raises(ScenarioError, match=r"faults\[0\]\.repair_s = -1"):
         from_dict({**base, "faults": [{"action": "kill_syncer", "repair_s": -1}]})
+
+
+@pytest.mark.parametrize(("policy", "algorithm", "resolved"), [
+    ("elastic", "decoupled", "shrink"), ("elastic", "elastic_ddp", "shrink"), ("elastic", "ddp", "restart"),
+    ("elastic", "diloco", "restart"), ("shrink", "elastic_ddp", "shrink"), ("restart", "decoupled", "restart"),
+    ("fail", "ddp", "fail"),
+])
+def test_learner_policy_resolves_elastic_per_algorithm(policy: str, algorithm: str, resolved: str) -> None:
+    from harness.scenario import learner_policy
+
+    got, why = learner_policy(policy, algorithm)
+    assert got == resolved and algorithm in why if policy == "elastic" else got == resolved
+
+
+def test_recovery_policy_shrink_is_kept_to_the_elastic_algorithms_and_elastic_fits_every_algorithm() -> None:
+    for algorithm in ("decoupled", "elastic_ddp", "ddp", "diloco"):
+        assert from_dict(table(algorithm=algorithm, recovery={"policy": "elastic"})).recovery.policy == "elastic"
+    assert from_dict(table(algorithm="elastic_ddp", recovery={"policy": "shrink"})).recovery.policy == "shrink"
+    for algorithm in ("ddp", "diloco"):
+        with pytest.raises(ScenarioError, match=r"recovery.policy = 'shrink': supported for algorithm in"):
+            from_dict(table(algorithm=algorithm, recovery={"policy": "shrink"}))
+    with pytest.raises(ScenarioError, match=r"recovery\.policy = 'elastik'"):
+        from_dict(table(recovery={"policy": "elastik"}))
