@@ -9,6 +9,12 @@ the survivors is the reconfiguration stall. A learner that connects again (resta
 partitioned one whose link is back) is admitted at the next step boundary: it is sent the replica, the AdamW
 moments and the step, and from that step on the barrier expects it again.
 
+Under the shrink policy (`recovery.policy = "shrink"` or `"elastic"`) a lost non-host chip does not reach
+this module: its learner re-forms a smaller group inside itself (`trainers.learner.run_ddp`, the same regroup
+as Decoupled DiLoCo's) and stays a member, with fewer tokens per gradient; the barrier simply waits for its
+gradient while it re-forms. Only a learner-level loss (a lost host, a learner kill, a crashed host, a silent
+link) changes the membership here.
+
 The global batch shrinks with the membership. The learning rate is kept: the syncer takes the token-weighted
 mean gradient of the members present, an unbiased estimate of the same gradient from a smaller batch, and
 AdamW's update size does not follow the gradient's scale, so the schedule stays the fault-free one (a batch-
