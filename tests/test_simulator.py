@@ -231,6 +231,13 @@ def test_scenario_tables_map_to_simulator_keys(tmp_path: Path) -> None:
     got = simulate_cli.scenario_params(str(ddp), step_s=None)
     assert (got["method"], got["learners"], got["chips"], got["repair"], got["repair_mean_s"]) == \
         ("dp", 1, 8, "fixed", 2.0)
+    for algorithm, method, learners, policy in (("elastic_ddp", "elastic_dp", 1, "shrink"),
+                                                ("decoupled", "decoupled", 4, "shrink"),
+                                                ("diloco", "dp", 1, "restart")):
+        el = tmp_path / f"{algorithm}.toml"
+        el.write_text(f'algorithm = "{algorithm}"\n[topology]\nlearners = 4\n[recovery]\npolicy = "elastic"\n')
+        got = simulate_cli.scenario_params(str(el), step_s=None)
+        assert (got["method"], got["learners"], got["policy"]) == (method, learners, policy), algorithm
 
 
 def test_plots_are_written(tmp_path: Path) -> None:

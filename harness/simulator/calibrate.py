@@ -19,9 +19,10 @@ Fitted per algorithm: ``restart_s`` = mean(outage - repair), ``step_s`` and
 fault-free step (1.0 under the paper's definition; below 1 where the report
 counts a step's synchronisation as lost). The prediction is the simulator's
 mechanism applied to the held-out run's own fault schedule: a fault stalls
-every learner (ddp, diloco, or a per-learner step budget: the others wait for
-the failed one) or only the failed learner (decoupled with a total budget: the
-others take over its share of the steps), for restart_s + its repair time:
+every learner (ddp, diloco, or decoupled under a per-learner step budget: the
+others wait for the failed one) or only the failed learner (elastic_ddp, whose
+group goes on without it; decoupled with a total budget: the others take over
+its share of the steps), for restart_s + its repair time:
 
     goodput = efficiency * W * step_s / (W * step_s + k * sum(outages) + start_skew_s),
 
@@ -149,9 +150,18 @@ def read_run(run_dir: str | Path, recompute: bool = False) -> RunFacts:
         faults.append(FaultFacts(who, float(repair) if repair is not None else repair_default,
                                  float(back["t"] - f["t"]) if back is not None else None))
     return RunFacts(str(d), algorithm, m, int(cfg["topology"]["chips_per_learner"]), m * steps,
-                    algorithm != "decoupled" or budget != "total", statistics.median(gaps),
+                    _stalls_all(algorithm, budget), statistics.median(gaps),
                     sum(f - min(firsts) for f in firsts), tuple(faults),
                     float(_measured(d, recompute, report)))
+
+
+def _stalls_all(algorithm: str, budget: str) -> bool:
+    """Whether a learner's outage stalls every learner: ddp and diloco wait for it at their barrier, and so do
+    decoupled's others under a per-learner budget (their steps end before its do); elastic_ddp's group goes on
+    without it, and decoupled's others take over its share under a total budget."""
+    if algorithm == "elastic_ddp":
+        return False
+    return algorithm != "decoupled" or budget != "total"
 
 
 def _measured(d: Path, recompute: bool, report: dict[str, Any]) -> float:

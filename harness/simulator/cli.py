@@ -18,6 +18,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from harness.scenario import learner_policy
 from harness.simulator.model import METHODS, REPAIRS, FaultProcess, Job, SimConfigError, TimeParams, simulate
 
 _FAULT_ARGS = ("mtbi_chip_s", "chips_per_domain", "repair", "repair_mean_s", "repair_sd_s", "repair_weibull_k",
@@ -70,7 +71,8 @@ def _params(args: argparse.Namespace, scenario: dict[str, Any]) -> tuple[FaultPr
 def scenario_params(path: str, step_s: float | None) -> dict[str, Any]:
     """Simulator keys from a scenario TOML: [random_faults] (mtbf_steps x step_s is the per-chip MTBI; its repair
     distribution), [recovery] (policy; repair_s when there is no [random_faults]; syncer_repair_s), [topology]
-    (M and N = M x C) and the algorithm (ddp is dp; policy shrink makes elastic learners)."""
+    (M and N = M x C) and the algorithm (ddp and diloco are dp, elastic_ddp is elastic_dp; policy shrink, or
+    elastic for decoupled, makes elastic learners)."""
     with open(path, "rb") as fh:
         t = tomllib.load(fh)
     out: dict[str, Any] = {}
@@ -78,11 +80,12 @@ def scenario_params(path: str, step_s: float | None) -> dict[str, Any]:
     m, c = int(topo.get("learners", 4)), int(topo.get("chips_per_learner", 2))
     rec = t.get("recovery", {})
     algorithm = t.get("algorithm", "decoupled")
-    out["method"] = "dp" if algorithm in ("ddp", "diloco") else "decoupled"
-    out["learners"], out["chips"] = (1, m * c) if out["method"] == "dp" else (m, m * c)
+    out["method"] = {"ddp": "dp", "diloco": "dp", "elastic_ddp": "elastic_dp"}.get(algorithm, "decoupled")
+    out["learners"], out["chips"] = (m, m * c) if out["method"] == "decoupled" else (1, m * c)
     out["chips_per_domain"] = 1
-    if rec.get("policy") in ("shrink", "restart"):
-        out["policy"] = rec["policy"]
+    if rec.get("policy") in ("shrink", "restart", "elastic"):
+        policy, _ = learner_policy(rec["policy"], algorithm)  # 'elastic' resolves per algorithm, as in a run
+        out["policy"] = policy
     if "syncer_repair_s" in rec:
         out["syncer_repair_s"] = float(rec["syncer_repair_s"])
     rf = t.get("random_faults")
