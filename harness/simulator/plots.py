@@ -9,6 +9,7 @@ on one axis.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -34,19 +35,9 @@ def goodput_vs_chips(grid: Grid, path: str | Path) -> Path:
                         [y + s for y, s in zip(ys, sd, strict=True)], color=color, alpha=0.2, lw=0)
         ax.plot(list(CHIPS), list(PAPER[label]), ls="--", marker="o", mfc="none", color=color, lw=1, alpha=0.8)
     ax.set_xscale("log")
-    ax.set_xticks(list(CHIPS))
-    ax.set_xticks([], minor=True)
-    ax.set_xticklabels(["150k", "300k", "600k", "1.2M", "2.4M"])
-    ax.set_xlabel("chips (per-chip MTBI 1 year)")
-    ax.set_ylabel("goodput %")
-    ax.set_ylim(0, 100)
-    ax.grid(alpha=0.3)
-    ax.set_title("Goodput against chips: simulated (solid, ±std band) and paper Table 1 (dashed)", fontsize=9)
-    ax.legend(fontsize=7, loc="lower left")
-    out = Path(path)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    return out
+    return _finish(fig, ax, list(CHIPS), ["150k", "300k", "600k", "1.2M", "2.4M"], "chips (per-chip MTBI 1 year)",
+                   "Goodput against chips: simulated (solid, ±std band) and paper Table 1 (dashed)", "lower left",
+                   path)
 
 
 def goodput_vs_m(grid: Grid, path: str | Path) -> Path:
@@ -62,15 +53,22 @@ def goodput_vs_m(grid: Grid, path: str | Path) -> Path:
         ax.plot(ms, sim, marker="o", color=color, lw=1.8, label=f"{chips:,} chips (simulated)")
         ax.plot(ms, paper, ls="--", marker="o", mfc="none", color=color, lw=1, alpha=0.8)
     ax.set_xscale("log", base=2)
-    ax.set_xticks([1, 2, 4, 8, 16])
+    return _finish(fig, ax, [1, 2, 4, 8, 16], ["1 (elastic DP)", "2", "4", "8", "16"], "learners M",
+                   "Goodput against M: simulated (solid) and paper Table 1 (dashed)", "lower right", path)
+
+
+def _finish(fig: Figure, ax: Any, ticks: list[int], labels: list[str], xlabel: str, title: str, legend_at: str,
+            path: str | Path) -> Path:
+    """The axes both figures share (a goodput % axis, labelled ticks, grid, legend), saved as a PNG."""
+    ax.set_xticks(ticks)
     ax.set_xticks([], minor=True)
-    ax.set_xticklabels(["1 (elastic DP)", "2", "4", "8", "16"])
-    ax.set_xlabel("learners M")
+    ax.set_xticklabels(labels)
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("goodput %")
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
-    ax.set_title("Goodput against M: simulated (solid) and paper Table 1 (dashed)", fontsize=9)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc=legend_at)
     out = Path(path)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
