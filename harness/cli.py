@@ -1,6 +1,6 @@
 """The `diloco-chaos` command line.
 
-    diloco-chaos run [SCENARIO.toml] [--algorithm ddp|diloco|decoupled] [--runs-dir DIR] [--json PATH]
+    diloco-chaos run [SCENARIO.toml] [--algorithm ddp|elastic_ddp|diloco|decoupled] [--runs-dir DIR] [--json PATH]
     diloco-chaos run ... --incident INCIDENT.toml   the same, with an incident's [[faults]] on top
     diloco-chaos replay RUN_DIR   run a recorded run again (config, seed, fault schedule) and compare
     diloco-chaos scenarios        list the built-in scenarios
@@ -9,6 +9,8 @@
                                   the same scenario and faults under ddp, elastic_ddp, diloco and decoupled (and
                                   fault-free ddp): goodput, uptime, tokens/s, final eval side by side
     --json PATH                   also write the results as JSON for CI (schema: docs/metrics.md)
+    diloco-chaos simulate --table1 | --calibrate RUN_DIR... | --scenario FILE ...
+                                  goodput at scale by simulation (docs/simulator.md)
     diloco-chaos toxiproxy-server [--host H] [--port P] [--seed N] [--log-level L]
                                   run the embedded Toxiproxy-compatible server until SIGINT/SIGTERM
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from harness.events import EVENTS_FILE, read_events
-from harness.metrics import DOWNTIME_WINDOW_S, downtime
+from harness.metrics import DATA_PARALLEL, DOWNTIME_WINDOW_S, downtime
 from harness.rundir import CHECKPOINT_FILE, CONFIG_FILE, REPORT_FILE, read_json
 
 _NEGATE = {"<=": ">", ">=": "<", "==": "!="}
@@ -426,7 +426,7 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
     problems: list[str] = []
     measure = "pushes lost or merged twice"
     if r.algorithm != "decoupled":
-        key = "step" if r.algorithm in ("ddp", "elastic_ddp") else "round"
+        key = "step" if r.algorithm in DATA_PARALLEL else "round"
         seen = Counter(e.get(key) for e in r.of("merge"))
         for k, n in sorted(seen.items(), key=lambda kv: str(kv[0])):
             if n > 1:
@@ -615,7 +615,7 @@ def token_accounting(run: Run, *, tolerance: float = 1e-3, show: int = 5) -> Inv
                 c_steps = [int(x) for x in e.get("c_steps", [b - a + 1 for a, b in ranges])]
                 misreported += sum(1 for (a, b), cs in zip(ranges, c_steps, strict=False) if cs != b - a + 1)
                 spans = [(max(a, b - cs + 1), b) for (a, b), cs in zip(ranges, c_steps, strict=False)]
-            elif r.algorithm in ("ddp", "elastic_ddp") and e.get("step") is not None:
+            elif r.algorithm in DATA_PARALLEL and e.get("step") is not None:
                 spans = [(int(e["step"]), int(e["step"]))] * len(c)
             else:
                 continue

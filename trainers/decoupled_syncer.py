@@ -241,10 +241,11 @@ class DecoupledSyncer:
             self.last_report_at[learner] = now
         self.clock = max(self.clock, step)
         pulls: list[Pull] = []
+        ahead = max(max(here), 0)  # sync_index never decreases with the step: the most advanced sets every top
         for p, rnd in enumerate(self.rounds):
             # The learners that drove p's rounds may have left (finished, failed, cut off) or stalled: follow the
             # most advanced one still driving, or the others' reports would all be late and nothing would merge.
-            top = max(self.schedule.sync_index(p, max(s, 0)) for s in here)
+            top = self.schedule.sync_index(p, ahead)
             self.lead[p] = min(self.lead[p], top)
             i_new, i_old = self.schedule.sync_index(p, step), self.schedule.sync_index(p, max(prev, 0))
             if i_new <= i_old:
