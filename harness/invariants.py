@@ -571,7 +571,8 @@ def token_accounting(run: Run, *, tolerance: float = 1e-3, show: int = 5) -> Inv
       logged; otherwise a restored count that differs from the log is a discrepancy;
     * decoupled: each merged contribution's c_tokens against the tokens the learner's `step` events logged for
       the steps it trained (the c_steps steps ending at its last_step; the latest logged value of each step),
-      divided by P; ddp and elastic_ddp: each participant's tokens against its step's. A contribution whose
+      divided by P; ddp and elastic_ddp: each participant's tokens against its step's (logged after the merge,
+      so every step is read first). A contribution whose
       steps were not all logged is counted in the detail as unverifiable, not as a discrepancy."""
     r = _run(run)
     merges = r.of("merge")
@@ -591,9 +592,13 @@ def token_accounting(run: Run, *, tolerance: float = 1e-3, show: int = 5) -> Inv
     step_tokens: dict[int, dict[int, int]] = defaultdict(dict)
     logged, per_contrib, unverifiable, misreported, restored_extra = 0.0, 0.0, 0, 0, 0.0
     issues: list[str] = []
+    data_parallel = r.algorithm in DATA_PARALLEL
+    if data_parallel:  # a data-parallel step is logged after its merge: the learner steps on the averaged gradient
+        for e in r.of("step"):
+            step_tokens[int(e["learner"])][int(e["step"])] = int(e.get("tokens", 0))
     for e in r.events:
         kind = e.get("ev")
-        if kind == "step":
+        if kind == "step" and not data_parallel:
             step_tokens[int(e["learner"])][int(e["step"])] = int(e.get("tokens", 0))
         elif kind == "syncer_restore":
             versions = e.get("versions", [])

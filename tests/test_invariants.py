@@ -483,6 +483,30 @@ def test_token_accounting_restored_count(tmp_path: Path) -> None:
              "restored syncer counts 1800.0 tokens merged, the log 1600")
 
 
+def ddp_log(algorithm: str, steps: int = 3, tokens: int = 100) -> list[dict[str, Any]]:
+    """A data-parallel run as logged: each step's merge (the averaged gradient) comes before the learners' step
+    events, which they log once they have stepped on it."""
+    evs: list[dict[str, Any]] = []
+    for s in range(1, steps + 1):
+        t = float(s)
+        evs.append(ev("merge", t, step=s, participants=[0, 1], c_tokens=[tokens, tokens],
+                      tokens_merged=2.0 * tokens * s))
+        evs += [ev("step", t + 0.01, f"chip{m}.0", learner=m, step=s, tokens=tokens) for m in (0, 1)]
+    return [*evs, ev("syncer_done", steps + 1.0, tokens_merged=2.0 * tokens * steps)]
+
+
+@pytest.mark.parametrize("algorithm", ["ddp", "elastic_ddp"])
+def test_token_accounting_checks_data_parallel_steps_logged_after_their_merge(tmp_path: Path,
+                                                                             algorithm: str) -> None:
+    cfg = config(algorithm)
+    res = holds(token_accounting(write_run(tmp_path, ddp_log(algorithm), cfg, name="a")))
+    assert "not checked" not in res.detail, res.detail  # every contribution was checked against its step
+    evs = ddp_log(algorithm)
+    next(e for e in evs if e["ev"] == "step" and e["learner"] == 1 and e["step"] == 2)["tokens"] = 50
+    violated(token_accounting(write_run(tmp_path, evs, cfg, name="b")), "discrepancy 50 tokens",
+             "learner 1 c_tokens 100 but its steps 2-2 logged 50 tokens")
+
+
 def test_token_accounting_is_not_vacuous(tmp_path: Path) -> None:
     evs = [e for e in decoupled_log() if e["ev"] not in ("merge", "syncer_done", "eval")]
     violated(token_accounting(write_run(tmp_path, evs)), "n/a tokens > bound 0.001", "nothing merged")

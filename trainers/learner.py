@@ -574,6 +574,9 @@ def run_ddp(core: LearnerCore, batch: BatchFn, link: SyncLink | None, on_step: S
     broadcast as in Decoupled DiLoCo's loop."""
     names = list(core.named)
     control = elastic or core.shrinkable
+    # (step, tokens) of the host's last exchange the syncer answered: a step redone after a failed broadcast is
+    # answered with that exchange's stored result, so its tokens are what was merged (and what the step logs).
+    answered: tuple[int, int] | None = None
     while core.step < core.train_cfg.steps:
         is_host = core.collective.rank == 0  # the host (chip 0) never leaves a group it is in
         step = core.step + 1
@@ -591,6 +594,9 @@ def run_ddp(core: LearnerCore, batch: BatchFn, link: SyncLink | None, on_step: S
                 t_sync = time.perf_counter()
                 avg = link.exchange_grads(step, tokens, dict(zip(names, core.grads(), strict=True)))
                 core.last_sync_s = time.perf_counter() - t_sync
+                if answered is not None and answered[0] == step:
+                    tokens = answered[1]
+                answered = (step, tokens)
             if control:  # [group's state step or -1, re-form after this step]
                 head = torch.tensor([int(avg[STATE_STEP_KEY]) if STATE_STEP_KEY in avg else -1,
                                      int(is_host and core.shrinkable and core.collective.pending_reform())],
