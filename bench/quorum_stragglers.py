@@ -8,7 +8,7 @@ merged), and the fraction of trained tokens that reached the global model (token
 the token side of goodput), goodput and uptime (harness/metrics.py), steps/s over the whole run, and the
 slow learners' achieved speed relative to the fast ones while all four trained (report.json speed_profiles).
 
-    python bench/quorum_stragglers.py [--steps 200] [--seed 0] [--runs-dir DIR]
+    python bench/quorum_stragglers.py [--steps 200] [--seed 0] [--budget total|per_learner] [--runs-dir DIR]
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ CONFIGS = {
 }
 
 
-def run(steps: int, seed: int, diloco: dict, runs_dir: str | None = None) -> dict:
+def run(steps: int, seed: int, diloco: dict, budget: str, runs_dir: str | None = None) -> dict:
     sc = from_dict({
         "name": "quorum-stragglers", "seed": seed, "algorithm": "decoupled",
         "topology": {"learners": 4, "chips_per_learner": 1},
-        "train": {"steps": steps},
+        "train": {"steps": steps, "budget": budget},
         "diloco": {"fragments": 8, "sync_every": 8, "overlap": 2, **diloco},
         "eval": {"every_s": 5.0},
         "faults": [{"action": "slow", "learner": m, "speed": 0.5} for m in (2, 3)],
@@ -55,10 +55,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--budget", choices=("total", "per_learner"), default="total",
+                    help="train.budget: total (default, the paper's fixed token budget: fast learners train on "
+                         "while the slow ones lag, none idles) or per_learner (each learner its own steps)")
     ap.add_argument("--runs-dir", default=None, help="keep the run directories here (default: temporary)")
     a = ap.parse_args()
-    rows = {name: run(a.steps, a.seed, cfg, a.runs_dir) for name, cfg in CONFIGS.items()}
-    print(f"M=4 x 1 chip, learners 2 and 3 at speed 0.5, {a.steps} steps, seed {a.seed}")
+    rows = {name: run(a.steps, a.seed, cfg, a.budget, a.runs_dir) for name, cfg in CONFIGS.items()}
+    print(f"M=4 x 1 chip, learners 2 and 3 at speed 0.5, {a.steps} steps, budget {a.budget}, seed {a.seed}")
     print(f"{'configuration':22} {'final eval':>10} {'wall s':>7} {'merges':>7} {'particip.':>9} "
           f"{'carried':>7} {'merged tok':>10} {'goodput':>8} {'uptime':>7} {'fast st/s':>9} {'slow st/s':>9} "
           f"{'achieved':>8}")
