@@ -157,6 +157,7 @@ def chip_main(spec: ChipSpec) -> None:
     seq, bs = sc.model.seq_len, sc.data.batch_size
     members = list(spec.members) or list(range(spec.size))
     link = None
+    failed = False
     if members.index(spec.rank) == 0:  # the host: fork its link process now, while no Gloo thread exists
         link = LinkProcess("127.0.0.1", spec.syncer_port, spec.learner, bytes.fromhex(spec.secret_hex), t,
                            max_frame_bytes(sc), os.path.join(spec.run_dir, EVENTS_FILE),
@@ -235,11 +236,12 @@ def chip_main(spec: ChipSpec) -> None:
             events.log("learner_done", learner=spec.learner, steps=core.step, finite=core.finite(),
                        timing={k: round(v, 4) for k, v in core.timing.items()}, cpu_s=cpu_seconds())
     except Exception as e:
+        failed = True
         events.log("chip_error", learner=spec.learner, rank=spec.rank, error=f"{type(e).__name__}: {e}")
         raise
     finally:
         if link is not None:
-            link.close(flush_timeout_s=t.socket_op_s * 2)
+            link.close(flush_timeout_s=t.socket_op_s * 2, finished=not failed)
         if coll is not None:
             coll.close()
         events.close()

@@ -162,11 +162,16 @@ class SyncerLink:
     def exchange_params(self, round_: int, step: int, tokens: int, params: dict[str, Tensor]) -> dict[str, Tensor]:
         return self.exchange(params_request(self.learner, round_, step, tokens, params))
 
-    def close(self, flush_timeout_s: float) -> None:
-        """Send what is queued (bounded), say BYE, and stop the threads."""
+    def close(self, flush_timeout_s: float, bye: bool = True) -> None:
+        """Send what is queued (bounded), say BYE, and stop the threads. `bye=False` (the training process
+        died or failed) drops the connection at once instead: the syncer must see a loss, not a finished
+        learner, or it would stop waiting for the learner's restart."""
         deadline = time.monotonic() + flush_timeout_s
         with self._cv:
-            self._outbox[("bye", 0)] = Message(MsgType.BYE, {"learner": self.learner})
+            if not bye:
+                self._outbox.clear()
+            else:
+                self._outbox[("bye", 0)] = Message(MsgType.BYE, {"learner": self.learner})
             self._cv.notify_all()
             while self._outbox and self.fatal is None:
                 left = deadline - time.monotonic()

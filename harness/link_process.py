@@ -142,11 +142,16 @@ class LinkProcess:
         so the syncer never counts a learner that is still starting up)."""
         self._send(Message(MsgType.HELLO, {"learner": self.learner}))
 
-    def close(self, flush_timeout_s: float) -> None:
-        """Ask the link to send what it holds (bounded), say BYE and exit; the process is reaped (bounded)."""
+    def close(self, flush_timeout_s: float, finished: bool = True) -> None:
+        """Ask the link to send what it holds (bounded), say BYE and exit; the process is reaped (bounded).
+        `finished=False` (the training failed) closes without BYE: the syncer sees the learner lost."""
         deadline = time.monotonic() + flush_timeout_s + self.t.socket_op_s
         try:
-            send_message(self._sock, Message(MsgType.BYE, {"flush_timeout_s": flush_timeout_s}), self.t.socket_op_s)
+            if finished:
+                send_message(self._sock, Message(MsgType.BYE, {"flush_timeout_s": flush_timeout_s}),
+                             self.t.socket_op_s)
+            else:
+                self._sock.shutdown(socket.SHUT_WR)  # the link process sees the training process's end
             self._wait(lambda: self._bye is not None, deadline)
         except (OSError, LinkFatal):
             pass
@@ -359,7 +364,7 @@ def _serve(sock: socket.socket, training_end: socket.socket, parent_pid: int, sh
             link = SyncerLink(addr[0], addr[1], learner, secret, t, max_frame_bytes, events,
                               forward=forward).start()
             flush_s = _relay(sock, link, shared, partition, out, max_frame_bytes, t)
-            link.close(flush_timeout_s=flush_s)
+            link.close(flush_timeout_s=flush_s or 0.0, bye=flush_s is not None)
             threads = dict(link.thread_cpu_s)
             threads["relay"] = round(time.thread_time(), 4)
             events.log("link_cpu", learner=learner, threads=threads, cpu_s=cpu_seconds())
@@ -390,9 +395,9 @@ def _next_frame(sock: socket.socket, bell: Doorbell | None, max_frame_bytes: int
 
 
 def _relay(sock: socket.socket, link: SyncerLink, shared: _Shared, partition: list[list[str]],
-           out: _ToTraining, max_frame_bytes: int, t: Timeouts) -> float:
+           out: _ToTraining, max_frame_bytes: int, t: Timeouts) -> float | None:
     """Send the META of each new snapshot, and hand the training process's frames to the link, until BYE
-    (returns its flush bound) or the training process's end (0)."""
+    (returns its flush bound) or the training process's end without one (None: it died or failed)."""
     published = -1
 
     def publish() -> None:
@@ -423,4 +428,4 @@ def _relay(sock: socket.socket, link: SyncerLink, shared: _Shared, partition: li
                 return float(msg.meta.get("flush_timeout_s", 0.0))
         except LinkFatal:  # refused: the REJECT already went to the training process, which stops
             pass
-    return 0.0
+    return None

@@ -301,6 +301,12 @@ def test_k_equals_m_failure_is_caught_by_the_availability_invariant(run_scenario
     there it must fail, naming itself, the measured uptime and the bound."""
     sc = scenario([{"action": "kill_chip", "learner": 1, "chip": 1, "at": at_step(STEPS // 4), "repair_s": 3.0}])
     good = run_scenario(sc, "k-1")
+    evs = good.events
+    restart = next(e["t"] for e in evs if e["ev"] == "learner_restart")
+    assert not [e for e in evs if e["ev"] == "learner_bye" and e["learner"] == 1 and e["t"] < restart], \
+        "a failed learner's link closes without BYE: the syncer sees a loss and waits for the restart"
+    assert [e for e in evs if e["ev"] == "learner_join" and e["learner"] == 1 and e["t"] > restart], \
+        "the restarted learner rejoined the syncer"
     good.check("availability", min_uptime=MIN_UPTIME)
     good.check("converged", max_loss=good.report["initial_eval_loss"] - 1.0)  # it learned: the model is usable
     broken = run_scenario(sc.replace(diloco=type(sc.diloco)(fragments=4, sync_every=4, overlap=1, min_quorum=2)),
