@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from trainers.config import DilocoConfig, TrainConfig
@@ -359,3 +360,16 @@ def test_run_ddp_uses_the_returned_gradient() -> None:
     run_ddp(ref, batch, EchoSyncLink(), no_step)
     # gradient clipping at 1.0 makes the two differ: the learner did apply what came back
     assert any(not torch.equal(p.detach(), ref.named[n].detach()) for n, p in scaled.named.items())
+
+
+def test_cosine_schedule_warms_up_then_anneals_to_the_floor() -> None:
+    from harness.scenario import from_dict
+    from trainers.learner import inner_lr
+
+    cfg = from_dict({"train": {"lr_schedule": "cosine", "steps": 300, "warmup_steps": 20, "lr": 3e-3,
+                               "min_lr_ratio": 0.1}}).train
+    assert inner_lr(10, cfg) == pytest.approx(1.5e-3)
+    assert inner_lr(20, cfg) == pytest.approx(3e-3)
+    assert inner_lr(160, cfg) == pytest.approx(3e-3 * (0.1 + 0.9 * 0.5))
+    assert inner_lr(300, cfg) == pytest.approx(3e-4) and inner_lr(600, cfg) == pytest.approx(3e-4)
+    assert inner_lr(300, from_dict({"train": {"steps": 300}}).train) == pytest.approx(3e-3)  # constant default

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 ALGORITHMS = ("decoupled", "diloco", "ddp", "elastic_ddp")
 INF = math.inf
@@ -45,6 +45,11 @@ class TrainConfig:
     """AdamW peak learning rate."""
     warmup_steps: int = bounded(20, 0, 10_000_000)
     """Linear warm-up of the inner learning rate, in inner steps."""
+    lr_schedule: Literal["constant", "cosine"] = choice("constant", ("constant", "cosine"))
+    """After the warm-up: constant (lr until the end) or cosine (from lr down to lr * min_lr_ratio at step
+    `steps`, held there after it). Annealing lowers the noise of the final model (docs/metrics.md)."""
+    min_lr_ratio: float = bounded(0.1, 0.0, 1.0)
+    """cosine: the learning rate at the last step, as a fraction of lr."""
     weight_decay: float = bounded(0.01, 0.0, 1.0)
     """AdamW decoupled weight decay."""
     grad_clip: float = bounded(1.0, 0.0, 1e6)

@@ -17,6 +17,7 @@ values), so the replicas of one learner never diverge.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -161,10 +162,14 @@ def unflatten_into(flat: Tensor, tensors: list[Tensor]) -> None:
 
 
 def inner_lr(step: int, cfg: TrainConfig) -> float:
-    """Linear warm-up to cfg.lr over cfg.warmup_steps, then constant."""
+    """Linear warm-up to cfg.lr over cfg.warmup_steps, then constant or a cosine down to cfg.min_lr_ratio * lr at
+    step cfg.steps (held there after it)."""
     if cfg.warmup_steps and step <= cfg.warmup_steps:
         return cfg.lr * step / cfg.warmup_steps
-    return cfg.lr
+    if cfg.lr_schedule == "constant" or cfg.steps <= cfg.warmup_steps:
+        return cfg.lr
+    progress = min(1.0, (step - cfg.warmup_steps) / (cfg.steps - cfg.warmup_steps))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 class InnerOptimizer:

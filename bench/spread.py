@@ -1,0 +1,117 @@
+"""Run-to-run spread of the final eval loss: where it comes from and how large it is.
+
+Not a test: it prints a table. A scenario (the built-in default unless --scenario) is run over seeds
+0..N-1 (--seeds) and N times with one seed (--repeats): the first spread holds everything a seed changes
+(initial weights, data order, timing); the second only what differs between two runs of the same seed
+(merge order and the timing of pushes: what asynchrony makes, and the deterministic mode removes). For each
+set: mean, sample standard deviation, range, and the final evaluation's own noise (the standard error of the
+mean over the held-out sequences: a different held-out sample of the same size would move the figure by
+about this much).
+
+    python bench/spread.py [--scenario FILE] [--seeds 10] [--repeats 0] [--set KEY=VALUE ...] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.rundir import CHECKPOINT_FILE
+from harness.scenario import Scenario, builtin, from_dict, load
+from harness.supervisor import run_scenario
+from trainers.data import eval_batches, make_splits
+from trainers.model import build_model
+
+
+def holdout_stderr(run_dir: Path, sc: Scenario) -> float:
+    """Standard error of the final eval loss: the per-sequence losses' deviation over sqrt(sequences)."""
+    state = torch.load(run_dir / CHECKPOINT_FILE, weights_only=True)
+    model = build_model(sc.model, sc.seed)
+    losses: list[float] = []
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(state["params"][n])
+        for x, y in eval_batches(make_splits(sc.data, sc.topology.learners).holdout, sc.model.seq_len, 1, 10**9):
+            losses.append(float(model.loss(x, y)))
+    return statistics.stdev(losses) / math.sqrt(len(losses))
+
+
+def parse_set(items: list[str]) -> dict[str, Any]:
+    """`section.key=value` overrides (value parsed as JSON, else kept as a string) as a nested dict."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, _, raw = item.partition("=")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        *parents, leaf = key.split(".")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out
+
+
+def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merged(out.get(k, {}), v) if isinstance(v, dict) else v
+    return out
+
+
+def one(table: dict[str, Any], seed: int) -> tuple[float, float, float]:
+    """(final eval loss, its held-out standard error, wall seconds) of one run."""
+    sc = from_dict({**table, "seed": seed})
+    with tempfile.TemporaryDirectory() as d:
+        res = run_scenario(sc, d)
+        return float(res.report["final_eval_loss"]), holdout_stderr(res.run_dir, sc), float(res.report["wall_s"])
+
+
+def summary(label: str, runs: list[tuple[float, float, float]]) -> dict[str, Any]:
+    finals = [r[0] for r in runs]
+    return {"set": label, "runs": len(runs), "mean": statistics.mean(finals),
+            "std": statistics.stdev(finals) if len(finals) > 1 else 0.0, "min": min(finals), "max": max(finals),
+            "eval_stderr": statistics.mean(r[1] for r in runs), "wall_s": statistics.mean(r[2] for r in runs),
+            "finals": [round(f, 4) for f in finals]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--scenario", help="scenario file (default: the built-in default scenario)")
+    ap.add_argument("--seeds", type=int, default=10, help="run seeds 0..N-1")
+    ap.add_argument("--repeats", type=int, default=0, help="also run the scenario's own seed N times")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a scenario key, e.g. diloco.deterministic=true or train.steps=200")
+    ap.add_argument("--json", help="write the rows here too")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    sc = load(args.scenario) if args.scenario else builtin("default")
+    table = sc.to_dict()
+    table.pop("random_faults_source", None)
+    table = merged(table, parse_set(args.set))
+    rows = []
+    if args.seeds:
+        rows.append(summary(f"seeds 0-{args.seeds - 1}", [one(table, s) for s in range(args.seeds)]))
+    if args.repeats:
+        rows.append(summary(f"seed {sc.seed} x{args.repeats}", [one(table, sc.seed) for _ in range(args.repeats)]))
+    print(f"scenario {sc.name} ({table['algorithm']}) overrides {parse_set(args.set) or '-'}")
+    print(f"{'set':<16}{'runs':>5}{'mean':>9}{'std':>9}{'min':>9}{'max':>9}{'eval se':>9}{'wall s':>8}")
+    for r in rows:
+        print(f"{r['set']:<16}{r['runs']:>5}{r['mean']:>9.4f}{r['std']:>9.4f}{r['min']:>9.4f}{r['max']:>9.4f}"
+              f"{r['eval_stderr']:>9.4f}{r['wall_s']:>8.1f}")
+        print(f"  finals: {r['finals']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
