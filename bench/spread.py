@@ -24,21 +24,19 @@ from typing import Any
 
 import torch
 
-from harness.rundir import CHECKPOINT_FILE
+from harness.report import final_model
 from harness.scenario import Scenario, builtin, from_dict, load
 from harness.supervisor import run_scenario
 from trainers.data import eval_batches, make_splits
-from trainers.model import build_model
 
 
 def holdout_stderr(run_dir: Path, sc: Scenario) -> float:
     """Standard error of the final eval loss: the per-sequence losses' deviation over sqrt(sequences)."""
-    state = torch.load(run_dir / CHECKPOINT_FILE, weights_only=True)
-    model = build_model(sc.model, sc.seed)
+    loaded = final_model(run_dir, sc)
+    assert loaded is not None, f"{run_dir}: no final checkpoint"
+    model = loaded[0]
     losses: list[float] = []
     with torch.no_grad():
-        for n, p in model.named_parameters():
-            p.copy_(state["params"][n])
         for x, y in eval_batches(make_splits(sc.data, sc.topology.learners).holdout, sc.model.seq_len, 1, 10**9):
             losses.append(float(model.loss(x, y)))
     return statistics.stdev(losses) / math.sqrt(len(losses))

@@ -25,13 +25,14 @@ from harness.metrics import achieved_speeds, downtime, fault_response, goodput, 
 from harness.rundir import CHECKPOINT_FILE, CONFIG_FILE, read_json
 from harness.scenario import Scenario, from_dict
 from trainers.data import eval_batches, make_splits
-from trainers.model import build_model
+from trainers.model import TinyGPT, build_model
 
 FINAL_EVAL_BATCH = 32
 
 
-def final_eval(run_dir: str | os.PathLike[str], sc: Scenario, events: EventLog) -> float | None:
-    """Eval loss of the final global checkpoint on the whole held-out split; logged as an event."""
+def final_model(run_dir: str | os.PathLike[str], sc: Scenario) -> tuple[TinyGPT, dict[str, Any]] | None:
+    """The run's model with the final global checkpoint's parameters loaded, and the checkpoint; None without
+    a checkpoint."""
     path = Path(run_dir) / CHECKPOINT_FILE
     if not path.exists():
         return None
@@ -40,6 +41,16 @@ def final_eval(run_dir: str | os.PathLike[str], sc: Scenario, events: EventLog) 
     with torch.no_grad():
         for n, p in model.named_parameters():
             p.copy_(state["params"][n])
+    return model, state
+
+
+def final_eval(run_dir: str | os.PathLike[str], sc: Scenario, events: EventLog) -> float | None:
+    """Eval loss of the final global checkpoint on the whole held-out split; logged as an event."""
+    loaded = final_model(run_dir, sc)
+    if loaded is None:
+        return None
+    model, state = loaded
+    with torch.no_grad():
         holdout = make_splits(sc.data, sc.topology.learners).holdout
         batches = eval_batches(holdout, sc.model.seq_len, FINAL_EVAL_BATCH, 10**9)
         total = sum(float(model.loss(x, y)) * len(x) for x, y in batches)

@@ -47,7 +47,7 @@ class TrainConfig:
     """Linear warm-up of the inner learning rate, in inner steps."""
     lr_schedule: Literal["constant", "cosine"] = choice("constant", ("constant", "cosine"))
     """After the warm-up: constant (lr until the end) or cosine (from lr down to lr * min_lr_ratio at step
-    `steps`, held there after it). Annealing lowers the noise of the final model (docs/metrics.md)."""
+    `steps`, held there after it); one of the knobs bench/spread.py's parity sweep varies."""
     min_lr_ratio: float = bounded(0.1, 0.0, 1.0)
     """cosine: the learning rate at the last step, as a fraction of lr."""
     weight_decay: float = bounded(0.01, 0.0, 1.0)
