@@ -442,7 +442,8 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
     for e in r.of("push_superseded"):
         reason = str(e.get("reason") or "")
         tag = "late" if reason.startswith("late") else "stale" if reason.startswith("stale") else \
-            "before_rejoin" if reason.startswith("before rejoin") else "newer"
+            "before_rejoin" if reason.startswith("before rejoin") else "lagging" if reason.startswith("lagging") \
+            else "newer"
         sup_pool[(tag, int(e["learner"]), int(e["fragment"]), int(e["first_step"]), int(e["last_step"]))] += 1
     rej_pool: Counter[tuple[int, int, int, int]] = Counter()
     for e in r.of("push_rejected"):
@@ -549,7 +550,8 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
     return InvariantResult("updates_accounted", not problems, len(problems), 0, detail, measure)
 
 
-_SUPERSEDED_TAG = {"late": "late", "stale": "stale", "unanchored": "stale", "before_rejoin": "before_rejoin"}
+_SUPERSEDED_TAG = {"late": "late", "stale": "stale", "unanchored": "stale", "before_rejoin": "before_rejoin",
+                   "lagging": "lagging"}
 """Push outcomes the syncer follows with a push_superseded event, and the start of that event's reason."""
 
 

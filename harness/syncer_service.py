@@ -522,7 +522,7 @@ class SyncerService:
         self.events.log("push", learner=learner, fragment=push.fragment, round=round_id, c_steps=push.c_steps,
                         c_tokens=push.c_tokens, first_step=push.first_step, last_step=push.last_step,
                         base_version=push.base_version, outcome=outcome.value, final=push.final, joined=into_round)
-        if outcome in (PushOutcome.STALE, PushOutcome.UNANCHORED, PushOutcome.BEFORE_REJOIN):
+        if outcome in (PushOutcome.STALE, PushOutcome.UNANCHORED, PushOutcome.BEFORE_REJOIN, PushOutcome.LAGGING):
             if outcome is PushOutcome.STALE:
                 into = self.core.merged_into[(learner, push.fragment)]
                 reason = f"stale: its work is already in version {into[0]}, not yet applied"
@@ -530,13 +530,16 @@ class SyncerService:
                 joined = self.core.joined_at[(learner, push.fragment)]
                 reason = (f"before rejoin: based on version {push.base_version}, older than version {joined} "
                           "it was sent when it rejoined, not yet applied")
+            elif outcome is PushOutcome.LAGGING:
+                reason = (f"lagging: based on version {push.base_version}, more than "
+                          f"{self.sc.diloco.max_staleness} versions behind version {self.core.versions[push.fragment]}")
             else:
                 reason = (f"stale: based on version {push.base_version}, older than the "
                           f"{self.sc.diloco.anchor_history} versions held to anchor it")
             self.events.log("push_superseded", learner=learner, fragment=push.fragment, reason=reason,
                             first_step=push.first_step, last_step=push.last_step, base_version=push.base_version)
             # it stepped on without the merge, or is too far behind: send it the fragment's current value
-            if outcome is PushOutcome.UNANCHORED or self.core.missed_broadcast(push):
+            if outcome in (PushOutcome.UNANCHORED, PushOutcome.LAGGING) or self.core.missed_broadcast(push):
                 self._resend_current(learner, push.fragment, reason=outcome.value)
         elif outcome not in (PushOutcome.ACCEPTED, PushOutcome.CARRIED):
             self.events.log("push_rejected", learner=learner, fragment=push.fragment, reason=outcome.value,

@@ -72,6 +72,10 @@ BANDWIDTH_KBS = 1000.0
 within the run however fast the machine (at 200 KB/s, 0.7 s a frame, a CI machine that trained the 160 steps in
 ~2 s saw no throttled frame arrive whole, and one here saw 2)."""
 MIN_THROTTLED_FRAMES = 5
+MIN_RATE_SHARE = 0.5
+"""The rate toxic is a ceiling: the throughput achieved under it falls below R whenever a process on the path
+(learner link, proxy, syncer) waits for a CPU (a 2-core CI run measured 788 KB/s at R = 1000). Half of R still
+fails a units mistake (bits for bytes would give R/8) or a toxic that throttles twice."""
 LATENCY_MS = 80.0
 
 
@@ -88,7 +92,7 @@ def test_bandwidth_and_latency_hit_only_their_learner(run_scenario):
                  for m, d in link.items()}, final_eval=rep["final_eval_loss"], longest_gap_s=rep["longest_gap_s"])
     assert rep["links"]["backend"] in ("embedded", "toxiproxy-server", "external")
     assert link[1]["push_frames"] >= MIN_THROTTLED_FRAMES, link[1]
-    assert BANDWIDTH_KBS * 0.8 <= link[1]["push_KBps"] <= BANDWIDTH_KBS * 1.2, link[1]
+    assert BANDWIDTH_KBS * MIN_RATE_SHARE <= link[1]["push_KBps"] <= BANDWIDTH_KBS * 1.2, link[1]
     for m in (0, 2):  # None: frames arrived whole, faster than can be timed
         assert link[m]["push_KBps"] is None or link[m]["push_KBps"] > 5 * BANDWIDTH_KBS, link[m]
     # The toxic adds a fixed delay, so the fastest round trips measure it; medians also hold queueing behind

@@ -578,3 +578,23 @@ def test_a_copy_from_before_a_rejoin_is_declined_until_the_current_value_is_appl
     rid = next(q.round_id for q in other.on_meta(1, 7, 0.0, 11.0, alive(0, 1)) if q.fragment == 3)
     before.learner = 1
     assert other.on_push(before, rid, 11.1)[0] is PushOutcome.ACCEPTED
+
+
+def test_a_push_more_than_max_staleness_versions_behind_is_declined_as_lagging() -> None:
+    """A learner that sat out merges without being declared dead (a freeze shorter than the liveness timeout)
+    pushes a copy based on a version far behind the fragment's current one. Measured against the current value
+    its outer gradient would undo the others' progress since: beyond `max_staleness` versions it is declined;
+    within the bound it is merged as usual."""
+    for bound, expected in ((1, PushOutcome.LAGGING), (2, PushOutcome.ACCEPTED)):
+        s = make(min_quorum=1, max_staleness=bound)
+        for step in (3, 7):  # learner 0 alone moves fragment 3 to version 2 at its sync points
+            rid = next(q.round_id for q in s.on_meta(0, step, 0.0, 10.0, alive(0)) if q.fragment == 3)
+            s.on_push(push(s, 0, 3), rid, 10.1)
+            s.poll(10.1, alive(0))
+        assert s.versions[3] == 2
+        rid = next(q.round_id for q in s.on_meta(1, 11, 0.0, 11.0, alive(0, 1)) if q.fragment == 3)
+        behind = push(s, 1, 3)
+        behind.base_version = 0
+        assert s.on_push(behind, rid, 11.1)[0] is expected, bound
+        merged, _ = s.poll(11.2, alive(1))
+        assert len(merged) == (0 if expected is PushOutcome.LAGGING else 1)

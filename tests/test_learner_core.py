@@ -373,3 +373,21 @@ def test_cosine_schedule_warms_up_then_anneals_to_the_floor() -> None:
     assert inner_lr(160, cfg) == pytest.approx(3e-3 * (0.1 + 0.9 * 0.5))
     assert inner_lr(300, cfg) == pytest.approx(3e-4) and inner_lr(600, cfg) == pytest.approx(3e-4)
     assert inner_lr(300, from_dict({"train": {"steps": 300}}).train) == pytest.approx(3e-3)  # constant default
+
+
+def test_run_decoupled_reports_each_step_before_publishing_its_snapshot() -> None:
+    """A restarted learner resumes after the last step it reported; the link answers pulls from the published
+    snapshot. Reported first, a step its pushes may hold is never trained (and merged) a second time by a
+    learner killed between the two."""
+    core = make(steps=4)
+    order: list[tuple[str, int]] = []
+    link = FakeDecoupledLink(core, {})
+    publish = link.publish
+
+    def recording_publish(snapshot: Snapshot, partition: list[list[str]]) -> None:
+        order.append(("publish", snapshot.step))
+        publish(snapshot, partition)
+
+    link.publish = recording_publish  # type: ignore[method-assign]
+    run_decoupled(core, batch, link, lambda s, loss, tok: order.append(("step", s)))
+    assert order == [(kind, s) for s in range(1, 5) for kind in ("step", "publish")]

@@ -89,6 +89,11 @@ class DilocoConfig:
     anchor_history: int = bounded(64, 1, 100_000)
     """Versions of each fragment the syncer keeps to anchor pushes at their base (outer_anchor = base); a push
     based on an older version is declined as stale and its learner is sent the current value."""
+    max_staleness: int = bounded(4, 0, 100_000)
+    """Versions a push's base may be behind its fragment's current version and still be merged. An older-based
+    push is declined (outcome lagging) and its learner is sent the current value: its learner sat out that many
+    merges without being declared dead, and its outer gradient would undo the others' progress since
+    (docs/algorithm.md has the measured staleness of fault-free and straggler runs)."""
     outer_lr: float = bounded(0.7, 0.0, 10.0)
     """Outer SGD learning rate (DiLoCo's value; the paper publishes none)."""
     outer_momentum: float = bounded(0.9, 0.0, 0.999)

@@ -34,8 +34,12 @@ copy whose work an earlier merge already holds: a learner merged into version
 v of a fragment offers nothing new until it has applied v, so its pushes based
 on an older version are declined, never merged twice). A learner that
 (re)joins is sent every current fragment; until it has applied them, its
-pushes based on older versions are declined too (`on_join`, BEFORE_REJOIN). A
-learner at the sync point whose answer was declined is pulled again at its
+pushes based on older versions are declined too (`on_join`, BEFORE_REJOIN).
+A push based on a version more than `max_staleness` behind the fragment's
+current one is declined as LAGGING and its learner sent the current value: its
+learner missed that many merges (a freeze or stall shorter than the liveness
+timeout), and measured against the current value its outer gradient would undo
+the others' progress since. A learner at the sync point whose answer was declined is pulled again at its
 next step while the round is open.
 """
 
@@ -71,6 +75,10 @@ class PushOutcome(enum.Enum):
     (its host is stalled, or the broadcast was lost). Merging it again would count that work twice."""
     UNANCHORED = "unanchored"
     """outer_anchor = base, and the push's base version is older than the versions the syncer still holds."""
+    LAGGING = "lagging"
+    """Based on a version more than `max_staleness` versions behind the fragment's current one: its learner sat
+    out that many merges without being declared dead (a freeze or stall shorter than the liveness timeout).
+    Measured against the current value, its outer gradient would undo the other learners' progress since."""
     BEFORE_REJOIN = "before_rejoin"
     """Based on a version older than the one the learner was sent when it (re)joined: it trained on a copy the
     global model moved past while it was away (a freeze, a partition), and has not applied the current value
@@ -350,7 +358,7 @@ class DecoupledSyncer:
         return (PushOutcome.ACCEPTED if fresh else PushOutcome.CARRIED), older
 
     def _check(self, push: FragmentPush) -> PushOutcome | None:
-        """Why a push has nothing to merge (DECLINED, STALE, BEFORE_REJOIN, UNANCHORED), or None."""
+        """Why a push has nothing to merge (DECLINED, STALE, BEFORE_REJOIN, LAGGING, UNANCHORED), or None."""
         p = push.fragment
         if push.c_steps <= 0 or push.c_tokens <= 0:
             return PushOutcome.DECLINED
@@ -358,6 +366,8 @@ class DecoupledSyncer:
             return PushOutcome.STALE
         if push.base_version < self.joined_at.get((push.learner, p), 0):
             return PushOutcome.BEFORE_REJOIN
+        if self.versions[p] - push.base_version > self.cfg.max_staleness:
+            return PushOutcome.LAGGING
         if self.cfg.outer_anchor == "base" and push.base_version not in self.history[p]:
             return PushOutcome.UNANCHORED
         return None

@@ -221,6 +221,10 @@ class LearnerCore:
     """Host: seconds of the last step spent in the learner's link to the syncer: waiting at a synchronous
     baseline's barrier (ddp, diloco exchanges), or, for Decoupled DiLoCo, taking the merged fragments off the
     link and publishing the snapshot. Goodput counts a step's interval minus this (docs/metrics.md)."""
+    publish_s: float = 0.0
+    """Host, Decoupled DiLoCo: seconds spent publishing the previous step's snapshot, counted in the next step's
+    `last_sync_s`. A step is reported before its snapshot is published, so that a learner killed in between is
+    restarted after that step, never before a step its pushes may already hold."""
     shrinkable: bool = False
     """Re-form the group when a collective fails (the shrink policy) instead of failing the learner."""
 
@@ -341,7 +345,8 @@ def _sync_applies(core: LearnerCore, link: DecoupledLink | None) -> tuple[list[t
         t0 = time.perf_counter()
         for merged in link.poll():
             core.receive(merged)
-        core.last_sync_s = time.perf_counter() - t0
+        core.last_sync_s = time.perf_counter() - t0 + core.publish_s
+        core.publish_s = 0.0
         due = core.due_applies()
         values = [len(due), int(core.shrinkable and coll.pending_reform()),  # memberships change only under shrink
                   int(link.stop_requested)]
@@ -509,11 +514,12 @@ def run_decoupled(
         t1 = time.perf_counter()
         if is_host:
             assert link is not None
-            link.publish(core.snapshot(copy=False), core.partition)
-            core.last_sync_s += time.perf_counter() - t1
-            on_step(core.step, loss, tokens)
+            on_step(core.step, loss, tokens)  # before the publish: the step a restart resumes after (publish_s)
             if applied and on_apply is not None:
                 on_apply(core.step, applied)
+            t2 = time.perf_counter()
+            link.publish(core.snapshot(copy=False), core.partition)
+            core.publish_s = time.perf_counter() - t2
         core._add("apply", t1 - t0)
         core._add("publish", time.perf_counter() - t1)
         if reform:
