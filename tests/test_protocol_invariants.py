@@ -123,6 +123,10 @@ def test_pushes_received(tmp_path: Path) -> None:
     lost = evs + [ev("learner_down", gone["t"] + 0.01, "supervisor", learner=1, step=4)]
     res = holds(pushes_received(write_run(tmp_path, lost, name="c")))  # lost with its connection
     assert "1 lost with their connection" in res.detail
+    bye = first(evs, "learner_bye", learner=1)
+    late = good() + [ev("push_sent", bye["t"] + 0.001, "learner1.link", learner=1, fragment=0, first_step=5,
+                     last_step=8, c_steps=4, round=3)]  # an answer to a pull, sent after the BYE
+    assert "1 sent after the learner's BYE" in holds(pushes_received(write_run(tmp_path, late, name="f"))).detail
     closed = evs + [ev("link_down", gone["t"] + 0.01, "learner1.link", learner=1, reason="closed")]
     violated(pushes_received(write_run(tmp_path, closed, name="d")), "1 > bound 0")  # a close is no excuse
     no_sent = [e for e in good() if e["ev"] != "push_sent"]
