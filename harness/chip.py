@@ -178,8 +178,10 @@ def chip_main(spec: ChipSpec) -> None:
                        sync_s=round(core.last_sync_s, 5), **extra)
 
         def on_apply(step: int, applied: list[tuple[int, int]]) -> None:
+            facts = [core.frags[p].applied_from or (None, None) for p, _ in applied]
             events.log("apply", learner=spec.learner, step=step, fragments=[p for p, _ in applied],
-                       versions=[v for _, v in applied])
+                       versions=[v for _, v in applied], pulled=[f[0] for f in facts],
+                       arrived=[f[1] for f in facts])
 
         if spec.joining:  # a repaired chip: the members re-form with it at a step boundary and send their state
             step = sync_replicas(core)
@@ -207,7 +209,7 @@ def chip_main(spec: ChipSpec) -> None:
                 got = initial_pull(core, link, wait)
                 if spec.rank == 0:
                     events.log("initial_pull", learner=spec.learner, step=core.step, fragments=len(got),
-                               of=len(core.partition))
+                               of=len(core.partition), applied=[list(x) for x in got])
             else:
                 state = None
                 if spec.rank == 0:

@@ -21,6 +21,9 @@ The invariants:
 * `token_accounting`: the tokens the syncer says it merged equal the tokens of the steps its merges took in.
 * `model_finite`: the global model (checkpoint and every evaluation of it) is finite.
 
+Decoupled DiLoCo's protocol invariants (rda_norms, outer_lr, token_weights, pushes_received, apply_schedule,
+initial_pull) are in harness/protocol_invariants.py; `check_all` runs them too.
+
 A result with nothing to measure where there should be something (no training span, no final eval, no
 checkpoint) is a failure, never a pass: an invariant must not hold vacuously.
 """
@@ -694,7 +697,8 @@ def check_all(run: Run, *, baseline_loss: float | Run | None = None, tolerance: 
               max_loss: float | None = None, downtime_bound_s: float | None = None, min_alive: int | None = None,
               min_uptime: float | None = None, rejoin_within_s: float | None = None) -> list[InvariantResult]:
     """Every invariant whose bounds are given, plus the bound-free ones (faults_fired, updates_accounted,
-    token_accounting, model_finite). Nothing raises; `[r.check() for r in results]` or filter on `ok`."""
+    token_accounting, model_finite) and, for a decoupled run, the protocol invariants of
+    harness/protocol_invariants.py. Nothing raises; `[r.check() for r in results]` or filter on `ok`."""
     r = _run(run)
     out = []
     if baseline_loss is not None or max_loss is not None:
@@ -707,4 +711,6 @@ def check_all(run: Run, *, baseline_loss: float | Run | None = None, tolerance: 
     if rejoin_within_s is not None:
         out.append(rejoined(r, within_s=rejoin_within_s))
     out += [updates_accounted(r), token_accounting(r), model_finite(r)]
-    return out
+    from harness.protocol_invariants import check_protocol  # it builds on this module
+
+    return out + check_protocol(r)

@@ -371,6 +371,7 @@ class SyncerLink:
             if msg.type is MsgType.PUSH:
                 self.events.log("push_sent", learner=self.learner, fragment=msg.meta["fragment"], bytes=n,
                                 seconds=last_sent - t0, first_step=msg.meta["first_step"],
-                                last_step=msg.meta["last_step"])
+                                last_step=msg.meta["last_step"], c_steps=msg.meta["c_steps"],
+                                round=msg.meta.get("round"))
             with self._cv:
                 self._cv.notify_all()

@@ -83,8 +83,10 @@ shutdown, its final evaluation of the global model and report, and the hygiene c
 LOCK_POLL_S = 0.1
 SECTION = "diloco-chaos runs"
 INVARIANTS = ("converged", "no_global_downtime", "availability", "faults_fired", "rejoined", "updates_accounted",
-              "token_accounting", "model_finite")
-"""Names `ChaosRun.check` / `ChaosRun.measure` accept: functions of harness.invariants."""
+              "token_accounting", "model_finite", "rda_norms", "outer_lr", "token_weights", "pushes_received",
+              "apply_schedule", "initial_pull")
+"""Names `ChaosRun.check` / `ChaosRun.measure` accept: functions of harness.invariants, then the protocol
+invariants of harness.protocol_invariants (`PROTOCOL_INVARIANTS`)."""
 
 _START = pytest.StashKey[float]()
 _CALL_START = pytest.StashKey[float]()
@@ -173,11 +175,13 @@ class ChaosRun:
         harness.invariants.InvariantResult without raising. A ChaosRun given as a bound (baseline_loss=) is
         read as that run."""
         import harness.invariants as inv
+        from harness.protocol_invariants import PROTOCOL_INVARIANTS
 
         if name not in INVARIANTS:
             raise ValueError(f"unknown invariant {name!r}: one of {', '.join(INVARIANTS)}")
         args = {k: (v.record if isinstance(v, ChaosRun) else v) for k, v in bounds.items()}
-        result = getattr(inv, name)(self.record, **args)
+        fn = PROTOCOL_INVARIANTS[name] if name in PROTOCOL_INVARIANTS else getattr(inv, name)
+        result = fn(self.record, **args)
         print(f"[{self.name}] {result}")
         return result
 

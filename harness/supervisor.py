@@ -34,6 +34,7 @@ from harness.rundir import CONFIG_FILE, PROCESSES_FILE, REPORT_FILE, make_run_di
 from harness.scenario import Scenario, learner_policy, validate
 from harness.syncer_service import SyncerSpec, syncer_main
 from harness.wire import new_secret
+from trainers import mutations
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,7 @@ class Supervisor:
     def __init__(self, sc: Scenario, run_root: str | os.PathLike[str],
                  on_events: Callable[[list[dict[str, Any]]], None] | None = None) -> None:
         validate(sc)
+        mutations.current()  # an unknown DILOCO_CHAOS_MUTATION fails here, before any process starts
         self.sc = sc
         self.run_dir = make_run_dir(run_root, sc.name, sc.algorithm)
         self.on_events = on_events

@@ -584,6 +584,7 @@ class SyncerService:
             wait_s=rec.merged_at - rec.started_at, broadcast_s=time.monotonic() - t0,
             tokens=tokens, tokens_merged=tokens_merged,
             outer_grad_norm=rec.outer_grad_norm, digest=fragment_digest(rec.tensors),
+            norms=dataclasses.asdict(rec.norms), outer_lr=rec.outer_lr,
         )
 
     def _account(self, recs: list[MergeRecord]) -> list[tuple[float, float]]:

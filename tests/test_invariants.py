@@ -537,10 +537,14 @@ def test_model_finite_flag_and_no_evidence(tmp_path: Path) -> None:
 # -- all at once ----------------------------------------------------------------------------------------------
 
 def test_check_all(tmp_path: Path) -> None:
-    run = load_run(write_run(tmp_path, decoupled_log(), params={"w": torch.ones(2)}))
+    from test_protocol_invariants import with_protocol_facts  # it imports this module
+
+    run = load_run(write_run(tmp_path, with_protocol_facts(decoupled_log()), params={"w": torch.ones(2)}))
     results = check_all(run, max_loss=3.0, downtime_bound_s=1.0, min_uptime=0.9, rejoin_within_s=5.0)
     assert [r.name for r in results] == ["converged", "no_global_downtime", "availability", "faults_fired",
-                                         "rejoined", "updates_accounted", "token_accounting", "model_finite"]
+                                         "rejoined", "updates_accounted", "token_accounting", "model_finite",
+                                         "rda_norms", "outer_lr", "token_weights", "pushes_received",
+                                         "apply_schedule", "initial_pull"]  # the protocol invariants: decoupled
     assert all(r.ok for r in results), [str(r) for r in results if not r.ok]
     strict = check_all(run, max_loss=2.0)
     assert [r.name for r in strict if not r.ok] == ["converged"]

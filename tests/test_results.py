@@ -30,6 +30,8 @@ ROW_FIELDS = {"label", "algorithm", "scenario", "seed", "faults", "goodput", "me
 """The documented row fields (docs/metrics.md, "Results JSON"): renaming or removing one breaks readers."""
 INVARIANT_FIELDS = {"name", "ok", "figure", "bound", "relation", "unit", "measure", "detail"}
 BOUND_FREE = ["faults_fired", "updates_accounted", "token_accounting", "model_finite"]
+PROTOCOL = ["rda_norms", "outer_lr", "token_weights", "pushes_received", "apply_schedule", "initial_pull"]
+"""harness/protocol_invariants.py: in the row of a decoupled run only."""
 
 
 def row(**kw: Any) -> RunRow:
@@ -126,7 +128,9 @@ def test_compare_json_writes_every_run_and_the_verdict(tmp_path: Path, capsys: p
     for r in res.runs[1:]:
         assert r.final_eval_loss is not None and r.vs_fault_free_ddp == pytest.approx(r.final_eval_loss - ref,
                                                                                       abs=1e-3)
-        assert [i.name for i in r.invariants] == ["converged", *BOUND_FREE]
+        protocol = PROTOCOL if r.algorithm == "decoupled" else []
+        assert [i.name for i in r.invariants] == ["converged", *BOUND_FREE, *protocol]
+        assert all(i.ok for i in r.invariants[-len(protocol):]) if protocol else True, r.invariants
         converged = r.invariants[0]
         assert converged.bound == pytest.approx(ref + 0.7) and converged.ok == (r.final_eval_loss <= ref + 0.7)
     assert [i.name for i in res.runs[0].invariants] == BOUND_FREE, "the reference is not judged against itself"

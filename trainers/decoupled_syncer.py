@@ -51,10 +51,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from trainers import mutations
 from trainers.config import DilocoConfig
 from trainers.fragments import FragmentSchedule, partition_tensors
 from trainers.learner import FragmentPush
-from trainers.merge import all_finite, outer_gradient, token_weights
+from trainers.merge import MergeNorms, all_finite, outer_gradient, token_weights
 from trainers.model import ModelConfig, build_model
 from trainers.outer_optimizer import NesterovOuterOptimizer, OuterOptConfig
 from trainers.syncer_policy import Action, EwmaEstimator, QuorumConfig, RoundState, StepTimeTracker, decide
@@ -127,6 +128,10 @@ class MergeRecord:
     merged_at: float
     tensors: dict[str, Tensor]
     outer_grad_norm: float
+    norms: MergeNorms = field(default_factory=MergeNorms)
+    """Radial and merged norms of the outer gradient, measured in the merge (`rda_norms` invariant)."""
+    outer_lr: float = float("nan")
+    """The outer step's effective learning rate, measured on the tensors (`outer_lr` invariant)."""
 
 
 @dataclass
@@ -144,6 +149,7 @@ class DecoupledSyncer:
     def __init__(self, model_cfg: ModelConfig, cfg: DilocoConfig, seed: int, num_learners: int) -> None:
         self.cfg = cfg
         self.num_learners = num_learners
+        self.seed = seed
         model = build_model(model_cfg, seed)
         self.params: dict[str, Tensor] = {n: p.detach().clone() for n, p in model.named_parameters()}
         self.partition = partition_tensors({n: t.numel() for n, t in self.params.items()}, cfg.fragments)
@@ -326,6 +332,9 @@ class DecoupledSyncer:
         learner's last step is its last sync point); any other answer, or a final push with no round open, is
         CARRIED. Returns (outcome, the push it superseded if any: the same learner's older push for p)."""
         p = push.fragment
+        if mutations.active("drop_pushes") and mutations.dropped(self.seed, push.learner, p, push.first_step,
+                                                                 push.last_step):  # mutation: silently dropped
+            return PushOutcome.DECLINED, None
         if not 0 <= p < len(self.partition):
             return PushOutcome.REJECTED_FRAGMENT, None
         rnd = self.rounds[p]
@@ -374,6 +383,8 @@ class DecoupledSyncer:
 
     def is_stale(self, push: FragmentPush) -> bool:
         """Whether the push is based on a version older than one its learner's work was already merged into."""
+        if mutations.active("stale_as_fresh"):  # mutation: the staleness check skipped
+            return False
         into = self.merged_into.get((push.learner, push.fragment))
         return into is not None and push.base_version < into[0]
 
@@ -440,11 +451,12 @@ class DecoupledSyncer:
             weights = [1.0 / len(pushes)] * len(pushes)
         frag = self.fragment(p)
         anchors = ([self.history[p][q.base_version] for q in pushes] if self.cfg.outer_anchor == "base" else None)
+        norms = MergeNorms()
         delta = outer_gradient(frag, [q.tensors for q in pushes], weights, self.cfg.embedding_tensors,
-                               self.cfg.merge_rule, anchors)
+                               self.cfg.merge_rule, anchors, norms)
         if not all_finite(delta.values()):  # unreachable while pushes are checked; kept as a last guard
             raise FloatingPointError(f"non-finite outer gradient for fragment {p}")
-        self.outer.step(f"frag{p}", frag, delta)
+        outer_lr = self.outer.step(f"frag{p}", frag, delta)
         self.versions[p] += 1
         if self.cfg.outer_anchor == "base":
             held = self.history[p]
@@ -466,5 +478,5 @@ class DecoupledSyncer:
             base_versions=[q.base_version for q in pushes], carried=[m for m in learners if m not in rnd.fresh],
             reason=reason, grace_s=grace_s,
             started_at=rnd.started_at, quorum_at=rnd.quorum_at, merged_at=now,
-            tensors={n: t.clone() for n, t in frag.items()}, outer_grad_norm=norm,
+            tensors={n: t.clone() for n, t in frag.items()}, outer_grad_norm=norm, norms=norms, outer_lr=outer_lr,
         )

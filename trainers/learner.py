@@ -26,6 +26,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from trainers import mutations
 from trainers.config import DilocoConfig, TrainConfig
 from trainers.fragments import FragmentSchedule, partition_tensors
 from trainers.model import ModelConfig, TinyGPT, build_model
@@ -199,6 +200,11 @@ class FragmentState:
     first_step: int = 1
     pending: MergedFragment | None = None
     pending_apply_at: int = 0
+    pending_arrived: int = 0
+    """The learner's step when `pending` arrived (taken off the link)."""
+    applied_from: tuple[int | None, int] | None = None
+    """Host: (pulled step, arrival step) of the merged value last applied, for the apply event (the `apply_schedule`
+    invariant checks the apply step against them)."""
 
 
 @dataclass
@@ -299,8 +305,11 @@ class LearnerCore:
         if merged.version <= newest:
             return False
         st.pending = merged
+        st.pending_arrived = self.step
         pulled = merged.pulled_step
         st.pending_apply_at = max(self.step + 1, pulled + self.schedule.overlap if pulled is not None else 0)
+        if mutations.active("overlap_off_by_one") and pulled is not None:  # mutation: tau + 1 instead of tau
+            st.pending_apply_at = max(self.step + 1, pulled + self.schedule.overlap + 1)
         return True
 
     def due_applies(self) -> list[int]:
@@ -317,6 +326,8 @@ class LearnerCore:
             else:
                 torch._foreach_copy_(params, [t.view_as(q) for t, q in zip(flat, params, strict=True)])
         st = self.frags[p]
+        if st.pending is not None:  # the host: what it applied, as the facts the apply event logs
+            st.applied_from = (st.pending.pulled_step, st.pending_arrived)
         st.version = version
         st.c_steps = 0
         st.c_tokens = 0
@@ -468,6 +479,8 @@ def initial_pull(core: LearnerCore, link: DecoupledLink | None, wait: Callable[[
     (it waits on the link and returns False past its deadline); then every chip applies them at once, which
     resets each fragment's counters, so the learner's first push covers only its own new steps.
     """
+    if mutations.active("skip_initial_pull"):  # mutation: no initial pull; fragments arriving are applied later
+        return _sync_applies(core, link)[0]
     if core.collective.rank == 0:
         assert link is not None
         n = len(core.partition)

@@ -14,11 +14,28 @@ at which granularity; per tensor is what the reference implementation does).
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from trainers import mutations
+
 MERGE_RULES = ("rda", "mean")
+
+
+@dataclass
+class MergeNorms:
+    """What one merge did to the norms, measured on the tensors it used (logged with the merge, checked by the
+    `rda_norms` invariant). Per tensor, `radial` is the weighted mean of the participants' outer-gradient norms
+    and `merged` the norm of the merged outer gradient; summed over the fragment's non-embedding tensors and,
+    apart, its embedding tensors. RDA keeps merged == radial per tensor; a weighted mean gives merged <= radial
+    (triangle inequality), strictly less unless every participant points the same way."""
+
+    radial: float = 0.0
+    merged: float = 0.0
+    embedding_radial: float = 0.0
+    embedding_merged: float = 0.0
 
 
 def token_weights(counters: Sequence[tuple[int, int]]) -> list[float]:
@@ -37,6 +54,8 @@ def token_weights(counters: Sequence[tuple[int, int]]) -> list[float]:
         ValueError: if a counter is negative or every raw weight is 0
             (including an empty `counters`).
     """
+    if mutations.active("ignore_token_weights") and counters:  # mutation: uniform weights, counters ignored
+        return [1.0 / len(counters)] * len(counters)
     raw: list[float] = []
     for i, (steps, tokens) in enumerate(counters):
         if steps < 0 or tokens < 0:
@@ -119,6 +138,7 @@ def outer_gradient(
     embedding_names: Collection[str],
     rule: str = "rda",
     anchors: Sequence[Mapping[str, Tensor]] | None = None,
+    norms: MergeNorms | None = None,
 ) -> dict[str, Tensor]:
     """Merged outer gradient of one fragment.
 
@@ -127,7 +147,8 @@ def outer_gradient(
     over learners with `weights`: rule "rda" uses RDA for non-embedding tensors
     and the weighted mean for names in `embedding_names`; rule "mean" uses the
     weighted mean everywhere. Keys follow `global_frag`'s order; each result has
-    the shape and dtype of the global tensor.
+    the shape and dtype of the global tensor. With `norms`, adds each tensor's
+    radial and merged norms to it (`MergeNorms`).
 
     Raises:
         ValueError: on an unknown rule, a learner missing a tensor or holding one
@@ -157,9 +178,28 @@ def outer_gradient(
                 deltas.append(a - t.to(device=g.device, dtype=g.dtype))
             if rule == "rda" and name not in embedding_names:
                 out[name] = rda(deltas, weights)
+                if mutations.active("rda_as_mean"):  # mutation: RDA replaced by the plain weighted mean
+                    out[name] = weighted_mean(deltas, weights)
             else:
                 out[name] = weighted_mean(deltas, weights)
+            if norms is not None:
+                _add_norms(norms, name in embedding_names, deltas, weights, out[name])
     return out
+
+
+def _add_norms(norms: MergeNorms, embedding: bool, deltas: Sequence[Tensor], weights: Sequence[float],
+               merged: Tensor) -> None:
+    """Add one tensor's weighted mean of the participants' norms and its merged norm (float64)."""
+    total = float(sum(weights))
+    radial = sum(float(w) / total * float(torch.linalg.vector_norm(d.double())) for d, w in zip(deltas, weights,
+                                                                                              strict=True))
+    got = float(torch.linalg.vector_norm(merged.double()))
+    if embedding:
+        norms.embedding_radial += radial
+        norms.embedding_merged += got
+    else:
+        norms.radial += radial
+        norms.merged += got
 
 
 def all_finite(tensors: Iterable[Tensor]) -> bool:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from trainers import mutations
+
 
 @dataclass(frozen=True)
 class OuterOptConfig:
@@ -46,8 +48,13 @@ class NesterovOuterOptimizer:
         self.cfg = cfg
         self._bufs: dict[str, dict[str, Tensor]] = {}
 
-    def step(self, key: str, params: dict[str, Tensor], grad: Mapping[str, Tensor]) -> None:
+    def step(self, key: str, params: dict[str, Tensor], grad: Mapping[str, Tensor]) -> float:
         """Apply one outer step to `params` in place, for every tensor named in `grad`.
+
+        Returns the step's effective learning rate, measured on the tensors: the norm of the change applied
+        to the parameters over the norm of the direction (g + mu buf with Nesterov, buf without), over every
+        tensor of the step (nan when the direction is 0). It equals cfg.lr up to rounding; the syncer logs it
+        with the merge and the `outer_lr` invariant checks it.
 
         Args:
             key: fragment id (e.g. "frag3"); buffers of different keys are independent.
@@ -66,7 +73,10 @@ class NesterovOuterOptimizer:
                     f"{tuple(params[name].shape)}"
                 )
         lr, mu = self.cfg.lr, self.cfg.momentum
+        if mutations.active("outer_lr_halved"):  # mutation: the outer step takes half the configured lr
+            lr = lr / 2
         bufs = self._bufs.setdefault(key, {})
+        applied_sq, direction_sq = 0.0, 0.0
         with torch.no_grad():
             for name, g in grad.items():
                 p = params[name]
@@ -76,10 +86,12 @@ class NesterovOuterOptimizer:
                     buf = torch.zeros_like(p)
                     bufs[name] = buf
                 buf.mul_(mu).add_(gg)
-                if self.cfg.nesterov:
-                    p.sub_(gg.add(buf, alpha=mu), alpha=lr)
-                else:
-                    p.sub_(buf, alpha=lr)
+                before = p.double()
+                direction = gg.add(buf, alpha=mu) if self.cfg.nesterov else buf
+                p.sub_(direction, alpha=lr)
+                applied_sq += float(((before - p.double()) ** 2).sum())
+                direction_sq += float((direction.double() ** 2).sum())
+        return (applied_sq / direction_sq) ** 0.5 if direction_sq > 0 else float("nan")
 
     def buffers(self, key: str) -> dict[str, torch.Tensor]:
         """Copies of one key's momentum buffers ({} before its first step): what one fragment's checkpoint
