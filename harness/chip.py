@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -31,16 +32,40 @@ from trainers.learner import (
     run_diloco,
     sync_replicas,
 )
+from trainers.lockstep import await_round, due_here
 
 CPU_MARK_EVERY = 50
 """Every this many steps, the host's step event carries the process's CPU seconds so far (cost accounting)."""
 
 
+def lockstep_hook(core: LearnerCore, link: LinkProcess | None, events: EventLog,
+                  bound_s: float) -> Callable[[], None]:
+    """Deterministic mode: after each publish, wait (at most `bound_s`, the liveness timeout after which the
+    syncer merges without a silent learner) for the merges of the fragments due at this step."""
+
+    def after_publish() -> None:
+        if link is None or not due_here(core):
+            return
+        deadline = time.monotonic() + bound_s
+
+        def wait() -> bool:
+            left = deadline - time.monotonic()
+            return left > 0 and link.wait_inbox(left)
+
+        if not await_round(core, link, wait):
+            events.log("lockstep_wait_expired", learner=core.learner, step=core.step, bound_s=bound_s)
+
+    return after_publish
+
+
 def gloo_timeout_s(sc: scenario_mod.Scenario) -> float:
     """Bound of every collective in the learner's group. In the synchronous baselines the other chips wait in a
-    broadcast while the host waits for the syncer (up to barrier_s), so there it is barrier_s + gloo_s."""
+    broadcast while the host waits for the syncer (up to barrier_s), so there it is barrier_s + gloo_s; in the
+    deterministic mode of Decoupled DiLoCo the host waits up to liveness_s at a sync point (liveness_s + gloo_s)."""
     t = sc.timeouts
-    return t.gloo_s if sc.algorithm == "decoupled" else t.barrier_s + t.gloo_s
+    if sc.algorithm == "decoupled":
+        return t.gloo_s + (t.liveness_s if sc.diloco.deterministic else 0.0)
+    return t.barrier_s + t.gloo_s
 
 
 @dataclass(frozen=True)
@@ -223,7 +248,9 @@ def chip_main(spec: ChipSpec) -> None:
                     events.log("resume", learner=spec.learner, step=step)
         if sc.algorithm == "decoupled":
             budget = sc.train.steps * (sc.topology.learners if sc.train.budget == "total" else 1)
-            run_decoupled(core, batch, link, on_step, on_apply, on_regroup=on_regroup, max_steps=budget)
+            lockstep = lockstep_hook(core, link, events, t.liveness_s) if sc.diloco.deterministic else None
+            run_decoupled(core, batch, link, on_step, on_apply, on_regroup=on_regroup, max_steps=budget,
+                          after_publish=lockstep)
         elif sc.algorithm == "diloco":
             run_diloco(core, batch, link, on_step,
                        lambda r, s: events.log("apply", learner=spec.learner, step=s, round=r))

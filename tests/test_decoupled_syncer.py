@@ -598,3 +598,21 @@ def test_a_push_more_than_max_staleness_versions_behind_is_declined_as_lagging()
         assert s.on_push(behind, rid, 11.1)[0] is expected, bound
         merged, _ = s.poll(11.2, alive(1))
         assert len(merged) == (0 if expected is PushOutcome.LAGGING else 1)
+
+
+def test_deterministic_mode_waits_for_learners_not_started_yet_and_merges_once_all_are_in() -> None:
+    """In lockstep, a round opened by the first learner to start waits for the others, even before they have
+    connected (they are expected: their first sync point is ahead of them), and merges once all are in."""
+    s = make(min_quorum=1, deterministic=True)
+    rid = open_round(s, 3, who=alive(0))
+    s.on_push(push(s, 0, 3), rid, 10.1)
+    assert s.poll(11.0, alive(0))[0] == [], "learner 1 has not started: it is waited for"
+    normal = make(min_quorum=1)
+    rid_n = open_round(normal, 3, who=alive(0))
+    normal.on_push(push(normal, 0, 3), rid_n, 10.1)
+    assert len(normal.poll(11.0, alive(0))[0]) == 1, "without the mode the lone learner's round merges"
+    pulls = s.on_meta(1, 3, 0.0, 11.1, alive(0, 1))
+    assert [q.round_id for q in pulls if q.fragment == 3] == [rid], "learner 1 joins the open round"
+    s.on_push(push(s, 1, 3), rid, 11.2)
+    (rec,), _ = s.poll(11.2, alive(0, 1))
+    assert rec.participants == [0, 1]

@@ -16,6 +16,7 @@ from trainers.learner import (
     run_decoupled,
     run_diloco,
 )
+from trainers.lockstep import await_round, due_here
 from trainers.model import ModelConfig
 
 MODEL = ModelConfig(seq_len=8, d_model=16, n_layers=1, n_heads=2, d_ff=32)
@@ -391,3 +392,33 @@ def test_run_decoupled_reports_each_step_before_publishing_its_snapshot() -> Non
     link.publish = recording_publish  # type: ignore[method-assign]
     run_decoupled(core, batch, link, lambda s, loss, tok: order.append(("step", s)))
     assert order == [(kind, s) for s in range(1, 5) for kind in ("step", "publish")]
+
+
+def test_lockstep_await_round_holds_the_step_until_the_due_fragments_merge_arrives() -> None:
+    """Deterministic mode: after step s, the host takes merged values off the link until every fragment due
+    at s holds one pulled at s; they are applied at their usual step (s + tau), not at once. A wait that gives
+    up returns False."""
+    core = make(steps=8, overlap=2)
+    for _ in range(3):
+        core.inner_step(*batch(core.step + 1))
+    due = due_here(core)
+    assert due, "step 3 is a sync point of some fragment here"
+    late = [merged(core, p, 1, value=0.5, pulled_step=3) for p in due]
+    link = FakeDecoupledLink(core, {})
+    waits: list[int] = []
+
+    def wait() -> bool:  # the merge arrives on the second wait
+        waits.append(1)
+        if len(waits) == 2:
+            link.deliveries[core.step] = late
+        return len(waits) < 5
+
+    assert await_round(core, link, wait) is True and len(waits) == 2
+    assert all(core.frags[p].pending is not None and core.frags[p].pending_apply_at == 5 for p in due)
+    assert core.due_applies() == []
+    fresh = make(steps=8)
+    assert await_round(fresh, FakeDecoupledLink(fresh, {}), lambda: False) is True, "no sync point before step 1"
+    never = make(steps=8)
+    for _ in range(3):
+        never.inner_step(*batch(never.step + 1))
+    assert await_round(never, FakeDecoupledLink(never, {}), lambda: False) is False

@@ -239,3 +239,14 @@ def test_a_learner_gone_is_not_waited_for_but_k_stays_a_floor() -> None:
     k3 = QuorumConfig(min_quorum=3, overlap=2, grace_gamma=0.5, grace_cap_s=1.0)
     d = decide(100.0, state({0, 1}, {0, 1}, quorum_at=None), k3)
     assert d.action is Action.WAIT and d.wake_at is None and d.reason.startswith("quorum 2/3")
+
+
+def test_deterministic_mode_waits_without_deadline_for_every_alive_learner() -> None:
+    """wait_for_all: past quorum and past any grace window the round still waits, until all alive are in."""
+    cfg = QuorumConfig(min_quorum=1, wait_for_all=True, grace_enabled=False)
+    d = decide(1e6, state({0}, {0, 1, 2}), cfg)
+    assert d.action is Action.WAIT and d.wake_at is None and "2 more" in d.reason
+    assert decide(10.03, state({0, 1}, {0, 1, 2}, carried={2}), cfg).action is Action.MERGE
+    assert decide(10.03, state({0, 1}, {0, 1}), cfg).action is Action.MERGE, "a lost learner is not waited for"
+    assert decide(1e6, state({0}, {0, 1, 2}), QuorumConfig(min_quorum=1, grace_enabled=False)).action \
+        is Action.MERGE, "without it the same round merges at quorum"

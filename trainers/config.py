@@ -89,6 +89,11 @@ class DilocoConfig:
     anchor_history: int = bounded(64, 1, 100_000)
     """Versions of each fragment the syncer keeps to anchor pushes at their base (outer_anchor = base); a push
     based on an older version is declined as stale and its learner is sent the current value."""
+    deterministic: bool = False
+    """Lockstep mode for bisecting a regression: each learner waits at every sync point for that round's merge
+    and the syncer merges a round only once every alive learner is in, so merges happen in a fixed order at
+    fixed steps and a fault-free run repeats exactly (trainers/lockstep.py). Learners then wait for each other:
+    not for measuring availability."""
     max_staleness: int = bounded(4, 0, 100_000)
     """Versions a push's base may be behind its fragment's current version and still be merged. An older-based
     push is declined (outcome lagging) and its learner is sent the current value: its learner sat out that many

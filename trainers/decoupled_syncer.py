@@ -166,7 +166,8 @@ class DecoupledSyncer:
         """Per fragment: carried pushes waiting for its next round (no round open when they arrived)."""
         self.outer = NesterovOuterOptimizer(OuterOptConfig(lr=cfg.outer_lr, momentum=cfg.outer_momentum))
         self.quorum = QuorumConfig(min_quorum=cfg.min_quorum, overlap=cfg.overlap, grace_gamma=cfg.grace_gamma,
-                                   grace_cap_s=cfg.grace_cap_s, grace_enabled=cfg.grace_enabled)
+                                   grace_cap_s=cfg.grace_cap_s, grace_enabled=cfg.grace_enabled,
+                                   wait_for_all=cfg.deterministic)
         self.step_times = StepTimeTracker()
         self.sync_time = EwmaEstimator(alpha=0.2)
         self.reported_step: dict[int, int] = {}
@@ -404,6 +405,8 @@ class DecoupledSyncer:
         if rnd is None:
             return None
         reported = frozenset(rnd.fresh)
+        if self.cfg.deterministic:  # a learner not started yet is expected too: its first sync point is ahead
+            alive = alive | (frozenset(range(self.num_learners)) - frozenset(self.reported_step))
         return RoundState(started_at=rnd.started_at, quorum_at=rnd.quorum_at, reported=reported, alive=alive,
                           carried=frozenset(rnd.pushes) - reported,
                           step_time_s=self.step_times.estimate(reported), sync_time_s=self.sync_time.value or 0.0)

@@ -499,6 +499,7 @@ def run_decoupled(
     core: LearnerCore, batch: BatchFn, link: DecoupledLink | None, on_step: StepHook,
     on_apply: ApplyHook | None = None, should_stop: Callable[[], bool] = lambda: False,
     on_regroup: RegroupHook | None = None, max_steps: int | None = None,
+    after_publish: Callable[[], None] | None = None,
 ) -> None:
     """Decoupled DiLoCo: train, apply merged fragments when due, publish a snapshot for the syncer's pulls.
 
@@ -507,7 +508,8 @@ def run_decoupled(
     With `core.shrinkable` (the shrink policy), a broken group is re-formed with the chips that are left and
     training goes on with fewer tokens per step; a repaired chip joins the same way at a step boundary.
     Training ends after `max_steps` (default train.steps) or, earlier, after the step at which the syncer said
-    the run's total budget is reached (train.budget = total).
+    the run's total budget is reached (train.budget = total). `after_publish` runs on the host after each
+    publish, inside the step's time in the link (the deterministic mode's wait: trainers/lockstep.py).
     """
     limit = core.train_cfg.steps if max_steps is None else max_steps
     stop = False
@@ -532,6 +534,8 @@ def run_decoupled(
                 on_apply(core.step, applied)
             t2 = time.perf_counter()
             link.publish(core.snapshot(copy=False), core.partition)
+            if after_publish is not None:
+                after_publish()
             core.publish_s = time.perf_counter() - t2
         core._add("apply", t1 - t0)
         core._add("publish", time.perf_counter() - t1)

@@ -48,6 +48,9 @@ class QuorumConfig:
     """Upper clamp of the grace window, seconds; also the window before any step-time estimate."""
     grace_enabled: bool = True
     """If False the grace window is always 0: merge as soon as the quorum is reached."""
+    wait_for_all: bool = False
+    """Deterministic mode: a round with K fresh pushes still waits, without a deadline, until every alive
+    learner is in (no grace window)."""
 
     def __post_init__(self) -> None:
         if self.min_quorum < 1:
@@ -118,9 +121,10 @@ def decide(now: float, state: RoundState, cfg: QuorumConfig) -> Decision:
     K; declines never do, and carried pushes ride along. Branches, first match wins:
       1. fewer than K fresh pushes -> WAIT (no deadline: only a learner reaching the point can change this);
       2. every alive learner is in (fresh or carried) -> MERGE (nobody left to wait for);
-      3. grace window is 0 -> MERGE at quorum;
-      4. now >= quorum_at + grace -> MERGE (grace expired; the learners not at the point are not in it);
-      5. otherwise WAIT until quorum_at + grace.
+      3. deterministic mode (wait_for_all) -> WAIT for the others, no deadline;
+      4. grace window is 0 -> MERGE at quorum;
+      5. now >= quorum_at + grace -> MERGE (grace expired; the learners not at the point are not in it);
+      6. otherwise WAIT until quorum_at + grace.
 
     Raises:
         ValueError: if K fresh pushes are in but `state.quorum_at` is None.
@@ -135,11 +139,13 @@ def decide(now: float, state: RoundState, cfg: QuorumConfig) -> Decision:
     if state.alive <= inside:
         return Decision(Action.MERGE, f"all {len(state.alive)} alive learners in: {n} at the sync point{extra}",
                         0.0, None)
+    missing = len(state.alive - inside)
+    if cfg.wait_for_all:
+        return Decision(Action.WAIT, f"deterministic: waiting for {missing} more alive learner(s)", 0.0, None)
     if state.quorum_at is None:
         raise ValueError(f"{n} fresh pushes in (K={k}) but quorum_at is None")
     quorum_wait = state.quorum_at - state.started_at
     grace = grace_window(cfg, state.step_time_s, quorum_wait, state.sync_time_s)
-    missing = len(state.alive - inside)
     if grace <= 0.0:
         why = "grace disabled" if not cfg.grace_enabled else "no slack"
         return Decision(Action.MERGE, f"{why}: grace window 0, merging {n} at the sync point{extra}, "
