@@ -12,6 +12,8 @@ hygiene), and the invariants through ChaosRun.check. Scaled down from the built-
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from harness.compare import LOSS_TOLERANCE, compare, table, verdict
@@ -41,13 +43,18 @@ MAX_GAP_S = 1.5
 """Longest the decoupled global model may stand still while a learner is alive (the failure suite's bound)."""
 
 
-def test_compare_failure_decoupled_beats_the_synchronous_baselines(run_scenario):
+def compare_scenario() -> Any:
+    """The built-in chip-loss scenario scaled down: 4 x 2, STEPS steps of total budget, one chip lost."""
     sc = builtin("chip-loss")
-    sc = sc.replace(topology=type(sc.topology)(learners=LEARNERS, chips_per_learner=2),
-                    train=type(sc.train)(steps=STEPS, warmup_steps=10, budget="total"),
-                    diloco=type(sc.diloco)(fragments=4, sync_every=8, overlap=2, min_quorum=1),
-                    recovery=type(sc.recovery)(policy="elastic", repair_s=2.0),
-                    faults=[{"action": "kill_chip", "learner": 1, "chip": 1, "at": {"step": 40, "learner": 0}}])
+    return sc.replace(topology=type(sc.topology)(learners=LEARNERS, chips_per_learner=2),
+                      train=type(sc.train)(steps=STEPS, warmup_steps=10, budget="total"),
+                      diloco=type(sc.diloco)(fragments=4, sync_every=8, overlap=2, min_quorum=1),
+                      recovery=type(sc.recovery)(policy="elastic", repair_s=2.0),
+                      faults=[{"action": "kill_chip", "learner": 1, "chip": 1, "at": {"step": 40, "learner": 0}}])
+
+
+def test_compare_failure_decoupled_beats_the_synchronous_baselines(run_scenario):
+    sc = compare_scenario()
     rows = {r.label: r for r in compare(sc, runner=run_scenario)}
     print("\n" + table(list(rows.values())))
     # goodput (docs/metrics.md): the share of allocated chip-time on useful training; a step's routine exchange

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.scenario import builtin
+from harness.scenario import builtin, from_dict
 
 CONVERGED_BELOW = 3.0
 """Final eval loss bound, nats per byte; chance is 5.55, a unigram model ~3.1."""
@@ -75,3 +75,26 @@ def test_default_scenario_converges(run_scenario, algorithm):
     # accounting: nothing merged twice, nothing lost, tokens merged = tokens trained in the merged steps
     res.check("updates_accounted")
     res.check("token_accounting")
+
+
+def test_deterministic_mode_repeats_a_run_exactly(run_scenario):
+    """diloco.deterministic (lockstep): two fault-free runs with the same seed make the same merges (each
+    merged fragment's digest, in the same order per fragment) and end at the same final eval, to the last
+    digit, so a regression between two commits can be bisected on one run each. Small (2 learners x 1 chip,
+    60 steps) to keep the suite fast: the mode's figures on the default scenario are in docs/metrics.md."""
+    table = builtin("default").to_dict()
+    table.pop("random_faults_source")
+    table.update(name="deterministic", topology={"learners": 2, "chips_per_learner": 1})
+    table["train"] = {**table["train"], "steps": 60, "warmup_steps": 5}
+    table["diloco"] = {**table["diloco"], "deterministic": True}
+    sc = from_dict(table)
+    runs = [run_scenario(sc, f"deterministic-{i}") for i in range(2)]
+    digests = [sorted((e["fragment"], e["version"], e["digest"]) for e in r.events if e["ev"] == "merge")
+               for r in runs]
+    finals = [r.report["final_eval_loss"] for r in runs]
+    runs[1].figures(final_evals=finals, merges=[len(d) for d in digests])
+    assert not any(e["ev"] == "lockstep_wait_expired" for r in runs for e in r.events)
+    assert digests[0] == digests[1] and len(digests[0]) > 20
+    assert finals[0] == finals[1]
+    for r in runs:
+        r.check("updates_accounted")

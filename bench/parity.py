@@ -1,0 +1,77 @@
+"""Quality parity at miniature: each algorithm's final eval loss against fault-free ddp's at equal tokens.
+
+Not a test: it prints a table. For every step count in --steps, the scenario (the built-in default unless
+--scenario) is run fault-free with each algorithm in --algorithms over seeds 0..N-1, with the --set overrides
+for all of them and --set-for ALGORITHM:KEY=VALUE for one of them (e.g. a DiLoCo outer learning rate). With
+train.budget per_learner every algorithm trains steps x learners x chips batches, so the tokens are equal by
+construction. Each row gives the mean final eval, its standard deviation over the seeds, and the gap to
+ddp's mean at the same steps: the parity curve (how the gap shrinks with training) that docs/metrics.md
+records and harness/compare.py's verdict uses.
+
+    python bench/parity.py [--steps 300,600,1200] [--seeds 2] [--algorithms ddp,diloco,decoupled]
+                           [--set KEY=VALUE ...] [--set-for ALGORITHM:KEY=VALUE ...] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+from pathlib import Path
+from typing import Any
+
+from spread import merged, one, parse_set  # bench/ is the script's directory: on sys.path when run
+
+from harness.scenario import builtin, load
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--scenario", help="scenario file (default: the built-in default scenario)")
+    ap.add_argument("--steps", default="300", help="comma-separated train.steps values")
+    ap.add_argument("--seeds", type=int, default=2, help="run seeds 0..N-1 for each cell")
+    ap.add_argument("--algorithms", default="ddp,diloco,decoupled")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every run")
+    ap.add_argument("--set-for", action="append", default=[], metavar="ALGORITHM:KEY=VALUE",
+                    help="override for one algorithm's runs, e.g. decoupled:diloco.outer_lr=0.35")
+    ap.add_argument("--json", help="write the rows here too")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    sc = load(args.scenario) if args.scenario else builtin("default")
+    base = sc.to_dict()
+    base.pop("random_faults_source", None)
+    base = merged(base, parse_set(args.set))
+    per_algo: dict[str, list[str]] = {}
+    for item in args.set_for:
+        algo, _, kv = item.partition(":")
+        per_algo.setdefault(algo, []).append(kv)
+    algorithms = args.algorithms.split(",")
+    rows: list[dict[str, Any]] = []
+    for steps in (int(s) for s in args.steps.split(",")):
+        ddp_mean: float | None = None
+        for algo in algorithms:
+            table = merged(base, {"algorithm": algo, "train": {"steps": steps}})
+            table = merged(table, parse_set(per_algo.get(algo, [])))
+            runs = [one(table, seed) for seed in range(args.seeds)]
+            finals = [r[0] for r in runs]
+            mean = statistics.mean(finals)
+            if algo == "ddp":
+                ddp_mean = mean
+            rows.append({"steps": steps, "algorithm": algo, "overrides": per_algo.get(algo, []), "runs": len(runs),
+                         "mean": mean, "std": statistics.stdev(finals) if len(finals) > 1 else 0.0,
+                         "gap_to_ddp": None if ddp_mean is None else mean - ddp_mean,
+                         "eval_stderr": statistics.mean(r[1] for r in runs),
+                         "wall_s": statistics.mean(r[2] for r in runs), "finals": [round(f, 4) for f in finals]})
+    print(f"scenario {sc.name}, overrides {parse_set(args.set) or '-'}, per algorithm {per_algo or '-'}")
+    print(f"{'steps':>6} {'algorithm':<11}{'runs':>5}{'mean':>9}{'std':>9}{'gap':>9}{'eval se':>9}{'wall s':>8}")
+    for r in rows:
+        gap = "-" if r["gap_to_ddp"] is None else f"{r['gap_to_ddp']:+.4f}"
+        print(f"{r['steps']:>6} {r['algorithm']:<11}{r['runs']:>5}{r['mean']:>9.4f}{r['std']:>9.4f}{gap:>9}"
+              f"{r['eval_stderr']:>9.4f}{r['wall_s']:>8.1f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""The measurements behind the suites' loss tolerances: each suite's reference run, repeated.
+
+Not a test: it prints a table. Every convergence bound in suites/ and harness/compare.py is
+`reference + harness.tolerance.loss_tolerance(sd, cost)`: the reference run's final eval loss (a fault-free
+twin the test runs itself, or a mean measured here), plus K standard deviations of the difference of two runs
+(sqrt(2) x the run-to-run sd measured here), plus the cost the test's fault is allowed. This bench runs each
+suite's reference scenario (built by the suite's own scenario function, with its own seed) --repeats times
+and prints per reference: mean, sd, range, and the tolerance the suite derives from them; docs/metrics.md
+("Loss tolerances") records the table and each suite cites its row.
+
+    python bench/tolerances.py [--repeats 6] [--only NAME,...] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from harness.scenario import Scenario, builtin
+from harness.supervisor import run_scenario
+from harness.tolerance import loss_tolerance
+
+SUITES = Path(__file__).resolve().parent.parent / "suites"
+
+
+def suite(name: str) -> ModuleType:
+    """A suite module, imported from its file (suites/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, SUITES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def references() -> dict[str, Callable[[], Scenario]]:
+    """Each suite's reference scenario by name (the runs its convergence bounds are measured against)."""
+    pf, st, lc, el = (suite(n) for n in ("test_process_failure", "test_stragglers", "test_link_chaos",
+                                         "test_elastic"))
+    cmp = suite("test_compare")
+    return {
+        "process-failure fault-free": lambda: pf.scenario([]),
+        "stragglers full-speed": lambda: st.scenario([]),
+        "link 3x1 160 steps": lambda: lc.scenario("decoupled", learners=3, steps=160, faults=[]),
+        "link 2x1 240 steps": lambda: lc.scenario("decoupled", learners=2, steps=240, faults=[]),
+        "link 2x1 100 steps": lambda: lc.scenario("decoupled", learners=2, steps=100, faults=[]),
+        "link ddp 2x1 80 steps": lambda: lc.scenario("ddp", learners=2, steps=80, faults=[]),
+        "elastic ddp fault-free": lambda: el.scenario("ddp").replace(faults=[]),
+        "compare ddp fault-free": lambda: cmp.compare_scenario().replace(algorithm="ddp", faults=[]),
+        "compare decoupled with faults": lambda: cmp.compare_scenario().replace(algorithm="decoupled"),
+        "default decoupled": lambda: builtin("default"),
+        "default diloco": lambda: builtin("default").replace(algorithm="diloco"),
+        "default ddp": lambda: builtin("default").replace(algorithm="ddp"),
+    }
+
+
+def measure(build: Callable[[], Scenario], repeats: int) -> dict[str, Any]:
+    finals: list[float] = []
+    for _ in range(repeats):
+        with tempfile.TemporaryDirectory() as d:
+            finals.append(float(run_scenario(build(), d).report["final_eval_loss"]))
+    sd = statistics.stdev(finals) if len(finals) > 1 else 0.0
+    return {"runs": len(finals), "mean": statistics.mean(finals), "sd": sd, "min": min(finals),
+            "max": max(finals), "tolerance_k3": loss_tolerance(sd), "finals": [round(f, 4) for f in finals]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=6, help="runs of each reference (its suite's own seed)")
+    ap.add_argument("--only", help="comma-separated reference names (default: all)")
+    ap.add_argument("--json", help="write the rows here too")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    refs = references()
+    names = args.only.split(",") if args.only else list(refs)
+    rows = {n: measure(refs[n], args.repeats) for n in names}
+    print(f"{'reference':<32}{'runs':>5}{'mean':>9}{'sd':>9}{'min':>9}{'max':>9}{'3*sqrt2*sd':>12}")
+    for n, r in rows.items():
+        print(f"{n:<32}{r['runs']:>5}{r['mean']:>9.4f}{r['sd']:>9.4f}{r['min']:>9.4f}{r['max']:>9.4f}"
+              f"{r['tolerance_k3']:>12.4f}")
+        print(f"  finals: {r['finals']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
