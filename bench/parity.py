@@ -21,7 +21,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from spread import merged, one, parse_set  # bench/ is the script's directory: on sys.path when run
+from spread import merged, one, parse_set, stats  # bench/ is the script's directory: on sys.path when run
 
 from harness.scenario import builtin, load
 
@@ -54,15 +54,13 @@ def main() -> None:
             table = merged(base, {"algorithm": algo, "train": {"steps": steps}})
             table = merged(table, parse_set(per_algo.get(algo, [])))
             runs = [one(table, seed) for seed in range(args.seeds)]
-            finals = [r[0] for r in runs]
-            mean = statistics.mean(finals)
+            cell = stats([r[0] for r in runs])
             if algo == "ddp":
-                ddp_mean = mean
-            rows.append({"steps": steps, "algorithm": algo, "overrides": per_algo.get(algo, []), "runs": len(runs),
-                         "mean": mean, "std": statistics.stdev(finals) if len(finals) > 1 else 0.0,
-                         "gap_to_ddp": None if ddp_mean is None else mean - ddp_mean,
+                ddp_mean = cell["mean"]
+            rows.append({"steps": steps, "algorithm": algo, "overrides": per_algo.get(algo, []), **cell,
+                         "gap_to_ddp": None if ddp_mean is None else cell["mean"] - ddp_mean,
                          "eval_stderr": statistics.mean(r[1] for r in runs),
-                         "wall_s": statistics.mean(r[2] for r in runs), "finals": [round(f, 4) for f in finals]})
+                         "wall_s": statistics.mean(r[2] for r in runs)})
     print(f"scenario {sc.name}, overrides {parse_set(args.set) or '-'}, per algorithm {per_algo or '-'}")
     print(f"{'steps':>6} {'algorithm':<11}{'runs':>5}{'mean':>9}{'std':>9}{'gap':>9}{'eval se':>9}{'wall s':>8}")
     for r in rows:

@@ -74,12 +74,17 @@ def one(table: dict[str, Any], seed: int) -> tuple[float, float, float]:
         return float(res.report["final_eval_loss"]), holdout_stderr(res.run_dir, sc), float(res.report["wall_s"])
 
 
-def summary(label: str, runs: list[tuple[float, float, float]]) -> dict[str, Any]:
-    finals = [r[0] for r in runs]
-    return {"set": label, "runs": len(runs), "mean": statistics.mean(finals),
+def stats(finals: list[float]) -> dict[str, Any]:
+    """Mean, sample standard deviation (0 for one run), range and the rounded figures of some final evals:
+    the columns every bench/ spread table shares."""
+    return {"runs": len(finals), "mean": statistics.mean(finals),
             "std": statistics.stdev(finals) if len(finals) > 1 else 0.0, "min": min(finals), "max": max(finals),
-            "eval_stderr": statistics.mean(r[1] for r in runs), "wall_s": statistics.mean(r[2] for r in runs),
             "finals": [round(f, 4) for f in finals]}
+
+
+def summary(label: str, runs: list[tuple[float, float, float]]) -> dict[str, Any]:
+    return {"set": label, **stats([r[0] for r in runs]), "eval_stderr": statistics.mean(r[1] for r in runs),
+            "wall_s": statistics.mean(r[2] for r in runs)}
 
 
 def main() -> None:

@@ -17,13 +17,14 @@ import argparse
 import importlib.util
 import json
 import logging
-import statistics
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from spread import stats  # bench/ is the script's directory: on sys.path when run
 
 from harness.scenario import Scenario, builtin
 from harness.supervisor import run_scenario
@@ -68,9 +69,9 @@ def measure(build: Callable[[], Scenario], repeats: int) -> dict[str, Any]:
     for _ in range(repeats):
         with tempfile.TemporaryDirectory() as d:
             finals.append(float(run_scenario(build(), d).report["final_eval_loss"]))
-    sd = statistics.stdev(finals) if len(finals) > 1 else 0.0
-    return {"runs": len(finals), "mean": statistics.mean(finals), "sd": sd, "min": min(finals),
-            "max": max(finals), "tolerance_k3": loss_tolerance(sd), "finals": [round(f, 4) for f in finals]}
+    row = stats(finals)
+    row["sd"] = row.pop("std")
+    return {**row, "tolerance_k3": loss_tolerance(row["sd"])}
 
 
 def main() -> None:
