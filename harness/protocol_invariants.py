@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from harness.invariants import InvariantResult, Run, RunRecord, _run
+from trainers.config import DilocoConfig
 
 PushKey = tuple[int, int, int, int]
 """(learner, fragment, first_step, last_step): a push's identity in both the learner's and the syncer's log."""
@@ -63,7 +64,7 @@ def rda_norms(run: Run, *, rel_tol: float = 1e-3, show: int = 3) -> InvariantRes
     merges = r.of("merge")
     if not merges:
         return _no_merges("rda_norms", rel_tol, measure)
-    rule = str(_diloco(r, "merge_rule", "rda"))
+    rule = str(_diloco(r, "merge_rule", DilocoConfig().merge_rule))
     worst, bad, unlogged, multi = 0.0, [], 0, 0
     for e in merges:
         n = e.get("norms")
@@ -102,7 +103,7 @@ def outer_lr(run: Run, *, rel_tol: float = 1e-2, show: int = 3) -> InvariantResu
     merges = r.of("merge")
     if not merges:
         return _no_merges("outer_lr", rel_tol, measure)
-    lr = float(_diloco(r, "outer_lr", 0.7))
+    lr = float(_diloco(r, "outer_lr", DilocoConfig().outer_lr))
     worst, bad, unlogged, zero = 0.0, [], 0, 0
     for e in merges:
         if "outer_lr" not in e:
@@ -145,7 +146,7 @@ def token_weights(run: Run, *, tolerance: float = 1e-5, show: int = 3) -> Invari
     merges = r.of("merge")
     if not merges:
         return _no_merges("token_weights", tolerance, measure)
-    on = bool(_diloco(r, "token_weighting", True))
+    on = bool(_diloco(r, "token_weighting", DilocoConfig().token_weighting))
     worst, bad, unlogged, telling = 0.0, [], 0, 0
     for e in merges:
         if "weights" not in e or "c_steps" not in e or "c_tokens" not in e:
@@ -246,7 +247,7 @@ def apply_schedule(run: Run, *, show: int = 5) -> InvariantResult:
     schedule. An apply bound by the schedule (pulled + tau > arrived + 1) is the kind that shows a shifted tau."""
     r = _run(run)
     measure = "applies off the tau schedule"
-    tau = int(_diloco(r, "overlap", 2))
+    tau = int(_diloco(r, "overlap", DilocoConfig().overlap))
     applies = r.of("apply")
     if not applies:
         ok = not any(e.get("participants") for e in r.of("merge"))

@@ -22,6 +22,10 @@ from harness.protocol_invariants import (
     token_weights,
 )
 from harness.pytest_plugin import INVARIANTS
+from trainers.config import DilocoConfig
+
+LR = DilocoConfig().outer_lr
+"""The outer lr the logs below were written with: the config's default (the test config sets none)."""
 
 TAU = 2
 """diloco.overlap of the hand-built runs (config() leaves it at its default)."""
@@ -40,7 +44,7 @@ def with_protocol_facts(evs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                           fragment=e["fragment"], first_step=e["first_step"], last_step=e["last_step"],
                           c_steps=e["c_steps"], round=e["round"]))
         if e["ev"] == "merge":
-            e.update(weights=[round(w, 6) for w in expected_weights(e["c_steps"], e["c_tokens"])], outer_lr=0.7,
+            e.update(weights=[round(w, 6) for w in expected_weights(e["c_steps"], e["c_tokens"])], outer_lr=LR,
                      norms={"radial": 0.5, "merged": 0.5, "embedding_radial": 0.2, "embedding_merged": 0.15})
             for m, (_, last) in zip(e["participants"], e["step_ranges"], strict=True):
                 if last + TAU <= 8:
@@ -87,9 +91,9 @@ def test_rda_norms(tmp_path: Path) -> None:
 def test_outer_lr(tmp_path: Path) -> None:
     holds(outer_lr(write_run(tmp_path, good(), name="a")))
     evs = good()
-    first(evs, "merge", fragment=1)["outer_lr"] = 0.35
+    first(evs, "merge", fragment=1)["outer_lr"] = LR / 2
     violated(outer_lr(write_run(tmp_path, evs, name="b")), "effective outer lr 0.5 > bound 0.01",
-             "fragment 1 v1: effective lr 0.35")
+             f"fragment 1 v1: effective lr {LR / 2:g}")
     first(evs, "merge", fragment=1)["outer_lr"] = float("nan")  # a zero direction: nothing to measure
     assert "1 with a zero direction skipped" in holds(outer_lr(write_run(tmp_path, evs, name="c"))).detail
 
