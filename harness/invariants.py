@@ -414,7 +414,9 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
       went down while its round was open, given up on rejoin: the learner then (re)joined the restored syncer
       (`learner_join`, whose `versions` are the fragments it was sent) and applied fragment p at the version it
       was sent there, which overwrites its copy and resets its counters (the algorithm's rule for a (re)joining
-      learner), before any push of those steps was merged;
+      learner), before any push of those steps was merged; or lost with the syncer's open round: no merge of
+      the fragment came between the push and the crash, and the learner applied the fragment after a later
+      step (a carried push's learner applies the round it missed, so the dead syncer held the only copy);
     * outcome late / stale: a `push_superseded` with reason late / stale and the same step range;
     * outcome rejected_*: a `push_rejected` with a non-empty reason and the same step range.
     Problems: a push none of these accounts for (lost); a merged contribution that no push accounts for; two
@@ -482,9 +484,20 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
                 return True
         return False
 
+    frag_merges = [(int(e["fragment"]), float(e["t"])) for e in r.of("merge")]
+
+    def died_with_the_syncer(m: int, p: int, t_push: float, last: int, crash: float) -> bool:
+        """The push's round was still open when the syncer died (no merge of fragment p between the push and
+        the crash), and learner m had applied fragment p after a step past the push's (which overwrote those
+        steps and reset its counters), so the dead syncer's round held their only copy."""
+        if any(q == p and t_push < tm < crash for q, tm in frag_merges):
+            return False
+        return any(int(a["learner"]) == m and float(a["t"]) > t_push and int(a.get("step", -1)) > last
+                   and p in a.get("fragments", []) for a in applies)
+
     pushes = r.of("push")
     lost: list[str] = []
-    n_given_up = 0
+    n_given_up = n_died = 0
     pending: list[dict[str, Any]] = []
     for e in pushes:  # late / stale / rejected first: their own follow-up event accounts for them
         m, p, a, b = int(e["learner"]), int(e["fragment"]), int(e["first_step"]), int(e["last_step"])
@@ -527,6 +540,9 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
         if crash is not None and given_up_on_rejoin(m, p, crash):
             n_given_up += 1  # its round died with the syncer; the rejoin's fragment then reset its counters
             continue
+        if crash is not None and died_with_the_syncer(m, p, t, b, crash):
+            n_died += 1  # the dead syncer's open round held its only copy: the learner had moved past it
+            continue
         lost.append(f"{_push_id(e)} {e.get('outcome')} but never merged nor superseded")
     phantom = [f"merge of fragment {p} v{x.get('version')} round {x.get('round')} took learner {m} steps {a}-{b}, "
                "which no logged push accounts for"
@@ -549,7 +565,8 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
         n_unlogged = sum(unlogged.values())
         detail = (f"{len(pushes)} pushes, {len(contribs)} merged contributions"
                   + (f", {n_unlogged} counted as merged in merges the killed syncer did not log" if n_unlogged else "")
-                  + (f", {n_given_up} given up on rejoining the restored syncer" if n_given_up else ""))
+                  + (f", {n_given_up} given up on rejoining the restored syncer" if n_given_up else "")
+                  + (f", {n_died} lost with the syncer's open round" if n_died else ""))
     return InvariantResult("updates_accounted", not problems, len(problems), 0, detail, measure)
 
 

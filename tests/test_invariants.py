@@ -548,3 +548,23 @@ def test_check_all(tmp_path: Path) -> None:
     assert all(r.ok for r in results), [str(r) for r in results if not r.ok]
     strict = check_all(run, max_loss=2.0)
     assert [r.name for r in strict if not r.ok] == ["converged"]
+
+
+def test_updates_accounted_a_carried_push_dies_with_the_syncer(tmp_path: Path) -> None:
+    """What a suite run did: learner 0's answer to fragment 0's round 3 arrives after that round merged, so it is
+    carried into round 4; the learner applies version 3 (the round it missed: its counters reset, those steps
+    are gone from it) and the syncer is killed before round 4 merges. The dead syncer's round held the only
+    copy: lost with the syncer, not by it. A merge of the fragment between the push and the crash that left it
+    out, or no apply after the push, and the push is lost."""
+    carried = push(3.3, 0, 0, 9, 10, outcome="carried", round_id=3, joined=None)
+    applied = ev("apply", 3.35, "learner0.chip0", learner=0, step=11, fragments=[0], versions=[3])
+    crash = ev("syncer_down", 3.4, "supervisor", exitcode=-9)
+    res = holds(updates_accounted(write_run(tmp_path, decoupled_log() + [carried, applied, crash], name="a")))
+    assert "1 lost with the syncer's open round" in res.detail
+    violated(updates_accounted(write_run(tmp_path, decoupled_log() + [carried, crash], name="b")), "1 > bound 0",
+             "carried but never merged nor superseded")
+    left_out = ev("merge", 3.38, fragment=0, version=4, merges=7, round=4, participants=[1], c_steps=[2],
+                  c_tokens=[2 * TOK], step_ranges=[[9, 10]], base_versions=[3], tokens=2 * TOK / P, tokens_merged=0.0)
+    pushed = push(3.36, 1, 0, 9, 10, round_id=4)
+    violated(updates_accounted(write_run(tmp_path, decoupled_log() + [carried, applied, pushed, left_out, crash],
+                                         name="c")), "1 > bound 0", "learner 0 fragment 0 round 3 steps 9-10 carried")
