@@ -1,7 +1,8 @@
 """Quality parity at miniature: each algorithm's final eval loss against fault-free ddp's at equal tokens.
 
 Not a test: it prints a table. For every step count in --steps, the scenario (the built-in default unless
---scenario) is run fault-free with each algorithm in --algorithms over seeds 0..N-1, with the --set overrides
+--scenario names a file or --suite a suite's scenario function, such as test_compare:compare_scenario) is run
+fault-free (its [[faults]] dropped) with each algorithm in --algorithms over seeds 0..N-1, with the --set overrides
 for all of them and --set-for ALGORITHM:KEY=VALUE for one of them (e.g. a DiLoCo outer learning rate). With
 train.budget per_learner every algorithm trains steps x learners x chips batches, so the tokens are equal by
 construction. Each row gives the mean final eval, its standard deviation over the seeds, and the gap to
@@ -9,6 +10,7 @@ ddp's mean at the same steps: the parity curve (how the gap shrinks with trainin
 records and harness/compare.py's verdict uses.
 
     python bench/parity.py [--steps 300,600,1200] [--seeds 2] [--algorithms ddp,diloco,decoupled]
+                           [--scenario FILE | --suite MODULE:FUNCTION]
                            [--set KEY=VALUE ...] [--set-for ALGORITHM:KEY=VALUE ...] [--json OUT]
 """
 
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from spread import merged, one, parse_set, stats  # bench/ is the script's directory: on sys.path when run
+from tolerances import suite
 
 from harness.scenario import builtin, load
 
@@ -29,6 +32,8 @@ from harness.scenario import builtin, load
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--scenario", help="scenario file (default: the built-in default scenario)")
+    ap.add_argument("--suite", metavar="MODULE:FUNCTION",
+                    help="a suite's scenario function, e.g. test_compare:compare_scenario (instead of --scenario)")
     ap.add_argument("--steps", default="300", help="comma-separated train.steps values")
     ap.add_argument("--seeds", type=int, default=2, help="run seeds 0..N-1 for each cell")
     ap.add_argument("--algorithms", default="ddp,diloco,decoupled")
@@ -38,9 +43,14 @@ def main() -> None:
     ap.add_argument("--json", help="write the rows here too")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    sc = load(args.scenario) if args.scenario else builtin("default")
+    if args.suite:
+        module, _, function = args.suite.partition(":")
+        sc = getattr(suite(module), function)()
+    else:
+        sc = load(args.scenario) if args.scenario else builtin("default")
     base = sc.to_dict()
     base.pop("random_faults_source", None)
+    base["faults"] = []
     base = merged(base, parse_set(args.set))
     per_algo: dict[str, list[str]] = {}
     for item in args.set_for:

@@ -88,6 +88,8 @@ class RunRow:
     invariants: tuple[InvariantFigure, ...] = ()
     vs_fault_free_ddp: float | None = None
     """compare: final_eval_loss minus fault-free ddp's; null in `run` or without a reference."""
+    train_steps: int | None = None
+    """The scenario's train.steps (where compare's verdict reads the parity curve); null if its config is gone."""
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,9 @@ def run_row(label: str, res: Any, baseline_loss: float | None = None, tolerance:
     train_s = r.get("train_s") or 0.0
     gp = r.get("goodput") or {}
     config = Path(res.run_dir) / CONFIG_FILE
-    faults = len(read_json(config).get("faults", [])) if config.exists() else 0
+    cfg = read_json(config) if config.exists() else {}
+    faults = len(cfg.get("faults", []))
+    steps = (cfg.get("train") or {}).get("steps")
     return RunRow(
         label=label, algorithm=r["algorithm"], scenario=r["name"], seed=int(r["seed"]), faults=faults,
         goodput=gp.get("goodput"), merged_fraction=gp.get("merged_fraction"),
@@ -137,7 +141,8 @@ def run_row(label: str, res: Any, baseline_loss: float | None = None, tolerance:
         tokens_trained=int(r["tokens_trained"]), tokens_merged=float(r["tokens_merged"]),
         tokens_merged_per_s=round(r["tokens_merged"] / train_s, 1) if train_s else None,
         merges=int(r["merge_count"]), longest_gap_s=float(r["longest_gap_s"]), wall_s=float(r["wall_s"]),
-        run_dir=str(res.run_dir), invariants=invariant_figures(res.run_dir, baseline_loss, tolerance))
+        run_dir=str(res.run_dir), invariants=invariant_figures(res.run_dir, baseline_loss, tolerance),
+        train_steps=None if steps is None else int(steps))
 
 
 def to_json(results: ResultsFile) -> dict[str, Any]:

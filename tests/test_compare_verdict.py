@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from harness.compare import ALGORITHMS, verdict
+import dataclasses
+
+import pytest
+
+from harness.compare import ALGORITHMS, GAP_SD, PARITY_CURVE, loss_allowance, parity_gap, verdict
 from harness.results import RunRow
 
 
@@ -23,7 +27,7 @@ def test_every_claim_holds() -> None:
     claims = verdict(rows(0.9, 1.0, 0.6), tolerance=0.7)
     assert [c.claim for c in claims] == [
         "decoupled goodput above ddp", "decoupled goodput above diloco", "decoupled uptime at least ddp",
-        "decoupled uptime at least diloco", "decoupled final eval within 0.7 of fault-free ddp"]
+        "decoupled uptime at least diloco", "decoupled final eval within 0.700 of fault-free ddp"]
     assert all(c.holds for c in claims)
 
 
@@ -32,7 +36,7 @@ def test_each_claim_fails_on_its_own_figure() -> None:
     assert claims["decoupled goodput above ddp"].holds and not claims["decoupled goodput above diloco"].holds
     assert claims["decoupled goodput above diloco"].figures == "0.750 vs 0.800"
     assert not claims["decoupled uptime at least ddp"].holds and claims["decoupled uptime at least diloco"].holds
-    assert not claims["decoupled final eval within 0.7 of fault-free ddp"].holds
+    assert not claims["decoupled final eval within 0.700 of fault-free ddp"].holds
     assert verdict(rows(0.9, 1.0, 0.1)[:3]) == [], "no decoupled row: nothing to judge"
 
 
@@ -55,3 +59,30 @@ def test_with_elastic_ddp_goodput_ranks_decoupled_then_elastic_then_ddp() -> Non
     # without a ddp row the chain is decoupled > elastic_ddp only
     claims = {c.claim: c for c in verdict([x for x in rs if x.label != "ddp, with faults"])}
     assert "elastic_ddp goodput above ddp" not in claims and "decoupled goodput above elastic_ddp" in claims
+
+
+def test_parity_gap_follows_the_measured_curve() -> None:
+    for steps, gap in PARITY_CURVE:
+        assert parity_gap(steps) == pytest.approx(gap)
+    (s0, g0), (s1, g1) = PARITY_CURVE[0], PARITY_CURVE[1]
+    mid = parity_gap((s0 + s1) // 2)
+    assert min(g0, g1) < mid < max(g0, g1)
+    last_steps, last_gap = PARITY_CURVE[-1]
+    assert 0 < parity_gap(4 * last_steps) < last_gap, "beyond the curve the gap keeps shrinking"
+    assert 0 < parity_gap(s0 // 2) < g0, "before it, towards chance where both start, too"
+    assert parity_gap(None) == g0
+    with pytest.raises(ValueError, match="steps > 0"):
+        parity_gap(0)
+
+
+def test_the_default_bound_is_the_parity_gap_plus_the_measured_spread() -> None:
+    steps = PARITY_CURVE[0][0]
+    allowed = loss_allowance(steps)
+    assert allowed == pytest.approx(parity_gap(steps) + 3 * GAP_SD)
+    rs = rows(0.9, 1.0, 0.0)
+    for gap, holds in ((allowed - 0.01, True), (allowed + 0.01, False)):
+        rs[-1] = dataclasses.replace(rows(0.9, 1.0, gap)[-1], train_steps=steps)
+        claim = [c for c in verdict(rs) if "final eval" in c.claim]
+        assert [c.holds for c in claim] == [holds], claim
+        assert claim[0].claim == f"decoupled final eval within {allowed:.3f} of fault-free ddp"
+        assert f"parity gap at {steps} steps" in claim[0].figures
