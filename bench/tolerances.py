@@ -50,7 +50,10 @@ def references() -> dict[str, Callable[[], Scenario]]:
     cmp = suite("test_compare")
     return {
         "process-failure fault-free": lambda: pf.scenario([]),
+        "process-failure ddp 120 steps": lambda: pf.scenario([], algorithm="ddp", steps=120),
+        "process-failure diloco 120 steps": lambda: pf.scenario([], algorithm="diloco", steps=120),
         "stragglers full-speed": lambda: st.scenario([]),
+        "stragglers 2x1 240 steps": lambda: st.scenario([], learners=2, steps=240),
         "link 3x1 160 steps": lambda: lc.scenario("decoupled", learners=3, steps=160, faults=[]),
         "link 2x1 240 steps": lambda: lc.scenario("decoupled", learners=2, steps=240, faults=[]),
         "link 2x1 100 steps": lambda: lc.scenario("decoupled", learners=2, steps=100, faults=[]),

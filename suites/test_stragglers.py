@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from harness.scenario import from_dict
+from harness.tolerance import Reference
 
 pytestmark = [pytest.mark.straggler, pytest.mark.timeout(600)]
 """600 s: a test's first use of the shared full-speed run (`cluster`) runs it inside that test's budget."""
@@ -32,8 +33,14 @@ TOLERANCE = 0.15
 """Achieved speed within +-15% of the profile (issue 4)."""
 FAST_FLOOR = 0.85
 """The fast learners keep at least this fraction of their steps/s (summed) in the run where nobody is slow."""
-LOSS_DROP = 1.0
-"""Convergence: the final eval loss at least this far (nats per byte) below the initial one (chance, 5.55)."""
+FULL_SPEED = Reference("stragglers full-speed", mean=2.287, sd=0.044, cost=0.0)
+"""The run where nobody is slow (bench/tolerances.py, docs/metrics.md "Loss tolerances"): its run-to-run spread
+(8 runs: the bench's 6 and this suite's own 2), and what two half-speed learners may cost: nothing (they ended
+0.05 and 0.12 below their twin). A run with stragglers may end at most FULL_SPEED.tolerance() above its
+full-speed twin."""
+TRANSIENT = Reference("stragglers 2x1 240 steps", mean=2.3094, sd=0.019, cost=0.0)
+"""The transient test's scenario without its straggler (2 x 1, TRANSIENT_STEPS steps), measured the same way;
+the run with the straggler ended 0.02 below it twice (cost 0) and may end at most TRANSIENT.bound()."""
 MAX_GAP_S = 1.5
 """Longest the global model may stand still while at least K = 1 learner is alive: the fast learners keep it
 moving whatever the slow ones do (a fault-free decoupled run: ~1 s at worst on this shared 2-core machine)."""
@@ -61,9 +68,10 @@ def full_speed(cluster) -> dict[str, Any]:
     return cluster(scenario([]), "full-speed").report
 
 
-def check_invariants(res: Any) -> None:
-    """Convergence and availability invariants, with their figures printed (they raise naming both)."""
-    res.check("converged", max_loss=res.report["initial_eval_loss"] - LOSS_DROP)
+def check_invariants(res: Any, **converged: Any) -> None:
+    """Convergence (`converged` with the given bounds) and availability invariants, with their figures printed
+    (they raise naming both)."""
+    res.check("converged", **converged)
     res.check("model_finite")
     res.check("no_global_downtime", bound_s=MAX_GAP_S, min_alive=1)
     res.check("availability", min_uptime=MIN_UPTIME)
@@ -88,7 +96,7 @@ def test_straggler_two_half_speed_learners_achieve_their_profile(run_scenario, f
     assert sum(fast.values()) >= FAST_FLOOR * sum(ref.values()), f"the fast learners waited for the slow ones: " \
         f"{fast} vs {ref}"
     assert all(d["steps"] == STEPS for d in rep["per_learner"].values())
-    check_invariants(res)  # converged: final eval loss <= initial - LOSS_DROP
+    check_invariants(res, baseline_loss=full_speed["final_eval_loss"], tolerance=FULL_SPEED.tolerance())
 
 
 TRANSIENT_STEPS = 240
@@ -121,4 +129,4 @@ def test_straggler_transient_window_then_released(run_scenario):
     assert abs(p["achieved"] - 0.3) <= TOLERANCE * 0.3, f"achieved {p['achieved']}, profile 0.3 +- {TOLERANCE:.0%}"
     assert after[0] >= UNHELD_FLOOR * after[1], f"learner 1 still held after its window: {after} steps " \
         f"(learner 1, learner 0), floor {UNHELD_FLOOR}"
-    check_invariants(res)
+    check_invariants(res, max_loss=TRANSIENT.bound())
