@@ -14,7 +14,8 @@ exact payload length and a CRC-32 over the rest of the header and the payload
   preallocated buffer, however the bytes are sliced on the way,
 * bounds the whole receive by one overall deadline (a peer that drips one byte
   at a time cannot keep it waiting forever),
-* rejects unknown flag bits and unknown types,
+* rejects unknown flag bits and unknown types, and metadata that breaks its
+  type's schema (`harness/wire_messages.py`): receivers can read its fields,
 * tells apart a clean close between frames (:class:`ConnectionClosed`), a close
   inside a frame (:class:`Truncated`), and a rejected frame (the other
   :class:`FrameError` subclasses, each with a short ``kind`` string for logs and
@@ -49,7 +50,6 @@ with an HMAC-SHA256 over the nonce and its learner id.
 
 from __future__ import annotations
 
-import enum
 import fcntl
 import hashlib
 import hmac
@@ -66,6 +66,8 @@ from typing import Any
 
 import torch
 
+from harness.wire_messages import MetaError, MsgType, check_meta
+
 __all__ = [
     "HEADER",
     "MAGIC",
@@ -73,6 +75,7 @@ __all__ = [
     "BadChecksum",
     "BadFlags",
     "BadMagic",
+    "BadMessage",
     "BadPayload",
     "ConnectionClosed",
     "FrameError",
@@ -111,33 +114,6 @@ _DTYPES: dict[str, torch.dtype] = {
     "uint8": torch.uint8,
 }
 _DTYPE_NAMES: dict[torch.dtype, str] = {dtype: name for name, dtype in _DTYPES.items()}
-
-
-class MsgType(enum.IntEnum):
-    """Message types; the value is the type byte in the frame header."""
-
-    HELLO = 1
-    CHALLENGE = 2
-    AUTH = 3
-    WELCOME = 4
-    REJECT = 5
-    PUSH = 10
-    FRAGMENT = 11
-    GRADS = 12
-    GRADS_AVG = 13
-    PARAMS = 14
-    PARAMS_MERGED = 15
-    PULL = 16
-    HEARTBEAT = 17
-    BYE = 18
-    ERROR = 19
-    META = 20
-    PING = 21
-    PONG = 22
-    RESUME = 23
-    STOP = 24
-    FRAGMENT_STATE = 25
-    """Not sent on a link: the content of one slot of the syncer's checkpoint (harness/fragment_checkpoint.py)."""
 
 
 _MSG_TYPE_VALUES = frozenset(int(t) for t in MsgType)
@@ -198,6 +174,13 @@ class UnknownType(BadPayload):
     """The header names a message type this protocol does not have."""
 
     kind = "unknown_type"
+
+
+class BadMessage(BadPayload):
+    """The payload decodes, but its metadata breaks its message type's schema (`harness/wire_messages.py`):
+    a field missing, of the wrong type, not finite or out of range. The message names the type and field."""
+
+    kind = "bad_message"
 
 
 class ConnectionClosed(Exception):
@@ -290,7 +273,7 @@ def _parse_entry(raw: object, index: int) -> tuple[str, torch.dtype, list[int], 
 
 def decode_payload(msg_type: int, payload: bytes | bytearray | memoryview) -> Message:
     """Decode a frame's payload into a :class:`Message`; raises :class:`BadPayload` on malformed content
-    (:class:`UnknownType` for an unknown type).
+    (:class:`UnknownType` for an unknown type, :class:`BadMessage` for metadata that breaks the type's schema).
 
     ``payload`` may be any bytes-like object. The returned tensors own fresh
     memory (they do not alias ``payload``).
@@ -323,6 +306,10 @@ def decode_payload(msg_type: int, payload: bytes | bytearray | memoryview) -> Me
         raise BadPayload(
             f"tensor sizes add up to {data_len} bytes but {len(buf) - data_start} bytes follow the meta"
         )
+    try:
+        check_meta(MsgType(msg_type), meta)
+    except MetaError as exc:
+        raise BadMessage(f"{MsgType(msg_type).name}: {exc}") from exc
 
     tensors: dict[str, torch.Tensor] = {}
     offset = data_start
@@ -407,7 +394,8 @@ def recv_message(sock: socket.socket, max_frame_bytes: int, timeout_s: float,
     :class:`Truncated` on EOF inside the frame, :class:`BadMagic` /
     :class:`FrameTooLarge` (payload length over ``max_frame_bytes``, refused
     before any payload byte is read) / :class:`BadChecksum` / :class:`BadFlags`
-    / :class:`UnknownType` / :class:`BadPayload` for rejected frames,
+    / :class:`UnknownType` / :class:`BadPayload` / :class:`BadMessage`
+    (metadata that breaks its type's schema) for rejected frames,
     ``TimeoutError`` when the deadline passes, and ``OSError`` for socket errors.
 
     If ``timing`` is given, it receives ``header_t`` (monotonic time the header
