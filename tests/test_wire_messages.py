@@ -1,5 +1,6 @@
-"""Tests for harness/wire_messages.py: every message the project sends fits its type's schema, and every
-malformed one is refused on decode with the wire's BadMessage.
+"""Tests for harness/wire_messages.py: every message the project sends fits its type's schema, every malformed
+one is refused on decode with the wire's BadMessage, and a live syncer that receives one closes only that
+connection, logs why, and goes on serving the others.
 
 Why: a frame with intact framing but a missing or wrong-typed field (a HELLO whose learner id is a list, null
 or Infinity; a META without its step) used to kill the syncer's reader thread, leaking its socket without an
@@ -9,28 +10,39 @@ or Infinity; a META without its step) used to kill the syncer's reader thread, l
 from __future__ import annotations
 
 import math
+import socket
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import torch
 
 from harness.codec import grads_request, merged_to_message, params_request, push_to_message
+from harness.events import EventLog
 from harness.fragment_checkpoint import state_to_message
+from harness.syncer_service import SyncerService
 from harness.wire import (
     BadMessage,
     BadPayload,
+    ConnectionClosed,
     FrameError,
     Message,
     MsgType,
     decode_frame,
     encode,
     new_nonce,
+    recv_message,
+    send_message,
     sign_challenge,
 )
 from harness.wire_messages import SCHEMAS
+from tests.conftest import tiny
 from trainers.learner import FragmentPush
 
 MAX = 1 << 20
+WAIT_S = 10.0
+"""Bound on every wait and socket call here."""
 SECRET = b"s" * 32
 
 
@@ -133,3 +145,124 @@ def test_undeclared_keys_are_carried_through() -> None:
     meta = {"learner": 1, "step": 3, "step_time_s": 0.5, "extra": [1, {"x": None}]}
     assert _round_trip(Message(MsgType.META, meta)).meta == meta
 
+
+# --------------------------------------------------------------------------- a live syncer
+
+
+class _WatchedLog(EventLog):
+    """The run's real event log, which also lets a test wait (bounded) for an event."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, "syncer")
+        self.events: list[dict[str, Any]] = []
+        self._cv = threading.Condition()
+
+    def log(self, kind: str, /, **fields: Any) -> None:
+        super().log(kind, **fields)
+        with self._cv:
+            self.events.append({"ev": kind, **fields})
+            self._cv.notify_all()
+
+    def wait_for(self, pred: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+        with self._cv:
+            assert self._cv.wait_for(lambda: any(pred(e) for e in self.events), timeout=WAIT_S), self.events
+            return next(e for e in self.events if pred(e))
+
+
+@pytest.fixture
+def syncer(tmp_path) -> Iterator[tuple[SyncerService, _WatchedLog]]:
+    """A real SyncerService (decoupled, 2 learners) serving in a thread; stopped and joined afterwards."""
+    events = _WatchedLog(str(tmp_path / "events.jsonl"))
+    sc = tiny(timeouts={"liveness_s": 8.0, "connect_s": WAIT_S})
+    svc = SyncerService(sc, str(tmp_path), SECRET, events)
+    stop = threading.Event()
+    thread = threading.Thread(target=svc.serve, args=(stop,), name="test-syncer", daemon=True)
+    thread.start()
+    try:
+        yield svc, events
+    finally:
+        stop.set()
+        thread.join(timeout=WAIT_S)
+        events.close()
+    assert not thread.is_alive()
+
+
+def _connect(svc: SyncerService) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", svc.port), timeout=WAIT_S)
+    sock.settimeout(WAIT_S)
+    return sock
+
+
+def _join(svc: SyncerService, learner: int) -> socket.socket:
+    """Connect and pass the handshake as learner `learner`, as harness/link.py does."""
+    sock = _connect(svc)
+    send_message(sock, Message(MsgType.HELLO, {"learner": learner, "proto": 1}), WAIT_S)
+    challenge = recv_message(sock, MAX, WAIT_S)
+    sig = sign_challenge(SECRET, bytes.fromhex(challenge.meta["nonce"]), learner)
+    send_message(sock, Message(MsgType.AUTH, {"learner": learner, "sig": sig}), WAIT_S)
+    assert recv_message(sock, MAX, WAIT_S).type is MsgType.WELCOME
+    return sock
+
+
+def _expect_closed(sock: socket.socket) -> None:
+    """The syncer closed this connection: reading ends (EOF or reset) within the bound, no frame in between
+    but what it had queued."""
+    with pytest.raises((ConnectionClosed, ConnectionResetError, BrokenPipeError)):
+        while True:
+            recv_message(sock, 64 << 20, WAIT_S)
+
+
+def _pong(sock: socket.socket, seq: int) -> None:
+    """Ping over `sock` and wait for its echo, skipping whatever else the syncer sends meanwhile."""
+    ping = {"learner": 0, "seq": seq, "t": 1.5}
+    send_message(sock, Message(MsgType.PING, ping), WAIT_S)
+    while (msg := recv_message(sock, 64 << 20, WAIT_S)).type is not MsgType.PONG:
+        pass
+    assert msg.meta == ping
+
+
+@pytest.mark.parametrize("learner", [[1], None, INF, -1], ids=["list", "null", "infinity", "negative"])
+def test_hostile_hello_closes_only_its_connection(syncer: tuple[SyncerService, _WatchedLog], learner: Any) -> None:
+    svc, events = syncer
+    good = _join(svc, 0)
+    try:
+        hostile = _connect(svc)
+        try:
+            send_message(hostile, Message(MsgType.HELLO, {"learner": learner}), WAIT_S)
+            failed = events.wait_for(lambda e: e["ev"] == "auth_failed")
+            assert failed["kind"] == "bad_message" and "learner" in failed["error"], failed
+            _expect_closed(hostile)
+        finally:
+            hostile.close()
+        closed = events.wait_for(lambda e: e["ev"] == "conn_closed" and e["reason"] == "handshake failed")
+        conn = next(c for c in svc.conns.values() if c.peer == closed["peer"])
+        assert conn.closed.is_set() and conn.sock.fileno() == -1  # closed, not leaked
+        _pong(good, 1)  # the other connection is still served
+        _join(svc, 1).close()  # and the syncer still accepts new ones
+    finally:
+        good.close()
+    assert not any(e["ev"] == "syncer_error" for e in events.events)
+
+
+def test_authenticated_peer_with_a_malformed_meta_is_cut_off(syncer: tuple[SyncerService, _WatchedLog]) -> None:
+    """A META without its step, from a learner that passed the handshake: once, this stopped the syncer's main
+    loop with a KeyError. Now the reader refuses the frame and closes that connection alone."""
+    svc, events = syncer
+    good = _join(svc, 0)
+    try:
+        hostile = _join(svc, 1)
+        try:
+            send_message(hostile, Message(MsgType.META, {"learner": 1, "step_time_s": 0.1}), WAIT_S)
+            rejected = events.wait_for(lambda e: e["ev"] == "frame_rejected")
+            assert rejected["learner"] == 1 and rejected["kind"] == "bad_message", rejected
+            assert "'step'" in rejected["error"]
+            _expect_closed(hostile)
+        finally:
+            hostile.close()
+        events.wait_for(lambda e: e["ev"] == "learner_leave" and e["learner"] == 1)
+        _pong(good, 2)
+        assert svc.alive() == frozenset({0})
+    finally:
+        good.close()
+    assert svc.frames_rejected == 1
+    assert not any(e["ev"] == "syncer_error" for e in events.events)
