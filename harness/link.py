@@ -30,6 +30,7 @@ from torch import Tensor
 
 from harness.codec import exchange_id, grads_request, message_to_merged, params_request, push_to_message
 from harness.events import EventLog
+from harness.handshake import sign_challenge
 from harness.scenario import Timeouts
 from harness.wire import (
     ConnectionClosed,
@@ -38,7 +39,6 @@ from harness.wire import (
     MsgType,
     recv_message,
     send_message,
-    sign_challenge,
 )
 from trainers.learner import FragmentPush, MergedFragment, Snapshot
 

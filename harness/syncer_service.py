@@ -45,6 +45,7 @@ import torch
 from harness.codec import merged_to_message, message_to_push, push_round
 from harness.events import EventLog
 from harness.fragment_checkpoint import FragmentCheckpoints
+from harness.handshake import new_nonce, verify_challenge
 from harness.procutil import cpu_seconds
 from harness.rundir import atomic_torch_save
 from harness.scenario import Scenario
@@ -54,10 +55,8 @@ from harness.wire import (
     FrameError,
     Message,
     MsgType,
-    new_nonce,
     recv_message,
     send_message,
-    verify_challenge,
 )
 from trainers.baselines import DdpSyncer, DilocoSyncer, SyncRound
 from trainers.data import eval_batches, make_splits

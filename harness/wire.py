@@ -43,19 +43,14 @@ order; the tensor bytes are their raw contents concatenated in that order
 as all little-endian hosts do). Sizes must add up exactly or the payload is
 rejected. Only float32, float16, bfloat16, int64, int32 and uint8 are carried.
 
-The module also holds the handshake helpers: the synchronizer sends a random
-nonce in CHALLENGE and a learner proves it knows the run's secret by answering
-with an HMAC-SHA256 over the nonce and its learner id.
+The handshake's secrets and HMAC are in `harness/handshake.py`.
 """
 
 from __future__ import annotations
 
 import fcntl
-import hashlib
-import hmac
 import json
 import math
-import secrets
 import socket
 import struct
 import termios
@@ -87,12 +82,8 @@ __all__ = [
     "decode_frame",
     "decode_payload",
     "encode",
-    "new_nonce",
-    "new_secret",
     "recv_message",
     "send_message",
-    "sign_challenge",
-    "verify_challenge",
 ]
 
 MAGIC = b"DLCX"
@@ -469,51 +460,3 @@ def _decode_checked(header: bytes | bytearray | memoryview, payload: bytearray) 
     if flags & ~KNOWN_FLAGS:
         raise BadFlags(f"unknown flag bits {flags & ~KNOWN_FLAGS:#06x}")
     return decode_payload(msg_type, payload)
-
-
-# --------------------------------------------------------------------------- handshake
-
-
-def new_secret() -> bytes:
-    """A fresh 32-byte run secret."""
-    return secrets.token_bytes(32)
-
-
-def new_nonce() -> bytes:
-    """A fresh 16-byte challenge nonce."""
-    return secrets.token_bytes(16)
-
-
-def _challenge_mac(secret: bytes, nonce: bytes, learner: int) -> str:
-    if not secret:
-        raise ValueError("the secret must not be empty")
-    if not _is_int(learner):
-        raise TypeError(f"learner id must be an int, got {type(learner).__name__}")
-    # Fixed-width learner id, so that nonce + id is unambiguous.
-    id_bytes = learner.to_bytes(8, "big", signed=True)
-    return hmac.new(secret, bytes(nonce) + id_bytes, hashlib.sha256).hexdigest()
-
-
-def sign_challenge(secret: bytes, nonce: bytes, learner: int) -> str:
-    """Hex HMAC-SHA256 under ``secret`` over ``nonce`` followed by the learner id (8 bytes, big-endian)."""
-    return _challenge_mac(secret, nonce, learner)
-
-
-def verify_challenge(secret: bytes, nonce: bytes, learner: int, signature: str) -> bool:
-    """Whether ``signature`` is :func:`sign_challenge` of these inputs (constant-time comparison).
-
-    ``learner`` and ``signature`` come from the peer, so anything malformed
-    (not an int, out of range, not an ASCII string) yields ``False`` rather
-    than an exception. An empty ``secret`` is a local misconfiguration and
-    raises ``ValueError``.
-    """
-    if not secret:
-        raise ValueError("the secret must not be empty")
-    if not isinstance(signature, str):
-        return False
-    try:
-        expected = _challenge_mac(secret, nonce, learner)
-        given = signature.encode("ascii")
-    except (TypeError, OverflowError, UnicodeEncodeError):
-        return False
-    return hmac.compare_digest(expected.encode("ascii"), given)

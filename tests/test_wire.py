@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+from harness.handshake import new_nonce, new_secret, sign_challenge, verify_challenge
 from harness.wire import (
     HEADER,
     MAGIC,
@@ -37,12 +38,8 @@ from harness.wire import (
     decode_frame,
     decode_payload,
     encode,
-    new_nonce,
-    new_secret,
     recv_message,
     send_message,
-    sign_challenge,
-    verify_challenge,
 )
 
 MAX = 64 << 20

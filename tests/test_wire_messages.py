@@ -21,6 +21,7 @@ import torch
 from harness.codec import grads_request, merged_to_message, params_request, push_to_message
 from harness.events import EventLog
 from harness.fragment_checkpoint import state_to_message
+from harness.handshake import new_nonce, sign_challenge
 from harness.syncer_service import SyncerService
 from harness.wire import (
     BadMessage,
@@ -31,10 +32,8 @@ from harness.wire import (
     MsgType,
     decode_frame,
     encode,
-    new_nonce,
     recv_message,
     send_message,
-    sign_challenge,
 )
 from harness.wire_messages import SCHEMAS
 from tests.conftest import tiny
