@@ -30,6 +30,7 @@ from torch import Tensor
 
 from harness.codec import exchange_id, grads_request, message_to_merged, params_request, push_to_message
 from harness.events import EventLog
+from harness.handshake import sign_challenge
 from harness.scenario import Timeouts
 from harness.wire import (
     ConnectionClosed,
@@ -38,7 +39,6 @@ from harness.wire import (
     MsgType,
     recv_message,
     send_message,
-    sign_challenge,
 )
 from trainers.learner import FragmentPush, MergedFragment, Snapshot
 
@@ -294,7 +294,7 @@ class SyncerLink:
                 self._drop_connection(f"{type(e).__name__}: {e}")
                 return
             if msg.type is MsgType.PULL:
-                self._answer_pull(int(msg.meta["fragment"]), int(msg.meta["round"]))
+                self._answer_pull(msg.meta["fragment"], msg.meta["round"])  # ints >= 0 (harness/wire_messages.py)
             elif msg.type is MsgType.PONG:
                 if int(msg.meta.get("learner", -1)) == self.learner:
                     rtt = time.monotonic() - float(msg.meta["t"])
@@ -324,7 +324,8 @@ class SyncerLink:
     def _answer_pull(self, p: int, round_id: int) -> None:
         """Answer a pull from the latest snapshot, without touching the training loop."""
         with self._cv:
-            if self._snapshot is None:  # no step yet: decline, so the syncer does not wait for us
+            # no step yet, or no such fragment: decline, so the syncer does not wait for us
+            if self._snapshot is None or p >= len(self._snapshot[1]):
                 push = FragmentPush(self.learner, p, 0, 0, 0, 1, 0, 0.0, {})
             else:
                 snap, partition = self._snapshot

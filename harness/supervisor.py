@@ -30,10 +30,10 @@ from chaos.processes import ProcessChaos
 from harness.chip import ChipSpec, chip_main, members_key
 from harness.events import EVENTS_FILE, EventLog, EventTail
 from harness.fault_runner import FaultRunner
+from harness.handshake import new_secret
 from harness.rundir import CONFIG_FILE, PROCESSES_FILE, REPORT_FILE, make_run_dir, write_json
 from harness.scenario import Scenario, learner_policy, validate
 from harness.syncer_service import SyncerSpec, syncer_main
-from harness.wire import new_secret
 from trainers import mutations
 
 log = logging.getLogger(__name__)

@@ -45,6 +45,7 @@ import torch
 from harness.codec import merged_to_message, message_to_push, push_round
 from harness.events import EventLog
 from harness.fragment_checkpoint import FragmentCheckpoints
+from harness.handshake import new_nonce, verify_challenge
 from harness.procutil import cpu_seconds
 from harness.rundir import atomic_torch_save
 from harness.scenario import Scenario
@@ -54,10 +55,8 @@ from harness.wire import (
     FrameError,
     Message,
     MsgType,
-    new_nonce,
     recv_message,
     send_message,
-    verify_challenge,
 )
 from trainers.baselines import DdpSyncer, DilocoSyncer, SyncRound
 from trainers.data import eval_batches, make_splits
@@ -226,13 +225,12 @@ class SyncerService:
         hello = recv_message(conn.sock, 4096, self.t.connect_s)
         if hello.type is not MsgType.HELLO:
             raise ConnectionError(f"expected HELLO, got {hello.type.name}")
-        learner = int(hello.meta["learner"])
+        learner: int = hello.meta["learner"]  # a non-negative int: checked on decode (harness/wire_messages.py)
         nonce = new_nonce()
         send_message(conn.sock, Message(MsgType.CHALLENGE, {"nonce": nonce.hex()}), self.t.socket_op_s)
         auth = recv_message(conn.sock, 4096, max(0.01, deadline - time.monotonic()))
-        ok = (auth.type is MsgType.AUTH and int(auth.meta.get("learner", -1)) == learner
-              and 0 <= learner < self.sc.topology.learners
-              and verify_challenge(self.secret, nonce, learner, str(auth.meta.get("sig", ""))))
+        ok = (auth.type is MsgType.AUTH and auth.meta["learner"] == learner and learner < self.sc.topology.learners
+              and verify_challenge(self.secret, nonce, learner, auth.meta["sig"]))
         if not ok:
             send_message(conn.sock, Message(MsgType.REJECT, {"reason": "bad credentials"}), self.t.socket_op_s)
             raise PermissionError(f"learner {learner} failed authentication")
@@ -240,10 +238,24 @@ class SyncerService:
         return learner
 
     def _reader(self, conn: Conn) -> None:
+        """One connection's reader thread. However it ends, the connection is closed with the reason logged:
+        an unforeseen error on one connection's path (a bug) must neither leak its socket nor leave its
+        learner counted alive, and it is raised on (the thread's traceback) rather than hidden."""
+        try:
+            self._read(conn)
+        except BaseException as e:
+            self._close(conn, f"reader failed: {type(e).__name__}: {e}")
+            if conn.learner is not None:
+                self._log_link_stats(conn)
+                self.inbox.put(("leave", conn, None))
+            raise
+
+    def _read(self, conn: Conn) -> None:
         try:
             learner = self._handshake(conn)
         except (OSError, FrameError, ConnectionClosed, ConnectionError, KeyError, ValueError) as e:
-            self.events.log("auth_failed", peer=conn.peer, error=f"{type(e).__name__}: {e}")
+            kind = {"kind": e.kind} if isinstance(e, FrameError) else {}
+            self.events.log("auth_failed", peer=conn.peer, error=f"{type(e).__name__}: {e}", **kind)
             self._close(conn, "handshake failed")
             return
         conn.learner = learner
@@ -289,7 +301,10 @@ class SyncerService:
                         data_late_bytes=conn.data_late_bytes, data_rx_s=round(conn.data_rx_s, 6))
 
     def _writer(self, conn: Conn) -> None:
-        wsock = conn.sock.dup()
+        try:
+            wsock = conn.sock.dup()
+        except OSError:  # the reader closed the connection (the peer left) before this thread started
+            return
         try:
             while not conn.closed.is_set():
                 try:

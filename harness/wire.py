@@ -3,8 +3,9 @@
 Why: learners and the central synchronizer talk over plain TCP, often through a
 fault-injecting proxy that slices the byte stream into arbitrary pieces,
 truncates it, or resets the connection. The receiver must therefore never trust
-the stream: every frame carries a magic, a version, its message type, its exact
-payload length and a CRC-32 of the payload, and the receiver
+the stream: every frame carries a magic, a version, its message type, flags, its
+exact payload length and a CRC-32 over the rest of the header and the payload
+(a flipped type bit cannot turn a PING into a META), and the receiver
 
 * refuses a frame whose announced length exceeds its limit *before* reading or
   buffering any of the payload (a corrupted or hostile length cannot make it
@@ -13,6 +14,8 @@ payload length and a CRC-32 of the payload, and the receiver
   preallocated buffer, however the bytes are sliced on the way,
 * bounds the whole receive by one overall deadline (a peer that drips one byte
   at a time cannot keep it waiting forever),
+* rejects unknown flag bits and unknown types, and metadata that breaks its
+  type's schema (`harness/wire_messages.py`): receivers can read its fields,
 * tells apart a clean close between frames (:class:`ConnectionClosed`), a close
   inside a frame (:class:`Truncated`), and a rejected frame (the other
   :class:`FrameError` subclasses, each with a short ``kind`` string for logs and
@@ -25,10 +28,13 @@ connection rather than try to read another frame from it.
 Frame layout (all integers big-endian)::
 
     header  (16 bytes, HEADER = ">4sBBHII"):
-        magic b"DLCX" | version u8 (=1) | msg type u8 | flags u16 (=0, reserved)
-        | payload length u32 | crc32(payload) u32
+        magic b"DLCX" | version u8 (=2) | msg type u8 | flags u16 (=0: none defined)
+        | payload length u32 | crc32(header bytes 0-11, then payload) u32
     payload:
         meta_len u32 | meta JSON (utf-8, meta_len bytes) | tensor bytes
+
+Magic, version and length are checked once the header is in; the checksum once
+the payload is, then flags and type (a damaged header reads as a bad checksum).
 
 The meta JSON is the message's ``meta`` dict plus the reserved key
 ``"_tensors"``: a list of ``[name, dtype, shape, nbytes]``, one per tensor, in
@@ -37,20 +43,14 @@ order; the tensor bytes are their raw contents concatenated in that order
 as all little-endian hosts do). Sizes must add up exactly or the payload is
 rejected. Only float32, float16, bfloat16, int64, int32 and uint8 are carried.
 
-The module also holds the handshake helpers: the synchronizer sends a random
-nonce in CHALLENGE and a learner proves it knows the run's secret by answering
-with an HMAC-SHA256 over the nonce and its learner id.
+The handshake's secrets and HMAC are in `harness/handshake.py`.
 """
 
 from __future__ import annotations
 
-import enum
 import fcntl
-import hashlib
-import hmac
 import json
 import math
-import secrets
 import socket
 import struct
 import termios
@@ -61,12 +61,16 @@ from typing import Any
 
 import torch
 
+from harness.wire_messages import MetaError, MsgType, check_meta
+
 __all__ = [
     "HEADER",
     "MAGIC",
     "VERSION",
     "BadChecksum",
+    "BadFlags",
     "BadMagic",
+    "BadMessage",
     "BadPayload",
     "ConnectionClosed",
     "FrameError",
@@ -74,20 +78,20 @@ __all__ = [
     "Message",
     "MsgType",
     "Truncated",
+    "UnknownType",
     "decode_frame",
     "decode_payload",
     "encode",
-    "new_nonce",
-    "new_secret",
     "recv_message",
     "send_message",
-    "sign_challenge",
-    "verify_challenge",
 ]
 
 MAGIC = b"DLCX"
-VERSION = 1
-HEADER = struct.Struct(">4sBBHII")  # magic, version, msg type, flags, payload length, crc32(payload)
+VERSION = 2
+HEADER = struct.Struct(">4sBBHII")  # magic, version, msg type, flags, payload length, crc32(header[:12] + payload)
+_CRC_AT = HEADER.size - 4  # the CRC field; the checksum covers the header bytes before it, then the payload
+KNOWN_FLAGS = 0
+"""None defined yet: a frame with any flag bit set is from a protocol this one does not speak, and rejected."""
 _META_LEN = struct.Struct(">I")
 _U32_MAX = 0xFFFFFFFF
 _TENSORS_KEY = "_tensors"
@@ -101,33 +105,6 @@ _DTYPES: dict[str, torch.dtype] = {
     "uint8": torch.uint8,
 }
 _DTYPE_NAMES: dict[torch.dtype, str] = {dtype: name for name, dtype in _DTYPES.items()}
-
-
-class MsgType(enum.IntEnum):
-    """Message types; the value is the type byte in the frame header."""
-
-    HELLO = 1
-    CHALLENGE = 2
-    AUTH = 3
-    WELCOME = 4
-    REJECT = 5
-    PUSH = 10
-    FRAGMENT = 11
-    GRADS = 12
-    GRADS_AVG = 13
-    PARAMS = 14
-    PARAMS_MERGED = 15
-    PULL = 16
-    HEARTBEAT = 17
-    BYE = 18
-    ERROR = 19
-    META = 20
-    PING = 21
-    PONG = 22
-    RESUME = 23
-    STOP = 24
-    FRAGMENT_STATE = 25
-    """Not sent on a link: the content of one slot of the syncer's checkpoint (harness/fragment_checkpoint.py)."""
 
 
 _MSG_TYPE_VALUES = frozenset(int(t) for t in MsgType)
@@ -155,7 +132,7 @@ class BadMagic(FrameError):
 
 
 class BadChecksum(FrameError):
-    """The payload's CRC-32 does not match the header."""
+    """The CRC-32 of the header and payload does not match the header's."""
 
     kind = "bad_checksum"
 
@@ -172,10 +149,29 @@ class Truncated(FrameError):
     kind = "truncated"
 
 
+class BadFlags(FrameError):
+    """The header sets a flag bit this protocol version does not define."""
+
+    kind = "bad_flags"
+
+
 class BadPayload(FrameError):
-    """The frame is intact but its content is malformed (unknown type, bad JSON, sizes that do not add up)."""
+    """The frame is intact but its content is malformed (bad JSON, sizes that do not add up)."""
 
     kind = "bad_payload"
+
+
+class UnknownType(BadPayload):
+    """The header names a message type this protocol does not have."""
+
+    kind = "unknown_type"
+
+
+class BadMessage(BadPayload):
+    """The payload decodes, but its metadata breaks its message type's schema (`harness/wire_messages.py`):
+    a field missing, of the wrong type, not finite or out of range. The message names the type and field."""
+
+    kind = "bad_message"
 
 
 class ConnectionClosed(Exception):
@@ -235,8 +231,8 @@ def encode(msg: Message) -> bytes:
             dst.copy_(flat.reshape(-1).view(torch.uint8))
         offset += nbytes
 
-    crc = zlib.crc32(memoryview(frame)[HEADER.size :])
-    HEADER.pack_into(frame, 0, MAGIC, VERSION, msg_type, 0, payload_len, crc)
+    HEADER.pack_into(frame, 0, MAGIC, VERSION, msg_type, 0, payload_len, 0)
+    struct.pack_into(">I", frame, _CRC_AT, _frame_crc(frame[:_CRC_AT], memoryview(frame)[HEADER.size :]))
     return bytes(frame)
 
 
@@ -267,13 +263,14 @@ def _parse_entry(raw: object, index: int) -> tuple[str, torch.dtype, list[int], 
 
 
 def decode_payload(msg_type: int, payload: bytes | bytearray | memoryview) -> Message:
-    """Decode a frame's payload into a :class:`Message`; raises :class:`BadPayload` on malformed content.
+    """Decode a frame's payload into a :class:`Message`; raises :class:`BadPayload` on malformed content
+    (:class:`UnknownType` for an unknown type, :class:`BadMessage` for metadata that breaks the type's schema).
 
     ``payload`` may be any bytes-like object. The returned tensors own fresh
     memory (they do not alias ``payload``).
     """
     if msg_type not in _MSG_TYPE_VALUES:
-        raise BadPayload(f"unknown message type {msg_type}")
+        raise UnknownType(f"unknown message type {msg_type}")
     # torch.frombuffer wants a writable buffer; the tensors are copied out anyway.
     buf = payload if isinstance(payload, bytearray) else bytearray(payload)
     if len(buf) < _META_LEN.size:
@@ -300,6 +297,10 @@ def decode_payload(msg_type: int, payload: bytes | bytearray | memoryview) -> Me
         raise BadPayload(
             f"tensor sizes add up to {data_len} bytes but {len(buf) - data_start} bytes follow the meta"
         )
+    try:
+        check_meta(MsgType(msg_type), meta)
+    except MetaError as exc:
+        raise BadMessage(f"{MsgType(msg_type).name}: {exc}") from exc
 
     tensors: dict[str, torch.Tensor] = {}
     offset = data_start
@@ -382,9 +383,10 @@ def recv_message(sock: socket.socket, max_frame_bytes: int, timeout_s: float,
 
     Raises :class:`ConnectionClosed` on EOF before the first header byte,
     :class:`Truncated` on EOF inside the frame, :class:`BadMagic` /
-    :class:`BadPayload` (unknown type) / :class:`FrameTooLarge` (payload length
-    over ``max_frame_bytes``, refused before any payload byte is read) /
-    :class:`BadChecksum` / :class:`BadPayload` for rejected frames,
+    :class:`FrameTooLarge` (payload length over ``max_frame_bytes``, refused
+    before any payload byte is read) / :class:`BadChecksum` / :class:`BadFlags`
+    / :class:`UnknownType` / :class:`BadPayload` / :class:`BadMessage`
+    (metadata that breaks its type's schema) for rejected frames,
     ``TimeoutError`` when the deadline passes, and ``OSError`` for socket errors.
 
     If ``timing`` is given, it receives ``header_t`` (monotonic time the header
@@ -407,7 +409,7 @@ def recv_message(sock: socket.socket, max_frame_bytes: int, timeout_s: float,
     if timing is not None:
         timing["header_t"] = time.monotonic()
         timing["ready_bytes"] = _readable_bytes(sock)
-    msg_type, length, crc = _check_header(header, max_frame_bytes)
+    length = _check_header(header, max_frame_bytes)
 
     payload = bytearray(length)
     got = _recv_exact(sock, memoryview(payload), deadline, "payload")
@@ -416,8 +418,7 @@ def recv_message(sock: socket.socket, max_frame_bytes: int, timeout_s: float,
     if timing is not None:
         timing["end_t"] = time.monotonic()
         timing["bytes"] = HEADER.size + length
-    _check_crc(payload, crc)
-    return decode_payload(msg_type, payload)
+    return _decode_checked(header, payload)
 
 
 def decode_frame(frame: bytes | bytearray | memoryview, max_frame_bytes: int) -> Message:
@@ -427,77 +428,35 @@ def decode_frame(frame: bytes | bytearray | memoryview, max_frame_bytes: int) ->
     view = memoryview(frame)
     if len(view) < HEADER.size:
         raise Truncated(f"{len(view)} bytes, fewer than the {HEADER.size}-byte header")
-    msg_type, length, crc = _check_header(view[: HEADER.size], max_frame_bytes)
+    length = _check_header(view[: HEADER.size], max_frame_bytes)
     if len(view) < HEADER.size + length:
         raise Truncated(f"{len(view) - HEADER.size} of {length} payload bytes")
-    payload = bytearray(view[HEADER.size : HEADER.size + length])
-    _check_crc(payload, crc)
-    return decode_payload(msg_type, payload)
+    return _decode_checked(view[: HEADER.size], bytearray(view[HEADER.size : HEADER.size + length]))
 
 
-def _check_header(header: bytes | bytearray | memoryview, max_frame_bytes: int) -> tuple[int, int, int]:
-    """(msg type, payload length, crc) of a frame header, or the FrameError that rejects it."""
-    magic, version, msg_type, _flags, length, crc = HEADER.unpack(header)
+def _check_header(header: bytes | bytearray | memoryview, max_frame_bytes: int) -> int:
+    """The checks a header allows before its payload is read (magic, version, length); returns the length."""
+    magic, version, _msg_type, _flags, length, _crc = HEADER.unpack(header)
     if magic != MAGIC:
         raise BadMagic(f"bad magic {bytes(magic)!r}, expected {MAGIC!r}")
     if version != VERSION:
         raise BadMagic(f"unsupported protocol version {version}, expected {VERSION}")
-    if msg_type not in _MSG_TYPE_VALUES:
-        raise BadPayload(f"unknown message type {msg_type}")
     if length > max_frame_bytes:
         raise FrameTooLarge(f"payload of {length} bytes exceeds the limit of {max_frame_bytes}")
-    return msg_type, length, crc
+    return length
 
 
-def _check_crc(payload: bytes | bytearray, crc: int) -> None:
-    got = zlib.crc32(payload)
+def _frame_crc(head: bytes | bytearray | memoryview, payload: bytes | bytearray | memoryview) -> int:
+    """CRC-32 of the header bytes before the CRC field, then the payload."""
+    return zlib.crc32(payload, zlib.crc32(head))
+
+
+def _decode_checked(header: bytes | bytearray | memoryview, payload: bytearray) -> Message:
+    """The checks that need the whole frame (checksum, then flags and type), then the payload's decoding."""
+    _magic, _version, msg_type, flags, _length, crc = HEADER.unpack(header)
+    got = _frame_crc(header[:_CRC_AT], payload)
     if got != crc:
-        raise BadChecksum(f"payload crc32 {got:#010x} != header {crc:#010x}")
-
-
-# --------------------------------------------------------------------------- handshake
-
-
-def new_secret() -> bytes:
-    """A fresh 32-byte run secret."""
-    return secrets.token_bytes(32)
-
-
-def new_nonce() -> bytes:
-    """A fresh 16-byte challenge nonce."""
-    return secrets.token_bytes(16)
-
-
-def _challenge_mac(secret: bytes, nonce: bytes, learner: int) -> str:
-    if not secret:
-        raise ValueError("the secret must not be empty")
-    if not _is_int(learner):
-        raise TypeError(f"learner id must be an int, got {type(learner).__name__}")
-    # Fixed-width learner id, so that nonce + id is unambiguous.
-    id_bytes = learner.to_bytes(8, "big", signed=True)
-    return hmac.new(secret, bytes(nonce) + id_bytes, hashlib.sha256).hexdigest()
-
-
-def sign_challenge(secret: bytes, nonce: bytes, learner: int) -> str:
-    """Hex HMAC-SHA256 under ``secret`` over ``nonce`` followed by the learner id (8 bytes, big-endian)."""
-    return _challenge_mac(secret, nonce, learner)
-
-
-def verify_challenge(secret: bytes, nonce: bytes, learner: int, signature: str) -> bool:
-    """Whether ``signature`` is :func:`sign_challenge` of these inputs (constant-time comparison).
-
-    ``learner`` and ``signature`` come from the peer, so anything malformed
-    (not an int, out of range, not an ASCII string) yields ``False`` rather
-    than an exception. An empty ``secret`` is a local misconfiguration and
-    raises ``ValueError``.
-    """
-    if not secret:
-        raise ValueError("the secret must not be empty")
-    if not isinstance(signature, str):
-        return False
-    try:
-        expected = _challenge_mac(secret, nonce, learner)
-        given = signature.encode("ascii")
-    except (TypeError, OverflowError, UnicodeEncodeError):
-        return False
-    return hmac.compare_digest(expected.encode("ascii"), given)
+        raise BadChecksum(f"header and payload crc32 {got:#010x} != header {crc:#010x}")
+    if flags & ~KNOWN_FLAGS:
+        raise BadFlags(f"unknown flag bits {flags & ~KNOWN_FLAGS:#06x}")
+    return decode_payload(msg_type, payload)

@@ -19,11 +19,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+from harness.handshake import new_nonce, new_secret, sign_challenge, verify_challenge
 from harness.wire import (
     HEADER,
     MAGIC,
     VERSION,
     BadChecksum,
+    BadFlags,
     BadMagic,
     BadPayload,
     ConnectionClosed,
@@ -32,14 +34,12 @@ from harness.wire import (
     Message,
     MsgType,
     Truncated,
+    UnknownType,
+    decode_frame,
     decode_payload,
     encode,
-    new_nonce,
-    new_secret,
     recv_message,
     send_message,
-    sign_challenge,
-    verify_challenge,
 )
 
 MAX = 64 << 20
@@ -108,7 +108,8 @@ def tcp_pair() -> Iterator[tuple[socket.socket, socket.socket]]:
 def _message() -> Message:
     return Message(
         MsgType.FRAGMENT,
-        {"learner": 3, "step": 1234, "fragment": 2, "loss": 0.25, "tags": ["a", "ü"], "nested": {"x": None}},
+        {"learner": 3, "step": 1234, "fragment": 2, "version": 9, "loss": 0.25, "tags": ["a", "ü"],
+         "nested": {"x": None}},
         {"w": _sample(torch.float32, (64, 32)), "b": _sample(torch.bfloat16, (32,), seed=1)},
     )
 
@@ -123,7 +124,7 @@ def test_round_trip_each_dtype_over_socketpair(
     a, b = pair
     msg = Message(
         MsgType.PARAMS,
-        {"dtype": str(dtype), "step": 7},
+        {"dtype": str(dtype), "learner": 0, "round": 3, "step": 7, "tokens": 64},
         {
             "matrix": _sample(dtype, (5, 7)),
             "scalar": _sample(dtype, (), seed=2),
@@ -158,7 +159,7 @@ def test_several_frames_back_to_back_then_clean_close(pair: tuple[socket.socket,
         Message(MsgType.HELLO, {"learner": 1}, {}),
         _message(),
         Message(MsgType.HEARTBEAT, {}, {}),
-        Message(MsgType.BYE, {"reason": "done"}, {}),
+        Message(MsgType.BYE, {"learner": 1, "reason": "done"}, {}),
     ]
     a.sendall(b"".join(encode(m) for m in msgs))
     a.close()
@@ -169,7 +170,7 @@ def test_several_frames_back_to_back_then_clean_close(pair: tuple[socket.socket,
 
 
 def test_decoded_tensors_do_not_alias_the_payload() -> None:
-    msg = Message(MsgType.GRADS, {}, {"g": torch.arange(16, dtype=torch.int32)})
+    msg = Message(MsgType.GRADS, {"learner": 0, "step": 1, "tokens": 8}, {"g": torch.arange(16, dtype=torch.int32)})
     payload = bytearray(encode(msg)[HEADER.size :])
     got = decode_payload(int(MsgType.GRADS), payload)
     payload[-4:] = b"\xff\xff\xff\xff"
@@ -180,9 +181,9 @@ def test_header_fields() -> None:
     frame = encode(_message())
     magic, version, msg_type, flags, length, crc = HEADER.unpack_from(frame)
     assert HEADER.size == 16
-    assert (magic, version, msg_type, flags) == (b"DLCX", 1, int(MsgType.FRAGMENT), 0)
+    assert (magic, version, msg_type, flags) == (b"DLCX", 2, int(MsgType.FRAGMENT), 0)
     assert length == len(frame) - HEADER.size
-    assert crc == zlib.crc32(frame[HEADER.size :])
+    assert crc == zlib.crc32(frame[:12] + frame[HEADER.size :])  # the header's other fields, then the payload
     (meta_len,) = struct.unpack_from(">I", frame, HEADER.size)
     meta = json.loads(frame[HEADER.size + 4 : HEADER.size + 4 + meta_len])
     assert meta["_tensors"] == [["w", "float32", [64, 32], 64 * 32 * 4], ["b", "bfloat16", [32], 64]]
@@ -245,13 +246,60 @@ def test_bad_version(pair: tuple[socket.socket, socket.socket]) -> None:
         recv_message(b, MAX, TIMEOUT)
 
 
-def test_unknown_message_type_is_bad_payload(pair: tuple[socket.socket, socket.socket]) -> None:
+def _reframed(frame: bytes, **fields: int) -> bytes:
+    """``frame`` with header fields replaced (msg_type, flags) and its checksum made to match again: what an
+    intact frame from a peer that means those values looks like."""
+    magic, version, msg_type, flags, length, _ = HEADER.unpack_from(frame)
+    msg_type, flags = fields.get("msg_type", msg_type), fields.get("flags", flags)
+    head = struct.pack(">4sBBHI", magic, version, msg_type, flags, length)
+    crc = zlib.crc32(frame[HEADER.size :], zlib.crc32(head))
+    return head + struct.pack(">I", crc) + frame[HEADER.size :]
+
+
+def test_unknown_message_type_is_rejected(pair: tuple[socket.socket, socket.socket]) -> None:
     a, b = pair
-    frame = bytearray(encode(_message()))
-    frame[5] = 99
-    a.sendall(frame)
-    with pytest.raises(BadPayload, match="type"):
+    a.sendall(_reframed(encode(_message()), msg_type=99))
+    with pytest.raises(UnknownType, match="type") as info:
         recv_message(b, MAX, TIMEOUT)
+    assert info.value.kind == "unknown_type" and isinstance(info.value, BadPayload)
+
+
+@pytest.mark.parametrize("flags", [1, 0x8000, 0xFFFF])
+def test_unknown_flag_bits_are_rejected(pair: tuple[socket.socket, socket.socket], flags: int) -> None:
+    a, b = pair
+    a.sendall(_reframed(encode(Message(MsgType.PING, {"learner": 0, "seq": 1, "t": 2.5})), flags=flags))
+    with pytest.raises(BadFlags) as info:
+        recv_message(b, MAX, TIMEOUT)
+    assert info.value.kind == "bad_flags"
+
+
+def test_flipped_type_bit_is_bad_checksum(pair: tuple[socket.socket, socket.socket]) -> None:
+    """PING (21) and META (20) differ in one bit of the type byte: the checksum must cover it."""
+    a, b = pair
+    frame = bytearray(encode(Message(MsgType.PING, {"learner": 0, "step": 4, "seq": 1, "t": 2.5, "step_time_s": 0.1})))
+    frame[5] ^= 0x01
+    assert frame[5] == MsgType.META
+    a.sendall(frame)
+    with pytest.raises(BadChecksum):
+        recv_message(b, MAX, TIMEOUT)
+
+
+@pytest.mark.parametrize("byte", [5, 6, 7, 12, 13, 14, 15])  # type, flags, crc
+def test_every_flipped_type_flag_or_crc_bit_is_rejected(byte: int) -> None:
+    frame = encode(Message(MsgType.PING, {"learner": 0, "seq": 1, "t": 2.5}))
+    for bit in range(8):
+        damaged = bytearray(frame)
+        damaged[byte] ^= 1 << bit
+        with pytest.raises(BadChecksum):
+            decode_frame(damaged, MAX)
+
+
+def test_shorter_length_field_is_bad_checksum() -> None:
+    frame = bytearray(encode(_message()))
+    length = HEADER.unpack_from(frame)[4]
+    struct.pack_into(">I", frame, 8, length - 1)  # one payload byte fewer: the frame ends early
+    with pytest.raises(BadChecksum):
+        decode_frame(frame, MAX)
 
 
 def test_oversized_frame_rejected_from_header_alone(tcp_pair: tuple[socket.socket, socket.socket]) -> None:
@@ -346,7 +394,8 @@ def test_deadline_is_overall_not_per_recv(tcp_pair: tuple[socket.socket, socket.
 
 def test_send_timeout_when_peer_does_not_read(pair: tuple[socket.socket, socket.socket]) -> None:
     a, _ = pair
-    big = Message(MsgType.PARAMS, {}, {"w": torch.zeros(8 << 20, dtype=torch.uint8)})  # far above buffers
+    meta = {"learner": 0, "round": 1, "step": 1, "tokens": 1}
+    big = Message(MsgType.PARAMS, meta, {"w": torch.zeros(8 << 20, dtype=torch.uint8)})  # far above buffers
     start = time.monotonic()
     with pytest.raises(TimeoutError):
         send_message(a, big, timeout_s=0.2)
@@ -357,7 +406,7 @@ def test_frame_in_one_byte_slices_decodes(tcp_pair: tuple[socket.socket, socket.
     client, server = tcp_pair
     msg = Message(
         MsgType.GRADS_AVG,
-        {"round": 1},
+        {"step": 1},
         {"g": _sample(torch.float16, (300,)), "i": _sample(torch.int64, (20,), seed=4)},
     )
     frame = encode(msg)
@@ -447,9 +496,10 @@ def test_decode_payload_unknown_type() -> None:
 
 def test_decode_payload_accepts_hand_built_payload() -> None:
     data = struct.pack("<3i", 1, -2, 3)
-    got = decode_payload(int(MsgType.PULL), _payload({"k": "v", "_tensors": [["x", "int32", [3], 12]]}, data))
+    meta = {"fragment": 0, "round": 2, "k": "v"}
+    got = decode_payload(int(MsgType.PULL), _payload({**meta, "_tensors": [["x", "int32", [3], 12]]}, data))
     assert got.type is MsgType.PULL
-    assert got.meta == {"k": "v"}
+    assert got.meta == meta
     assert torch.equal(got.tensors["x"], torch.tensor([1, -2, 3], dtype=torch.int32))
 
 
