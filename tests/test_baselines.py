@@ -117,7 +117,7 @@ def test_diloco_first_outer_step_is_nesterov_on_mean_delta() -> None:
     assert res.participants == [0, 1] and res.tokens == [100, 300] and res.key == 1 and res.step == 8
     for n in theta:
         mean_delta = 0.5 * (d0[n] + d1[n])  # plain mean: tokens do not weigh in
-        expected = theta[n] - 0.7 * (1 + 0.9) * mean_delta
+        expected = theta[n] - DilocoConfig().outer_lr * (1 + 0.9) * mean_delta
         assert_close(s.params[n], expected, rtol=1e-5, atol=1e-6)
         assert torch.equal(res.tensors[n], s.params[n])
     assert s.merges == 1
@@ -132,7 +132,7 @@ def test_diloco_second_step_uses_momentum() -> None:
     s.on_params(0, 2, 8, 10, {n: theta1[n] - d[n] for n in theta1})
     for n in theta0:
         # buf1 = g, buf2 = 0.9 g + g = 1.9 g; step 2 moves by lr (g + 0.9 buf2) = 0.7 * 2.71 g
-        assert_close(s.params[n], theta1[n] - 0.7 * 2.71 * d[n], rtol=1e-5, atol=1e-6)
+        assert_close(s.params[n], theta1[n] - DilocoConfig().outer_lr * 2.71 * d[n], rtol=1e-5, atol=1e-6)
 
 
 def test_diloco_result_is_a_copy() -> None:

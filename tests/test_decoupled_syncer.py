@@ -386,7 +386,7 @@ def test_merge_moves_fragment_and_only_that_fragment() -> None:
             assert not torch.equal(t, before[n]), n
             # single learner, first outer step: Theta - lr*(1+mu)*Delta, Delta = Theta - theta = -0.01
             # (RDA of one vector is the vector itself)
-            assert_close(t, before[n] + 0.7 * 1.9 * 0.01, rtol=1e-5, atol=1e-6)
+            assert_close(t, before[n] + DilocoConfig().outer_lr * 1.9 * 0.01, rtol=1e-5, atol=1e-6)
         else:
             assert torch.equal(t, before[n]), n
 
@@ -529,7 +529,7 @@ def _stale_merge(anchor: str) -> tuple[DecoupledSyncer, dict[str, torch.Tensor],
 def test_base_anchor_merges_only_the_stale_learners_own_progress() -> None:
     _, v1, after = _stale_merge("base")
     for n in v1:  # Δ = Θ(v0) - θ = -0.01: the global moves by lr * 0.01 from version 1, never back
-        assert_close(after[n], v1[n] + 0.7 * 0.01, rtol=1e-5, atol=1e-6)
+        assert_close(after[n], v1[n] + DilocoConfig().outer_lr * 0.01, rtol=1e-5, atol=1e-6)
 
 
 def test_current_anchor_pulls_the_global_model_back_towards_a_stale_base() -> None:
