@@ -105,6 +105,14 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(70)
 
 
+def reset_compute_pool() -> None:
+    """For a process forked by a run process, before it starts a thread: rebuild torch's intra-op pool here,
+    on one thread. After a fork torch marks the inherited pool corrupt and the first thread to run a parallel
+    op (a large copy) replaces it; two threads doing that at once can read the pool while it is replaced and
+    fail an internal assert ("Invalid thread pool!"), which killed a link process's writer thread."""
+    torch.set_num_threads(1)
+
+
 def become_run_process(supervisor_pid: int | None = None) -> None:
     """Tie this process's life to the supervisor's and use one compute thread."""
     _close_inherited_forkserver_fd()
