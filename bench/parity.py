@@ -16,21 +16,24 @@ records and harness/compare.py's verdict uses.
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import statistics
-from pathlib import Path
 from typing import Any
 
 from spread import merged, one, parse_set, stats  # bench/ is the script's directory: on sys.path when run
+from table import Column, emit, parser
 from tolerances import suite
 
 from harness.scenario import builtin, load
 
+COLUMNS = (Column("steps", "steps", 6), Column("algorithm", "algorithm", 12, left=True),
+           Column("runs", "runs", 5), Column("mean", "mean", 9, ".4f"), Column("std", "std", 9, ".4f"),
+           Column("gap_to_ddp", "gap", 9, "+.4f"), Column("eval_stderr", "eval se", 9, ".4f"),
+           Column("wall_s", "wall s", 8, ".1f"))
+
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--scenario", help="scenario file (default: the built-in default scenario)")
     ap.add_argument("--suite", metavar="MODULE:FUNCTION",
                     help="a suite's scenario function, e.g. test_compare:compare_scenario (instead of --scenario)")
@@ -40,7 +43,6 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every run")
     ap.add_argument("--set-for", action="append", default=[], metavar="ALGORITHM:KEY=VALUE",
                     help="override for one algorithm's runs, e.g. decoupled:diloco.outer_lr=0.35")
-    ap.add_argument("--json", help="write the rows here too")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if args.suite:
@@ -72,14 +74,7 @@ def main() -> None:
                          "eval_stderr": statistics.mean(r[1] for r in runs),
                          "wall_s": statistics.mean(r[2] for r in runs)})
     print(f"scenario {sc.name}, overrides {parse_set(args.set) or '-'}, per algorithm {per_algo or '-'}")
-    print(f"{'steps':>6} {'algorithm':<11}{'runs':>5}{'mean':>9}{'std':>9}{'gap':>9}{'eval se':>9}{'wall s':>8}")
-    for r in rows:
-        gap = "-" if r["gap_to_ddp"] is None else f"{r['gap_to_ddp']:+.4f}"
-        print(f"{r['steps']:>6} {r['algorithm']:<11}{r['runs']:>5}{r['mean']:>9.4f}{r['std']:>9.4f}{gap:>9}"
-              f"{r['eval_stderr']:>9.4f}{r['wall_s']:>8.1f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
-
+    emit(COLUMNS, rows, args.json)
 
 if __name__ == "__main__":
     main()

@@ -13,7 +13,6 @@ about this much).
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from table import Column, emit, parser  # bench/ is the script's directory: on sys.path when run
 
 from harness.report import final_model
 from harness.scenario import Scenario, builtin, from_dict, load
@@ -87,14 +87,18 @@ def summary(label: str, runs: list[tuple[float, float, float]]) -> dict[str, Any
             "wall_s": statistics.mean(r[2] for r in runs)}
 
 
+COLUMNS = (Column("set", "set", 16, left=True), Column("runs", "runs", 5), Column("mean", "mean", 9, ".4f"),
+           Column("std", "std", 9, ".4f"), Column("min", "min", 9, ".4f"), Column("max", "max", 9, ".4f"),
+           Column("eval_stderr", "eval se", 9, ".4f"), Column("wall_s", "wall s", 8, ".1f"))
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--scenario", help="scenario file (default: the built-in default scenario)")
     ap.add_argument("--seeds", type=int, default=10, help="run seeds 0..N-1")
     ap.add_argument("--repeats", type=int, default=0, help="also run the scenario's own seed N times")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a scenario key, e.g. diloco.deterministic=true or train.steps=200")
-    ap.add_argument("--json", help="write the rows here too")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     sc = load(args.scenario) if args.scenario else builtin("default")
@@ -107,14 +111,7 @@ def main() -> None:
     if args.repeats:
         rows.append(summary(f"seed {sc.seed} x{args.repeats}", [one(table, sc.seed) for _ in range(args.repeats)]))
     print(f"scenario {sc.name} ({table['algorithm']}) overrides {parse_set(args.set) or '-'}")
-    print(f"{'set':<16}{'runs':>5}{'mean':>9}{'std':>9}{'min':>9}{'max':>9}{'eval se':>9}{'wall s':>8}")
-    for r in rows:
-        print(f"{r['set']:<16}{r['runs']:>5}{r['mean']:>9.4f}{r['std']:>9.4f}{r['min']:>9.4f}{r['max']:>9.4f}"
-              f"{r['eval_stderr']:>9.4f}{r['wall_s']:>8.1f}")
-        print(f"  finals: {r['finals']}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
-
+    emit(COLUMNS, rows, args.json, detail="finals")
 
 if __name__ == "__main__":
     main()

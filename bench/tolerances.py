@@ -13,9 +13,7 @@ and prints per reference: mean, sd, range, and the tolerance the suite derives f
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
-import json
 import logging
 import sys
 import tempfile
@@ -25,6 +23,7 @@ from types import ModuleType
 from typing import Any
 
 from spread import stats  # bench/ is the script's directory: on sys.path when run
+from table import Column, emit, parser
 
 from harness.scenario import Scenario, builtin
 from harness.supervisor import run_scenario
@@ -77,24 +76,21 @@ def measure(build: Callable[[], Scenario], repeats: int) -> dict[str, Any]:
     return {**row, "tolerance_k3": loss_tolerance(row["sd"])}
 
 
+COLUMNS = (Column("reference", "reference", 32, left=True), Column("runs", "runs", 5),
+           Column("mean", "mean", 9, ".4f"), Column("sd", "sd", 9, ".4f"), Column("min", "min", 9, ".4f"),
+           Column("max", "max", 9, ".4f"), Column("tolerance_k3", "3*sqrt2*sd", 12, ".4f"))
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = parser(__doc__)
     ap.add_argument("--repeats", type=int, default=6, help="runs of each reference (its suite's own seed)")
     ap.add_argument("--only", help="comma-separated reference names (default: all)")
-    ap.add_argument("--json", help="write the rows here too")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     refs = references()
     names = args.only.split(",") if args.only else list(refs)
     rows = {n: measure(refs[n], args.repeats) for n in names}
-    print(f"{'reference':<32}{'runs':>5}{'mean':>9}{'sd':>9}{'min':>9}{'max':>9}{'3*sqrt2*sd':>12}")
-    for n, r in rows.items():
-        print(f"{n:<32}{r['runs']:>5}{r['mean']:>9.4f}{r['sd']:>9.4f}{r['min']:>9.4f}{r['max']:>9.4f}"
-              f"{r['tolerance_k3']:>12.4f}")
-        print(f"  finals: {r['finals']}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
-
+    emit(COLUMNS, [{"reference": n, **r} for n, r in rows.items()], args.json, detail="finals")
 
 if __name__ == "__main__":
     main()
