@@ -28,10 +28,15 @@ connection rather than try to read another frame from it.
 Frame layout (all integers big-endian)::
 
     header  (16 bytes, HEADER = ">4sBBHII"):
-        magic b"DLCX" | version u8 (=2) | msg type u8 | flags u16 (=0: none defined)
+        magic b"DLCX" | version u8 (=2) | msg type u8 | flags u16 (FLAG_MAC or 0)
         | payload length u32 | crc32(header bytes 0-11, then payload) u32
     payload:
         meta_len u32 | meta JSON (utf-8, meta_len bytes) | tensor bytes
+        | tag (16 bytes, only with FLAG_MAC: harness/frame_auth.py)
+
+After the handshake both ends pass their `FrameAuth` to every send and receive: each frame is then signed,
+and a received frame without a valid tag is rejected (:class:`BadMac`). Before it, and for frames kept in
+memory (checkpoint slots), frames carry no tag and a tagged one is rejected.
 
 Magic, version and length are checked once the header is in; the checksum once
 the payload is, then flags and type (a damaged header reads as a bad checksum).
@@ -61,6 +66,7 @@ from typing import Any
 
 import torch
 
+from harness.frame_auth import TAG_BYTES, FrameAuth
 from harness.wire_messages import MetaError, MsgType, check_meta
 
 __all__ = [
@@ -69,6 +75,7 @@ __all__ = [
     "VERSION",
     "BadChecksum",
     "BadFlags",
+    "BadMac",
     "BadMagic",
     "BadMessage",
     "BadPayload",
@@ -90,8 +97,10 @@ MAGIC = b"DLCX"
 VERSION = 2
 HEADER = struct.Struct(">4sBBHII")  # magic, version, msg type, flags, payload length, crc32(header[:12] + payload)
 _CRC_AT = HEADER.size - 4  # the CRC field; the checksum covers the header bytes before it, then the payload
-KNOWN_FLAGS = 0
-"""None defined yet: a frame with any flag bit set is from a protocol this one does not speak, and rejected."""
+FLAG_MAC = 0x0001
+"""The payload ends with a `harness/frame_auth.py` tag: every frame after the handshake."""
+KNOWN_FLAGS = FLAG_MAC
+"""A frame with any other flag bit set is from a protocol this one does not speak, and rejected."""
 _META_LEN = struct.Struct(">I")
 _U32_MAX = 0xFFFFFFFF
 _TENSORS_KEY = "_tensors"
@@ -155,6 +164,12 @@ class BadFlags(FrameError):
     kind = "bad_flags"
 
 
+class BadMac(FrameError):
+    """A frame after the handshake whose tag is missing or wrong: forged, replayed, reordered or reflected."""
+
+    kind = "bad_mac"
+
+
 class BadPayload(FrameError):
     """The frame is intact but its content is malformed (bad JSON, sizes that do not add up)."""
 
@@ -196,8 +211,9 @@ def _tensor_entry(name: object, tensor: object) -> tuple[str, torch.Tensor, list
     return name, flat, [name, dtype_name, list(flat.shape), nbytes]
 
 
-def encode(msg: Message) -> bytes:
-    """Serialise ``msg`` into one whole frame (header + payload).
+def encode(msg: Message, auth: FrameAuth | None = None) -> bytes:
+    """Serialise ``msg`` into one whole frame (header + payload), signed with ``auth`` if given (which
+    counts it as sent: encode only what will be sent, in order).
 
     Raises ``ValueError`` for an unsupported dtype, a ``"_tensors"`` key in
     ``meta`` (it is reserved), or a payload that does not fit the u32 length
@@ -214,7 +230,8 @@ def encode(msg: Message) -> bytes:
     meta_bytes = json.dumps(meta, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
     data_len = sum(entry[3] for _, _, entry in entries)
-    payload_len = _META_LEN.size + len(meta_bytes) + data_len
+    tag_len = TAG_BYTES if auth is not None else 0
+    payload_len = _META_LEN.size + len(meta_bytes) + data_len + tag_len
     if payload_len > _U32_MAX:
         raise ValueError(f"payload of {payload_len} bytes does not fit the u32 length field")
 
@@ -231,7 +248,9 @@ def encode(msg: Message) -> bytes:
             dst.copy_(flat.reshape(-1).view(torch.uint8))
         offset += nbytes
 
-    HEADER.pack_into(frame, 0, MAGIC, VERSION, msg_type, 0, payload_len, 0)
+    HEADER.pack_into(frame, 0, MAGIC, VERSION, msg_type, FLAG_MAC if auth is not None else 0, payload_len, 0)
+    if auth is not None:
+        frame[offset:] = auth.sign(frame[:_CRC_AT], memoryview(frame)[HEADER.size : offset])
     struct.pack_into(">I", frame, _CRC_AT, _frame_crc(frame[:_CRC_AT], memoryview(frame)[HEADER.size :]))
     return bytes(frame)
 
@@ -322,8 +341,9 @@ def decode_payload(msg_type: int, payload: bytes | bytearray | memoryview) -> Me
 # --------------------------------------------------------------------------- sockets
 
 
-def send_message(sock: socket.socket, msg: Message, timeout_s: float) -> int:
-    """Send ``msg`` as one frame; the whole send is bounded by ``timeout_s``. Returns the bytes sent.
+def send_message(sock: socket.socket, msg: Message, timeout_s: float, auth: FrameAuth | None = None) -> int:
+    """Send ``msg`` as one frame (signed with ``auth`` after the handshake); the whole send is bounded by
+    ``timeout_s``. Returns the bytes sent.
 
     Raises ``TimeoutError`` if the frame could not be handed to the kernel in
     time (then part of it may have been sent, and the connection should be
@@ -332,9 +352,9 @@ def send_message(sock: socket.socket, msg: Message, timeout_s: float) -> int:
     This sets the socket's timeout; a socket whose sends and receives run in
     different threads shares that one setting between them.
     """
-    frame = encode(msg)
     if timeout_s <= 0:
         raise TimeoutError("send_message: no time left")
+    frame = encode(msg, auth)
     sock.settimeout(timeout_s)  # since Python 3.5 this bounds the whole sendall, not each chunk
     sock.sendall(frame)
     return len(frame)
@@ -378,7 +398,7 @@ def _recv_exact(sock: socket.socket, view: memoryview, deadline: float, what: st
 
 
 def recv_message(sock: socket.socket, max_frame_bytes: int, timeout_s: float,
-                 timing: dict[str, float] | None = None) -> Message:
+                 timing: dict[str, float] | None = None, auth: FrameAuth | None = None) -> Message:
     """Receive and decode exactly one frame, within ``timeout_s`` overall.
 
     Raises :class:`ConnectionClosed` on EOF before the first header byte,
@@ -386,7 +406,8 @@ def recv_message(sock: socket.socket, max_frame_bytes: int, timeout_s: float,
     :class:`FrameTooLarge` (payload length over ``max_frame_bytes``, refused
     before any payload byte is read) / :class:`BadChecksum` / :class:`BadFlags`
     / :class:`UnknownType` / :class:`BadPayload` / :class:`BadMessage`
-    (metadata that breaks its type's schema) for rejected frames,
+    (metadata that breaks its type's schema) / :class:`BadMac` (with ``auth``:
+    a frame without its tag or with a wrong one) for rejected frames,
     ``TimeoutError`` when the deadline passes, and ``OSError`` for socket errors.
 
     If ``timing`` is given, it receives ``header_t`` (monotonic time the header
@@ -418,7 +439,7 @@ def recv_message(sock: socket.socket, max_frame_bytes: int, timeout_s: float,
     if timing is not None:
         timing["end_t"] = time.monotonic()
         timing["bytes"] = HEADER.size + length
-    return _decode_checked(header, payload)
+    return _decode_checked(header, payload, auth)
 
 
 def decode_frame(frame: bytes | bytearray | memoryview, max_frame_bytes: int) -> Message:
@@ -451,12 +472,28 @@ def _frame_crc(head: bytes | bytearray | memoryview, payload: bytes | bytearray 
     return zlib.crc32(payload, zlib.crc32(head))
 
 
-def _decode_checked(header: bytes | bytearray | memoryview, payload: bytearray) -> Message:
-    """The checks that need the whole frame (checksum, then flags and type), then the payload's decoding."""
+def _decode_checked(header: bytes | bytearray | memoryview, payload: bytearray,
+                    auth: FrameAuth | None = None) -> Message:
+    """The checks that need the whole frame (checksum, flags, the tag, then type), then the payload's
+    decoding."""
     _magic, _version, msg_type, flags, _length, crc = HEADER.unpack(header)
     got = _frame_crc(header[:_CRC_AT], payload)
     if got != crc:
         raise BadChecksum(f"header and payload crc32 {got:#010x} != header {crc:#010x}")
     if flags & ~KNOWN_FLAGS:
         raise BadFlags(f"unknown flag bits {flags & ~KNOWN_FLAGS:#06x}")
+    tagged = bool(flags & FLAG_MAC)
+    if auth is None:
+        if tagged:
+            raise BadFlags("a signed frame where no key is agreed (before the handshake, or stored)")
+        return decode_payload(msg_type, payload)
+    if not tagged:
+        raise BadMac("an unsigned frame after the handshake")
+    if len(payload) < TAG_BYTES:
+        raise BadMac(f"payload of {len(payload)} bytes is shorter than its tag")
+    with memoryview(payload) as view:
+        ok = auth.verify(header[:_CRC_AT], view[:-TAG_BYTES], view[-TAG_BYTES:])
+    if not ok:
+        raise BadMac(f"wrong tag on frame {auth.received} from the peer (forged, replayed, reordered or reflected)")
+    del payload[-TAG_BYTES:]  # the message without its tag, in place
     return decode_payload(msg_type, payload)
