@@ -1,7 +1,8 @@
-"""Live progress for a person watching a run: per-learner step, syncer version, eval loss.
+"""Live progress for a person watching a run: per-learner step, syncer version, eval loss, and each fault.
 
-Fed with the events the supervisor tails from the run's log; it keeps a tiny
-state and writes at most one line per `every_s` to its stream.
+Fed with the events the supervisor tails from the run's log; it keeps a tiny state and writes at most one
+status line per `every_s` to its stream. A fault's start and end are written at once, on a line of their
+own, with what it did, to whom and what triggered it, so that a person sees the fault beside its effect.
 """
 
 from __future__ import annotations
@@ -9,6 +10,15 @@ from __future__ import annotations
 import sys
 import time
 from typing import Any, TextIO
+
+
+def fault_line(e: dict[str, Any]) -> str:
+    """One line for a fault_start or fault_end event: F<index>, what, the trigger, and a miss if any."""
+    what = e.get("describe") or e.get("action") or "?"
+    if e["ev"] == "fault_start":
+        missed = f" (hit nothing: {e['missed']})" if e.get("missed") else ""
+        return f"fault F{e.get('index')} fired: {what}; trigger: {e.get('reason', '-')}{missed}"
+    return f"fault F{e.get('index')} ended: {what}; {e.get('reason', '-')}"
 
 
 class Progress:
@@ -22,6 +32,7 @@ class Progress:
         self._last = 0.0
 
     def __call__(self, events: list[dict[str, Any]]) -> None:
+        now = time.monotonic()
         for e in events:
             if e["ev"] == "step":
                 self.steps[e["learner"]] = e["step"]
@@ -29,14 +40,15 @@ class Progress:
                 self.merges = e["merges"]
             elif e["ev"] == "eval":
                 self.loss = e["loss"]
-        now = time.monotonic()
+            elif e["ev"] in ("fault_start", "fault_end"):
+                self.stream.write(f"[{now - self._t0:6.1f}s] {fault_line(e)}\n")
         if now - self._last >= self.every_s:
             self._last = now
             steps = " ".join(f"L{i}:{s:>4}" for i, s in enumerate(self.steps))
             loss = f"{self.loss:.3f}" if self.loss is not None else "  -  "
             self.stream.write(f"[{now - self._t0:6.1f}s] steps {steps} | syncer merges {self.merges:>5} | "
                               f"eval loss {loss}\n")
-            self.stream.flush()
+        self.stream.flush()
 
 
 def summary_table(reports: list[dict[str, Any]]) -> str:
