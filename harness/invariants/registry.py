@@ -21,6 +21,7 @@ import difflib
 import importlib
 import math
 import pkgutil
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -103,7 +104,8 @@ class InvariantSpec:
         for key, value in bounds.items():
             b = self.bound(key)
             if b is None:
-                raise unknown_bound(f"invariant {self.name}", key, [x.name for x in self.bounds])
+                raise unknown_bound(f"invariant {self.name}", key,
+                                    [k for x in self.bounds for k in (x.name, x.alias) if k])
             b.validate(self.name, value)
             out[b.name] = value
         return out
@@ -126,19 +128,27 @@ _REGISTRY: dict[str, InvariantSpec] = {}
 def register(*, bounds: tuple[Bound, ...] = (), algorithms: tuple[Algorithm, ...] = ALL_ALGORITHMS,
              mode: Mode = "always", order: int) -> Callable[[Callable[..., InvariantResult]],
                                                             Callable[..., InvariantResult]]:
-    """Decorator: register the function as the invariant of its own name. Its docstring's first sentence is
-    the summary. The function is returned unchanged."""
+    """Decorator: register the function as the invariant of its own name. Its module docstring's first paragraph
+    (after "Invariant `name`:") is the summary. The function is returned unchanged."""
 
     def deco(fn: Callable[..., InvariantResult]) -> Callable[..., InvariantResult]:
         name = fn.__name__
         if name in _REGISTRY and _REGISTRY[name].fn.__module__ != fn.__module__:
             raise ValueError(f"invariant {name!r} registered twice ({_REGISTRY[name].fn.__module__}, {fn.__module__})")
-        doc = " ".join((fn.__doc__ or "").split())
-        summary = doc.split(". ")[0].rstrip(".") + "." if doc else ""
+        summary = _summary(fn)
         _REGISTRY[name] = InvariantSpec(name, fn, bounds, algorithms, mode, order, summary)
         return fn
 
     return deco
+
+
+def _summary(fn: Callable[..., Any]) -> str:
+    """One line: the first paragraph of the function's module docstring, else of its own."""
+    mod = sys.modules.get(fn.__module__)
+    doc = (mod.__doc__ if mod is not None and mod.__doc__ else None) or fn.__doc__ or ""
+    first = " ".join(doc.strip().split("\n\n")[0].split())
+    prefix = f"Invariant `{fn.__name__}`: "
+    return first[len(prefix):] if first.startswith(prefix) else first
 
 
 def discover() -> dict[str, InvariantSpec]:
