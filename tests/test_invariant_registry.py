@@ -17,6 +17,7 @@ from harness.chaos_run import INVARIANTS
 from harness.invariants import UnknownBound, check_all, checks, load_run, no_global_downtime, spec, specs
 from harness.invariants.doc import DOC, render
 from harness.invariants.registry import ALL_ALGORITHMS, discover
+from trainers.config import ALGORITHMS
 
 
 def _check_modules() -> list[str]:
@@ -43,6 +44,7 @@ def test_registry_names_are_check_alls_and_the_plugins(tmp_path: Path) -> None:
     run = load_run(write_run(tmp_path, with_protocol_facts(decoupled_log())))
     results = check_all(run, max_loss=3.0, downtime_bound_s=1.0, min_uptime=0.9, rejoin_within_s=5.0)
     assert [r.name for r in results] == list(specs()) == list(INVARIANTS)
+    assert ALL_ALGORITHMS == ALGORITHMS  # the Literal's names are the trainers' algorithms
     for s in specs().values():
         assert s.summary and all(a in ALL_ALGORITHMS for a in s.algorithms)
         assert s.mode == "always" or any(b.triggers for b in s.bounds)
