@@ -49,26 +49,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
-import hashlib
 import json
 import os
 import signal
-import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
-from functools import cached_property
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
-from harness.events import EVENTS_FILE, read_events
-from harness.rundir import REPORT_FILE, read_json
+from harness.chaos_run import INVARIANTS, ChaosRun, ChaosRunFailed, HygieneError
 from harness.scenario import Scenario, ScenarioError, builtin, from_dict, load
+from harness.toxiproxy_lock import LOCK_POLL_S, ToxiproxyServer, _ServerLock, _shared_url
 
 MARKERS = {
     "failure": "process failure chaos: chips, learners or hosts killed or frozen for real (SIGKILL/SIGSTOP)",
@@ -80,161 +75,15 @@ MARKERS = {
 DEFAULT_GRACE_S = 30.0
 """Seconds kept between a run's deadline and the test's timeout, besides 2 x timeouts.shutdown_s: the run's
 shutdown, its final evaluation of the global model and report, and the hygiene check."""
-LOCK_POLL_S = 0.1
 SECTION = "diloco-chaos runs"
-INVARIANTS = ("converged", "no_global_downtime", "availability", "faults_fired", "rejoined", "updates_accounted",
-              "token_accounting", "model_finite", "rda_norms", "outer_lr", "token_weights", "pushes_received",
-              "apply_schedule", "initial_pull")
-"""Names `ChaosRun.check` / `ChaosRun.measure` accept: functions of harness.invariants, then the protocol
-invariants of harness.protocol_invariants (`PROTOCOL_INVARIANTS`)."""
-
 _START = pytest.StashKey[float]()
 _CALL_START = pytest.StashKey[float]()
 _RUNS = pytest.StashKey[list["ChaosRun"]]()
 
 
-# -- errors -----------------------------------------------------------------------------------------------
-
-class ChaosRunFailed(AssertionError):
-    """A run did not complete (the harness raised). `.run` is the ChaosRun (its run_dir, partial report),
-    `.cause` the original exception (a harness.supervisor.RunFailed for a failed process or bound)."""
-
-    def __init__(self, message: str, run: ChaosRun, cause: BaseException) -> None:
-        super().__init__(message)
-        self.run = run
-        self.cause = cause
-
-
-class HygieneError(AssertionError):
-    """A run left a process alive or a port listening."""
-
-
-# -- one run ----------------------------------------------------------------------------------------------
-
-@dataclass(eq=False)
-class ChaosRun:
-    """One run made through the plugin: the scenario, its directory and what it left there.
-
-    Behaves like harness.supervisor.RunResult (`run_dir`, `report`, `pids`), so harness.hygiene.leftovers
-    and harness.invariants accept it, plus lazy access to the event log and invariant helpers that print
-    their figure into the test's output."""
-
-    scenario: Scenario
-    run_dir: Path
-    pids: list[int] = field(default_factory=list)
-    error: BaseException | None = None
-    """The exception that ended the run, None for a run that completed."""
-    bounded_from_s: float | None = None
-    """The scenario's own timeouts.run_s when the plugin lowered it to fit the test's timeout."""
-    ended_at: float = 0.0
-    """time.time() when the run returned: a process created later is not the run's (pid reuse)."""
-    printed: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def name(self) -> str:
-        return self.scenario.name
-
-    @cached_property
-    def report(self) -> dict[str, Any]:
-        """report.json; for a run that failed before writing it, the report built from its event log
-        (best effort, {} if even that fails)."""
-        path = self.run_dir / REPORT_FILE
-        if path.exists():
-            return read_json(path)
-        try:
-            from harness.report import build_report
-
-            return build_report(self.run_dir)
-        except Exception:  # noqa: BLE001 - a partial run's log may not support every figure
-            return {}
-
-    @cached_property
-    def events(self) -> list[dict[str, Any]]:
-        """Every event of the run, in file order (harness.events.read_events)."""
-        return read_events(self.run_dir / EVENTS_FILE)
-
-    @cached_property
-    def record(self) -> Any:
-        """The run directory read once for the invariants (harness.invariants.load_run: events in time order)."""
-        from harness.invariants import load_run
-
-        return load_run(self.run_dir)
-
-    def of(self, *kinds: str) -> list[dict[str, Any]]:
-        """Events of the given kinds, in time order."""
-        return self.record.of(*kinds)
-
-    def leftovers(self) -> dict[str, list[int]]:
-        """harness.hygiene.leftovers: processes of the run still alive and its ports still listening."""
-        from harness.hygiene import leftovers
-
-        return leftovers(self)
-
-    def measure(self, name: str, /, **bounds: Any) -> Any:
-        """Evaluate the invariant `name` (see INVARIANTS) with `bounds`, print its result line, return the
-        harness.invariants.InvariantResult without raising. A ChaosRun given as a bound (baseline_loss=) is
-        read as that run."""
-        import harness.invariants as inv
-        from harness.protocol_invariants import PROTOCOL_INVARIANTS
-
-        if name not in INVARIANTS:
-            raise ValueError(f"unknown invariant {name!r}: one of {', '.join(INVARIANTS)}")
-        args = {k: (v.record if isinstance(v, ChaosRun) else v) for k, v in bounds.items()}
-        fn = PROTOCOL_INVARIANTS[name] if name in PROTOCOL_INVARIANTS else getattr(inv, name)
-        result = fn(self.record, **args)
-        print(f"[{self.name}] {result}")
-        return result
-
-    def check(self, name: str, /, **bounds: Any) -> Any:
-        """`measure`, then raise harness.invariants.InvariantViolation (an AssertionError naming the figure and
-        the bound) unless it holds. Returns the InvariantResult."""
-        return self.measure(name, **bounds).check()
-
-    def check_all(self, **bounds: Any) -> list[Any]:
-        """harness.invariants.check_all with these bounds; prints every result, raises one AssertionError
-        listing every violated invariant. Returns the results."""
-        from harness.invariants import check_all
-
-        args = {k: (v.record if isinstance(v, ChaosRun) else v) for k, v in bounds.items()}
-        results = check_all(self.record, **args)
-        for r in results:
-            print(f"[{self.name}] {r}")
-        bad = [r.message() for r in results if not r.ok]
-        if bad:
-            raise AssertionError(f"run {self.name!r} ({self.run_dir}): " + "; ".join(bad))
-        return results
-
-    def figures(self, figures: Mapping[str, Any] | None = None, /, **more: Any) -> dict[str, Any]:
-        """Print one `figures` line (a test's measured values, so they are in its output whether it passes or
-        fails) and keep it for the failure report. Returns the figures."""
-        out = {**(figures or {}), **more}
-        self.printed.append(out)
-        print(f"[{self.name}] figures: {json.dumps(out, default=str)}")
-        return out
-
-    def summary(self) -> str:
-        """Run directory and key figures, the lines of the failure report."""
-        sc, rep = self.scenario, self.report
-        head = (f"{sc.name} ({sc.algorithm}, {sc.topology.learners}x{sc.topology.chips_per_learner}, "
-                f"seed {sc.seed})  run_dir: {self.run_dir}")
-        fired = len([f for f in rep.get("faults", []) if f.get("start_s") is not None])
-        key = {
-            "final_eval_loss": rep.get("final_eval_loss"),
-            "merge_count": rep.get("merge_count"),
-            "longest_gap_s": rep.get("longest_gap_s"),
-            "goodput": (rep.get("goodput") or {}).get("goodput"),
-            "uptime": (rep.get("availability") or {}).get("uptime"),
-            "faults_fired": f"{fired}/{len(sc.faults)}",
-            "wall_s": rep.get("wall_s"),
-        }
-        lines = [head, "    " + " | ".join(f"{k} {v}" for k, v in key.items())]
-        if rep.get("errors"):
-            lines.append(f"    errors: {rep['errors'][:3]}")
-        for f in self.printed:
-            lines.append(f"    figures: {json.dumps(f, default=str)}")
-        if self.error is not None:
-            lines.append(f"    failed: {type(self.error).__name__}: {self.error}")
-        return "\n".join(lines)
+__all__ = ["DEFAULT_GRACE_S", "INVARIANTS", "LOCK_POLL_S", "MARKERS", "SECTION", "ChaosRun", "ChaosRunFailed",
+           "HygieneError", "RunScenario", "ToxiproxyServer", "as_scenario", "bound_deadline", "cluster", "execute",
+           "hygiene_problems", "run_budget", "run_scenario", "toxiproxy"]
 
 
 # -- scenarios and deadlines ------------------------------------------------------------------------------
@@ -318,76 +167,6 @@ def bound_deadline(sc: Scenario, left_s: float | None, timeout_s: float | None, 
     except ScenarioError as e:
         pytest.fail(f"scenario {sc.name!r} cannot run: {why}; lowering timeouts.run_s to it fails validation: "
                     f"{e}", pytrace=False)
-
-
-# -- a shared Toxiproxy server: one run at a time ----------------------------------------------------------
-
-class _ServerLock:
-    """An exclusive, cross-process lock per Toxiproxy URL (a file lock shared by every xdist worker on the
-    machine), re-entrant within a process: a test holding it through `toxiproxy` can still make runs."""
-
-    _guard = threading.Lock()
-    _held: dict[str, list[Any]] = {}  # url -> [fd, count]
-
-    @classmethod
-    def path(cls, url: str) -> Path:
-        digest = hashlib.sha1(url.rstrip("/").encode()).hexdigest()[:16]
-        return Path(tempfile.gettempdir()) / f"diloco-chaos-toxiproxy-{digest}.lock"
-
-    @classmethod
-    @contextlib.contextmanager
-    def hold(cls, url: str, wait_s: float | None) -> Iterator[None]:
-        key = url.rstrip("/")
-        with cls._guard:
-            held = cls._held.get(key)
-            if held is not None:
-                held[1] += 1
-        if held is None:
-            fd = os.open(cls.path(key), os.O_RDWR | os.O_CREAT, 0o666)
-            deadline = None if wait_s is None else time.monotonic() + max(0.0, wait_s)
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if deadline is not None and time.monotonic() >= deadline:
-                        os.close(fd)
-                        pytest.fail(f"waited {wait_s:.0f} s for the shared Toxiproxy server at {key} "
-                                    "(TOXIPROXY_URL): another test's run holds it; runs sharing one server "
-                                    "take turns because their proxy names (learner-<i>) are fixed", pytrace=False)
-                    time.sleep(LOCK_POLL_S)
-            with cls._guard:
-                cls._held[key] = [fd, 1]
-        try:
-            yield
-        finally:
-            with cls._guard:
-                entry = cls._held[key]
-                entry[1] -= 1
-                if entry[1] == 0:
-                    del cls._held[key]
-                    fcntl.flock(entry[0], fcntl.LOCK_UN)
-                    os.close(entry[0])
-
-
-def _shared_url(sc: Scenario) -> str | None:
-    """The TOXIPROXY_URL this run would share with others, if any (links.proxy auto only)."""
-    return (os.environ.get("TOXIPROXY_URL") or None) if sc.links.proxy == "auto" else None
-
-
-@dataclass
-class ToxiproxyServer:
-    """A Toxiproxy server for one test. `kind`: external (TOXIPROXY_URL, held exclusively for the test),
-    toxiproxy-server or embedded (started for the test). `client` is a chaos.toxiproxy_client.ToxiproxyClient."""
-
-    url: str
-    kind: str
-    version: str
-    client: Any
-
-    def create_proxy(self, name: str, upstream: str, listen: str = "127.0.0.1:0") -> Any:
-        """A proxy on this server (removed at teardown); returns its ProxyInfo (`listen_port`)."""
-        return self.client.create_proxy(name, upstream, listen=listen)
 
 
 # -- running --------------------------------------------------------------------------------------------

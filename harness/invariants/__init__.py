@@ -1,0 +1,83 @@
+"""Invariants of a finished run: plain functions over its run directory, each with a measured figure and a bound.
+
+What: the package re-exports the public API (`InvariantResult`, `InvariantViolation`, `RunRecord`, `load_run`,
+`final_loss`, every invariant function and `check_all`); harness/invariants/base.py has the result and run
+records, harness/invariants/registry.py the typed `InvariantSpec` registry, and harness/invariants/checks/ one
+module per invariant, each registering itself. docs/invariants.md lists them, generated from the registry by
+``python -m harness.invariants.doc``.
+
+Why a registry: check_all, the pytest plugin's `ChaosRun.check` and the docs list the invariants from one
+place, and a bound has one name (plus at most one legacy check_all alias) validated in one place.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.invariants.base import InvariantResult, InvariantViolation, Run, RunRecord, _run, load_run
+from harness.invariants.checks.apply_schedule import apply_schedule
+from harness.invariants.checks.availability import availability
+from harness.invariants.checks.converged import converged, final_loss
+from harness.invariants.checks.faults_fired import faults_fired
+from harness.invariants.checks.initial_pull import initial_pull
+from harness.invariants.checks.model_finite import model_finite
+from harness.invariants.checks.no_global_downtime import alive_intervals, no_global_downtime
+from harness.invariants.checks.outer_lr import outer_lr
+from harness.invariants.checks.pushes_received import pushes_received
+from harness.invariants.checks.rda_norms import rda_norms
+from harness.invariants.checks.rejoined import rejoined
+from harness.invariants.checks.token_accounting import token_accounting
+from harness.invariants.checks.token_weights import expected_weights, token_weights
+from harness.invariants.checks.updates_accounted import Contribution, merged_contributions, updates_accounted
+from harness.invariants.registry import InvariantSpec, UnknownBound, discover, spec, specs, unknown_bound
+
+__all__ = [
+    "Contribution", "InvariantResult", "InvariantSpec", "InvariantViolation", "Run", "RunRecord", "UnknownBound",
+    "alive_intervals", "apply_schedule", "availability", "check_all", "check_all_keywords", "converged",
+    "discover", "expected_weights", "faults_fired", "final_loss", "initial_pull", "load_run",
+    "merged_contributions", "model_finite", "no_global_downtime", "outer_lr", "pushes_received", "rda_norms",
+    "rejoined", "spec", "specs", "token_accounting", "token_weights", "updates_accounted",
+]
+
+
+def check_all_keywords() -> dict[str, tuple[str, str]]:
+    """check_all's keywords -> (invariant, bound name): every bound of a "when_bound" invariant, by its name and
+    by its legacy alias (downtime_bound_s, rejoin_within_s)."""
+    out: dict[str, tuple[str, str]] = {}
+    for s in discover().values():
+        if s.mode != "when_bound":
+            continue
+        for b in s.bounds:
+            for key in (b.name, b.alias):
+                if key is not None:
+                    out[key] = (s.name, b.name)
+    return out
+
+
+def check_all(run: Run, **bounds: Any) -> list[InvariantResult]:
+    """Every registered invariant that applies to the run's algorithm, in registry order: the "always" ones on
+    their defaults (faults_fired, updates_accounted, token_accounting, model_finite and, for a decoupled run,
+    the protocol invariants), and each "when_bound" one whose triggering bound is given (converged:
+    baseline_loss or max_loss; no_global_downtime: bound_s alias downtime_bound_s; availability: min_uptime;
+    rejoined: within_s alias rejoin_within_s). Nothing raises on a violation; `[r.check() for r in results]`
+    or filter on `ok`. A keyword that is no bound raises UnknownBound, an impossible value ValueError."""
+    keys = check_all_keywords()
+    given: dict[str, dict[str, Any]] = {}
+    for key, value in bounds.items():
+        if key not in keys:
+            raise unknown_bound("check_all", key, keys)
+        inv, name = keys[key]
+        given.setdefault(inv, {})[name] = value
+    registry = specs()
+    for inv, args in given.items():
+        registry[inv].resolve(args)  # validate every value before measuring anything
+    r = _run(run)
+    out = []
+    for s in registry.values():
+        if r.algorithm not in s.algorithms:
+            continue
+        args = {k: v for k, v in given.get(s.name, {}).items() if v is not None}
+        if s.mode == "when_bound" and not any((b := s.bound(k)) is not None and b.triggers for k in args):
+            continue
+        out.append(s(r, **args))
+    return out

@@ -1,0 +1,144 @@
+"""What every invariant shares: `InvariantResult` (a measured figure against a bound), `InvariantViolation`, and
+`RunRecord` / `load_run` (a run directory read once).
+
+A chaos run passes when the system kept its promises, not merely when it did not crash. Each invariant
+(one module of harness/invariants/checks) takes a run (a run directory, or a `RunRecord` loaded once with
+`load_run`) and the bounds it needs, and returns an `InvariantResult` holding the measured figure, the bound
+and a human-readable detail; `result.check()` raises `InvariantViolation` (an AssertionError) whose message
+names the invariant and prints both, e.g. ``invariant no_global_downtime violated: longest gap with >= 1
+learners alive 4.19 s > bound 1 s (interval 12.3-16.5 s since run start)``. Everything is computed from the
+run directory alone (events.jsonl, config.json, report.json, global.pt), so any recorded run can be checked
+again. A result with nothing to measure where there should be something (no training span, no final eval,
+no checkpoint) is a failure, never a pass: an invariant must not hold vacuously.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.events import EVENTS_FILE, read_events
+from harness.rundir import CONFIG_FILE, REPORT_FILE, read_json
+
+_NEGATE = {"<=": ">", ">=": "<", "==": "!="}
+
+
+class InvariantViolation(AssertionError):
+    """An invariant did not hold; `.result` is the `InvariantResult` with the figure and the bound."""
+
+    def __init__(self, result: InvariantResult) -> None:
+        super().__init__(result.message())
+        self.result = result
+
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable across processes (its args hold only the message)
+        return (type(self), (self.result,))
+
+
+def _fmt(x: Any) -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, bool):
+        return str(x)
+    if isinstance(x, float):
+        return f"{x:.6g}"
+    return str(x)
+
+
+@dataclass(frozen=True)
+class InvariantResult:
+    """One invariant's verdict on one run: `figure` (the measured value) `relation` `bound` must hold."""
+
+    name: str
+    ok: bool
+    figure: Any
+    bound: Any
+    detail: str = ""
+    measure: str = ""
+    """What the figure is, in words (e.g. "longest gap with >= 1 learners alive")."""
+    unit: str = ""
+    relation: str = "<="
+    """How the figure must compare to the bound: <=, >= or ==."""
+
+    def message(self) -> str:
+        unit = f" {self.unit}" if self.unit else ""
+        verdict = "holds" if self.ok else "violated"
+        rel = self.relation if self.ok else _NEGATE.get(self.relation, f"not {self.relation}")
+        what = f"{self.measure} " if self.measure else ""
+        text = f"invariant {self.name} {verdict}: {what}{_fmt(self.figure)}{unit} {rel} bound {_fmt(self.bound)}{unit}"
+        return f"{text} ({self.detail})" if self.detail else text
+
+    def check(self) -> InvariantResult:
+        """Raise `InvariantViolation` unless the invariant holds; returns self so calls can be chained."""
+        if not self.ok:
+            raise InvariantViolation(self)
+        return self
+
+    def __str__(self) -> str:
+        return (f"{self.name}: {'ok' if self.ok else 'VIOLATED'} ({self.measure or 'figure'} {_fmt(self.figure)}"
+                f"{' ' + self.unit if self.unit else ''}, bound {self.relation} {_fmt(self.bound)})")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A run directory read once: the event log sorted by `t` (several processes append to one file, so file
+    order is not time order; the sort is stable), report.json and config.json ({} when absent)."""
+
+    events: list[dict[str, Any]]
+    report: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    run_dir: Path | None = None
+
+    def of(self, *kinds: str) -> list[dict[str, Any]]:
+        """Events of the given kinds, in time order."""
+        return [e for e in self.events if e.get("ev") in kinds]
+
+    @property
+    def algorithm(self) -> str:
+        if "algorithm" in self.config:
+            return str(self.config["algorithm"])
+        start = next(iter(self.of("run_start")), {})
+        return str(start.get("algorithm", "decoupled"))
+
+    @property
+    def min_quorum(self) -> int:
+        return int(self.config.get("diloco", {}).get("min_quorum", 1))
+
+    @property
+    def fragments(self) -> int:
+        """P, the fragments a decoupled merge spreads a push's tokens over; 1 for the synchronous baselines."""
+        if self.algorithm != "decoupled":
+            return 1
+        p = self.config.get("diloco", {}).get("fragments")
+        if p is None:
+            p = next((e.get("fragments") for e in self.of("syncer_start") if e.get("fragments")), 1)
+        return int(p)
+
+    @property
+    def start(self) -> float:
+        """run_start (the supervisor's clock), else the first event."""
+        s = self.of("run_start")
+        return float(s[0]["t"]) if s else (float(self.events[0]["t"]) if self.events else 0.0)
+
+    def train_span(self) -> tuple[float, float] | None:
+        """(first inner step, last inner step) of any learner; None if no step was logged."""
+        ts = [float(e["t"]) for e in self.of("step")]
+        return (min(ts), max(ts)) if ts else None
+
+
+Run = RunRecord | str | os.PathLike[str]
+
+
+def load_run(run_dir: str | os.PathLike[str]) -> RunRecord:
+    """Read a run directory's events.jsonl (required), report.json and config.json (optional)."""
+    d = Path(run_dir)
+    evs = sorted(read_events(d / EVENTS_FILE), key=lambda e: float(e.get("t", 0.0)))
+    report = read_json(d / REPORT_FILE) if (d / REPORT_FILE).exists() else {}
+    config = read_json(d / CONFIG_FILE) if (d / CONFIG_FILE).exists() else {}
+    return RunRecord(evs, report, config, d)
+
+
+def _run(run: Run) -> RunRecord:
+    return run if isinstance(run, RunRecord) else load_run(run)
+

@@ -1,0 +1,105 @@
+"""Invariant `token_accounting`: The tokens the syncer says it merged equal the tokens of the steps its merges took in.
+
+One module per invariant (a run invariant): it registers itself with
+`harness.invariants.registry.register`, so check_all, the pytest plugin and docs/invariants.md list it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from harness.invariants.base import InvariantResult, Run, _run
+from harness.invariants.registry import Bound, register
+from harness.metrics import DATA_PARALLEL
+
+
+@register(order=70, bounds=(
+    Bound("tolerance", "tokens of discrepancy allowed", 1e-3, low=0.0),
+    Bound("show", "problems listed in the detail", 5, low=0)))
+def token_accounting(run: Run, *, tolerance: float = 1e-3, show: int = 5) -> InvariantResult:
+    """Tokens merged = tokens in merged pushes. Figure: the discrepancy in tokens; bound `tolerance`.
+
+    Two sums of absolute differences, so errors cannot cancel:
+    * the syncer's own count (the last `syncer_done.tokens_merged`, else the final eval's, else the last
+      merge's cumulative `tokens_merged`) against the sum over merge events of their contributions'
+      c_tokens / P (P fragments for decoupled, 1 for the others: the report's definition). A restored
+      syncer's `tokens_merged` counts in where its versions show merges that were checkpointed but never
+      logged; otherwise a restored count that differs from the log is a discrepancy;
+    * decoupled: each merged contribution's c_tokens against the tokens the learner's `step` events logged for
+      the steps it trained (the c_steps steps ending at its last_step; the latest logged value of each step),
+      divided by P; ddp and elastic_ddp: each participant's tokens against its step's (logged after the merge,
+      so every step is read first). A contribution whose
+      steps were not all logged is counted in the detail as unverifiable, not as a discrepancy."""
+    r = _run(run)
+    merges = r.of("merge")
+    p_div = r.fragments
+    measure = "tokens-merged discrepancy"
+    done = r.of("syncer_done")
+    finals = [e for e in r.of("eval") if e.get("kind") == "final" and "tokens_merged" in e]
+    if done:
+        reported, src = float(done[-1]["tokens_merged"]), "syncer_done"
+    elif finals:
+        reported, src = float(finals[-1]["tokens_merged"]), "final eval"
+    elif merges:
+        reported, src = float(merges[-1].get("tokens_merged", 0.0)), "last merge"
+    else:
+        return InvariantResult("token_accounting", False, None, tolerance, "no merge and no syncer count: "
+                               "nothing merged to account for", measure, "tokens")
+    step_tokens: dict[int, dict[int, int]] = defaultdict(dict)
+    logged, per_contrib, unverifiable, misreported, restored_extra = 0.0, 0.0, 0, 0, 0.0
+    issues: list[str] = []
+    data_parallel = r.algorithm in DATA_PARALLEL
+    if data_parallel:  # a data-parallel step is logged after its merge: the learner steps on the averaged gradient
+        for e in r.of("step"):
+            step_tokens[int(e["learner"])][int(e["step"])] = int(e.get("tokens", 0))
+    for e in r.events:
+        kind = e.get("ev")
+        if kind == "step" and not data_parallel:
+            step_tokens[int(e["learner"])][int(e["step"])] = int(e.get("tokens", 0))
+        elif kind == "syncer_restore":
+            versions = e.get("versions", [])
+            before = [x for x in merges if float(x["t"]) < float(e["t"])]
+            gap = float(e.get("tokens_merged", 0.0)) - logged - restored_extra
+            lost_merges = sum(max(0, int(v) - max((int(x["version"]) for x in before if x.get("fragment") == q),
+                                                  default=0)) for q, v in enumerate(versions))
+            if lost_merges > 0 and gap >= 0:
+                restored_extra += gap
+            elif abs(gap) > tolerance:
+                per_contrib += abs(gap)
+                issues.append(f"restored syncer counts {e.get('tokens_merged')} tokens merged, the log "
+                              f"{logged + restored_extra:.6g}")
+        elif kind == "merge":
+            c = [int(x) for x in e.get("c_tokens", [])]
+            logged += sum(c) / p_div
+            if r.algorithm == "decoupled":
+                ranges = [(int(a), int(b)) for a, b in e.get("step_ranges", [])]
+                c_steps = [int(x) for x in e.get("c_steps", [b - a + 1 for a, b in ranges])]
+                misreported += sum(1 for (a, b), cs in zip(ranges, c_steps, strict=False) if cs != b - a + 1)
+                spans = [(max(a, b - cs + 1), b) for (a, b), cs in zip(ranges, c_steps, strict=False)]
+            elif r.algorithm in DATA_PARALLEL and e.get("step") is not None:
+                spans = [(int(e["step"]), int(e["step"]))] * len(c)
+            else:
+                continue
+            for m, ct, (a, b) in zip(e.get("participants", []), c, spans, strict=False):
+                have = step_tokens.get(int(m), {})
+                if any(s not in have for s in range(a, b + 1)):
+                    unverifiable += 1
+                    continue
+                steps_sum = sum(have[s] for s in range(a, b + 1))
+                if steps_sum != ct:
+                    per_contrib += abs(ct - steps_sum) / p_div
+                    issues.append(f"merge of fragment {e.get('fragment')} v{e.get('version')}: learner {m} "
+                                  f"c_tokens {ct} but its steps {a}-{b} logged {steps_sum} tokens")
+    total_gap = abs(reported - (logged + restored_extra))
+    if total_gap > tolerance:
+        issues.insert(0, f"{src} says {reported:.6g} tokens merged, merges logged {logged + restored_extra:.6g}")
+    figure = round(total_gap + per_contrib, 6)
+    detail = "; ".join(issues[:show]) + (f"; and {len(issues) - show} more" if len(issues) > show else "")
+    if not issues:
+        detail = f"{reported:.6g} tokens merged ({src}) over {len(merges)} merges, P = {p_div}"
+    if unverifiable:
+        detail += f"; {unverifiable} contribution(s) with steps not all logged, not checked against steps"
+    if misreported:
+        detail += (f"; {misreported} contribution(s) whose step range is not c_steps long (first_step misreported),"
+                   " checked over the last c_steps steps")
+    return InvariantResult("token_accounting", figure <= tolerance, figure, tolerance, detail, measure, "tokens")

@@ -1,0 +1,237 @@
+"""Invariant `updates_accounted`: No update was merged twice and none was lost.
+
+One module per invariant (a run invariant): it registers itself with
+`harness.invariants.registry.register`, so check_all, the pytest plugin and docs/invariants.md list it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Any, NamedTuple
+
+from harness.invariants.base import InvariantResult, Run, _run
+from harness.invariants.registry import Bound, register
+from harness.metrics import DATA_PARALLEL
+
+
+class Contribution(NamedTuple):
+    """One participant of one decoupled merge."""
+
+    merge: dict[str, Any]
+    learner: int
+    fragment: int
+    round: Any
+    first_step: int
+    last_step: int
+    c_steps: int
+    c_tokens: int
+
+    @property
+    def trained(self) -> tuple[int, int]:
+        """The steps its counters hold: the c_steps steps ending at last_step. It differs from
+        (first_step, last_step) only when a learner misreports first_step (a restarted learner keeps
+        first_step = 1 for a fragment its initial pull did not reset)."""
+        return max(self.first_step, self.last_step - self.c_steps + 1), self.last_step
+
+
+def merged_contributions(run: Run) -> list[Contribution]:
+    """Decoupled: every participant of every merge, from the merge events' parallel lists."""
+    out = []
+    for e in _run(run).of("merge"):
+        n = len(e.get("participants", []))
+        ranges = e.get("step_ranges", [])
+        c_steps = e.get("c_steps", [None] * n)
+        c_tokens = e.get("c_tokens", [None] * n)
+        for m, (a, b), cs, ct in zip(e.get("participants", []), ranges, c_steps, c_tokens, strict=False):
+            cs = int(cs) if cs is not None else int(b) - int(a) + 1
+            out.append(Contribution(e, int(m), int(e["fragment"]), e.get("round"), int(a), int(b), cs,
+                                    int(ct) if ct is not None else 0))
+    return out
+
+
+@register(order=60, bounds=(Bound("show", "problems listed in the detail", 5, low=0),))
+def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
+    """No update merged twice and none lost. Figure: the problems found; bound 0.
+
+    Decoupled DiLoCo. A push is what the syncer logged as a `push` event; its identity is
+    (learner, fragment, round, first_step, last_step): a learner answers a round at most once per step
+    range, and a merge's contribution carries the same fields (participants, fragment, round, step_ranges).
+    A final unsolicited push is logged with round None, and a carried push (outcome carried: an answer that
+    arrived after its round merged, merged into the fragment's next round) with the round it answered; both
+    match a merge of any round. A merge matches only pushes logged before it by the same syncer process
+    (no `syncer_down` in between: open rounds die with the syncer and a restored one may reuse their ids).
+    Each push must end in exactly one of:
+    * outcome accepted or carried: taken in by a merge with the same identity; or superseded by a newer push of the
+      same learner in the same round (`push_superseded` without a reason, same learner, fragment and step
+      range); or, if the syncer went down (`syncer_down`) while the push's round was open, re-pushed: a later
+      merge takes in a push of that learner and fragment whose step range covers it (the learner's counters
+      were not reset, so its next answer holds the same steps); or, if the restored syncer came back at a
+      version no merge event shows (`syncer_restore.versions` beyond the fragment's last logged merge: merged
+      and checkpointed, then killed before the merge was logged), counted as merged there; or, if the syncer
+      went down while its round was open, given up on rejoin: the learner then (re)joined the restored syncer
+      (`learner_join`, whose `versions` are the fragments it was sent) and applied fragment p at the version it
+      was sent there, which overwrites its copy and resets its counters (the algorithm's rule for a (re)joining
+      learner), before any push of those steps was merged; or lost with the syncer's open round: no merge of
+      the fragment came between the push and the crash, and the learner applied the fragment after a later
+      step (a carried push's learner applies the round it missed, so the dead syncer held the only copy);
+    * outcome late / stale: a `push_superseded` with reason late / stale and the same step range;
+    * outcome rejected_*: a `push_rejected` with a non-empty reason and the same step range.
+    Problems: a push none of these accounts for (lost); a merged contribution that no push accounts for; two
+    merged contributions of one learner and fragment whose trained steps overlap (the same steps merged twice,
+    whether the same push twice or a stale copy; trained steps: the c_steps steps ending at last_step, see
+    `Contribution.trained`); two merges giving one fragment the same version (a merge
+    the restored syncer forgot, so one broadcast version was lost).
+
+    ddp, elastic_ddp and diloco log no push events: only the last check applies there, as one merge per step
+    (ddp, elastic_ddp) or round (diloco)."""
+    r = _run(run)
+    problems: list[str] = []
+    measure = "pushes lost or merged twice"
+    if r.algorithm != "decoupled":
+        key = "step" if r.algorithm in DATA_PARALLEL else "round"
+        seen = Counter(e.get(key) for e in r.of("merge"))
+        for k, n in sorted(seen.items(), key=lambda kv: str(kv[0])):
+            if n > 1:
+                problems.append(f"{key} {k} merged {n} times")
+        detail = "; ".join(problems[:show]) or f"{len(r.of('merge'))} merges, each {key} once"
+        return InvariantResult("updates_accounted", not problems, len(problems), 0, detail, measure)
+
+    contribs = merged_contributions(r)
+    merged_pool: dict[tuple[int, int, int, int], list[dict[str, Any]]] = defaultdict(list)
+    for c in contribs:
+        merged_pool[(c.learner, c.fragment, c.first_step, c.last_step)].append(c.merge)
+    sup_pool: Counter[tuple[str, int, int, int, int]] = Counter()
+    for e in r.of("push_superseded"):
+        reason = str(e.get("reason") or "")
+        tag = "late" if reason.startswith("late") else "stale" if reason.startswith("stale") else \
+            "before_rejoin" if reason.startswith("before rejoin") else "lagging" if reason.startswith("lagging") \
+            else "newer"
+        sup_pool[(tag, int(e["learner"]), int(e["fragment"]), int(e["first_step"]), int(e["last_step"]))] += 1
+    rej_pool: Counter[tuple[int, int, int, int]] = Counter()
+    for e in r.of("push_rejected"):
+        if e.get("reason") and "fragment" in e and "first_step" in e:
+            rej_pool[(int(e["learner"]), int(e["fragment"]), int(e["first_step"]), int(e["last_step"]))] += 1
+    downs = [float(e["t"]) for e in r.of("syncer_down")]
+
+    def same_syncer(t_push: float, t_merge: float) -> bool:
+        """A merge takes in only pushes its own syncer process received, before it merged (a restored
+        syncer does not restore open rounds, and may reuse their round ids)."""
+        return t_push <= t_merge and not any(t_push < d < t_merge for d in downs)
+
+    # versions restored beyond the last logged merge: merges the old syncer made but never logged
+    unlogged: dict[tuple[int, int], int] = defaultdict(int)  # (learner, fragment) -> pushes it may account for
+    unlogged_frag: dict[int, int] = defaultdict(int)
+    for rest in r.of("syncer_restore"):
+        for p, v in enumerate(rest.get("versions", [])):
+            logged = max((int(e["version"]) for e in r.of("merge")
+                          if e.get("fragment") == p and float(e["t"]) < float(rest["t"])), default=0)
+            unlogged_frag[p] += max(0, int(v) - logged)
+
+    joins = [e for e in r.of("learner_join") if "versions" in e]
+    applies = r.of("apply")
+
+    def given_up_on_rejoin(m: int, p: int, crash: float) -> bool:
+        """Learner m joined a syncer after `crash` and then applied fragment p at the version it was sent."""
+        for j in joins:
+            if int(j["learner"]) != m or float(j["t"]) <= crash or p >= len(j["versions"]):
+                continue
+            sent = (p, int(j["versions"][p]))
+            if any(int(a["learner"]) == m and float(a["t"]) > float(j["t"])
+                   and sent in zip(a.get("fragments", []), a.get("versions", []), strict=False) for a in applies):
+                return True
+        return False
+
+    frag_merges = [(int(e["fragment"]), float(e["t"])) for e in r.of("merge")]
+
+    def died_with_the_syncer(m: int, p: int, t_push: float, last: int, crash: float) -> bool:
+        """The push's round was still open when the syncer died (no merge of fragment p between the push and
+        the crash), and learner m had applied fragment p after a step past the push's (which overwrote those
+        steps and reset its counters), so the dead syncer's round held their only copy."""
+        if any(q == p and t_push < tm < crash for q, tm in frag_merges):
+            return False
+        return any(int(a["learner"]) == m and float(a["t"]) > t_push and int(a.get("step", -1)) > last
+                   and p in a.get("fragments", []) for a in applies)
+
+    pushes = r.of("push")
+    lost: list[str] = []
+    n_given_up = n_died = 0
+    pending: list[dict[str, Any]] = []
+    for e in pushes:  # late / stale / rejected first: their own follow-up event accounts for them
+        m, p, a, b = int(e["learner"]), int(e["fragment"]), int(e["first_step"]), int(e["last_step"])
+        outcome = str(e.get("outcome", ""))
+        if outcome in ("accepted", "carried"):
+            pending.append(e)
+        elif outcome in _SUPERSEDED_TAG:
+            tag = _SUPERSEDED_TAG[outcome]
+            if sup_pool[(tag, m, p, a, b)] > 0:
+                sup_pool[(tag, m, p, a, b)] -= 1
+            else:
+                lost.append(f"{_push_id(e)} outcome {outcome} but no push_superseded with reason {tag}")
+        elif outcome.startswith("rejected"):
+            if rej_pool[(m, p, a, b)] > 0:
+                rej_pool[(m, p, a, b)] -= 1
+            else:
+                lost.append(f"{_push_id(e)} outcome {outcome} but no push_rejected with a reason")
+        else:
+            lost.append(f"{_push_id(e)} has unknown outcome {outcome!r}")
+    for e in pending:
+        m, p, a, b = int(e["learner"]), int(e["fragment"]), int(e["first_step"]), int(e["last_step"])
+        t = float(e["t"])
+        cands = merged_pool.get((m, p, a, b), [])
+        any_round = e.get("round") is None or e.get("outcome") == "carried"
+        hit = next((i for i, x in enumerate(cands)
+                    if (any_round or x.get("round") == e.get("round")) and same_syncer(t, x["t"])), None)
+        if hit is not None:
+            cands.pop(hit)
+            continue
+        if sup_pool[("newer", m, p, a, b)] > 0:
+            sup_pool[("newer", m, p, a, b)] -= 1
+            continue
+        crash = next((d for d in downs if d > t), None)
+        if crash is not None and any(c.learner == m and c.fragment == p and c.first_step <= a and c.last_step >= b
+                                     and float(c.merge["t"]) > crash for c in contribs):
+            continue  # its round was lost with the syncer; a later push of the same steps was merged
+        if crash is not None and unlogged_frag[p] > unlogged[(m, p)]:
+            unlogged[(m, p)] += 1  # merged and checkpointed by the syncer that died before logging the merge
+            continue
+        if crash is not None and given_up_on_rejoin(m, p, crash):
+            n_given_up += 1  # its round died with the syncer; the rejoin's fragment then reset its counters
+            continue
+        if crash is not None and died_with_the_syncer(m, p, t, b, crash):
+            n_died += 1  # the dead syncer's open round held its only copy: the learner had moved past it
+            continue
+        lost.append(f"{_push_id(e)} {e.get('outcome')} but never merged nor superseded")
+    phantom = [f"merge of fragment {p} v{x.get('version')} round {x.get('round')} took learner {m} steps {a}-{b}, "
+               "which no logged push accounts for"
+               for (m, p, a, b), left in merged_pool.items() for x in left]
+    twice: list[str] = []
+    ranges: dict[tuple[int, int], list[tuple[int, int, Any]]] = defaultdict(list)
+    for c in contribs:
+        ranges[(c.learner, c.fragment)].append((*c.trained, c.merge.get("version")))
+    for (m, p), xs in sorted(ranges.items()):
+        xs.sort(key=lambda x: (x[0], x[1]))
+        for (a1, b1, v1), (a2, b2, v2) in zip(xs, xs[1:], strict=False):
+            if a2 <= b1:
+                twice.append(f"learner {m} fragment {p}: steps {a1}-{b1} (v{v1}) and {a2}-{b2} (v{v2}) both merged")
+    versions = Counter((e.get("fragment"), e.get("version")) for e in r.of("merge"))
+    twice += [f"fragment {p} version {v} made by {n} merges" for (p, v), n in sorted(versions.items()) if n > 1]
+    problems = lost + phantom + twice
+    if problems:
+        detail = "; ".join(problems[:show]) + (f"; and {len(problems) - show} more" if len(problems) > show else "")
+    else:
+        n_unlogged = sum(unlogged.values())
+        detail = (f"{len(pushes)} pushes, {len(contribs)} merged contributions"
+                  + (f", {n_unlogged} counted as merged in merges the killed syncer did not log" if n_unlogged else "")
+                  + (f", {n_given_up} given up on rejoining the restored syncer" if n_given_up else "")
+                  + (f", {n_died} lost with the syncer's open round" if n_died else ""))
+    return InvariantResult("updates_accounted", not problems, len(problems), 0, detail, measure)
+
+
+_SUPERSEDED_TAG = {"late": "late", "stale": "stale", "unanchored": "stale", "before_rejoin": "before_rejoin",
+                   "lagging": "lagging"}
+"""Push outcomes the syncer follows with a push_superseded event, and the start of that event's reason."""
+
+
+def _push_id(e: dict[str, Any]) -> str:
+    return (f"push of learner {e['learner']} fragment {e['fragment']} round {e.get('round')} "
+            f"steps {e['first_step']}-{e['last_step']}")

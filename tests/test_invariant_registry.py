@@ -1,0 +1,103 @@
+"""The invariant registry (harness/invariants/registry.py): every module of harness/invariants/checks registers
+exactly one invariant, check_all and the pytest plugin list the registry, docs/invariants.md is its output, and
+bounds are checked by name and value before anything is measured."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pkgutil
+from pathlib import Path
+
+import pytest
+from test_invariants import decoupled_log, write_run
+from test_protocol_invariants import with_protocol_facts
+
+from harness.chaos_run import INVARIANTS
+from harness.invariants import UnknownBound, check_all, checks, load_run, no_global_downtime, spec, specs
+from harness.invariants.doc import DOC, render
+from harness.invariants.registry import ALL_ALGORITHMS, discover
+from trainers.config import ALGORITHMS
+
+
+def _check_modules() -> list[str]:
+    return [m.name for m in pkgutil.iter_modules(checks.__path__) if not m.name.startswith("_")]
+
+
+def test_every_module_registers_exactly_one_invariant() -> None:
+    discover()
+    by_module: dict[str, list[str]] = {}
+    for s in specs().values():
+        by_module.setdefault(s.fn.__module__.rsplit(".", 1)[-1], []).append(s.name)
+    for name in _check_modules():
+        importlib.import_module(f"harness.invariants.checks.{name}")
+        assert by_module.get(name) == [name], f"module {name} registers {by_module.get(name)}"
+        tree = ast.parse((Path(checks.__file__).parent / f"{name}.py").read_text())
+        decorated = [n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+                     and any(isinstance(d, ast.Call) and getattr(d.func, "id", "") == "register"
+                             for d in n.decorator_list)]
+        assert decorated == [name]
+    assert sorted(by_module) == sorted(_check_modules())
+
+
+def test_registry_names_are_check_alls_and_the_plugins(tmp_path: Path) -> None:
+    run = load_run(write_run(tmp_path, with_protocol_facts(decoupled_log())))
+    results = check_all(run, max_loss=3.0, downtime_bound_s=1.0, min_uptime=0.9, rejoin_within_s=5.0)
+    assert [r.name for r in results] == list(specs()) == list(INVARIANTS)
+    assert ALL_ALGORITHMS == ALGORITHMS  # the Literal's names are the trainers' algorithms
+    for s in specs().values():
+        assert s.summary and all(a in ALL_ALGORITHMS for a in s.algorithms)
+        assert s.mode == "always" or any(b.triggers for b in s.bounds)
+
+
+def test_docs_invariants_md_is_generated_from_the_registry() -> None:
+    assert DOC.read_text() == render(), "docs/invariants.md is stale: run python -m harness.invariants.doc"
+
+
+def test_one_bound_name_everywhere_old_check_all_keywords_still_work(tmp_path: Path) -> None:
+    run = load_run(write_run(tmp_path, decoupled_log()))
+    old = {r.name: r for r in check_all(run, downtime_bound_s=0.001, rejoin_within_s=5.0)}
+    new = {r.name: r for r in check_all(run, bound_s=0.001, within_s=5.0)}
+    assert old["no_global_downtime"] == new["no_global_downtime"] == no_global_downtime(run, bound_s=0.001)
+    assert not new["no_global_downtime"].ok and new["rejoined"].ok
+    alias = spec("no_global_downtime")(run, downtime_bound_s=0.001)
+    assert alias == new["no_global_downtime"]
+
+
+@pytest.mark.parametrize(("call", "words"), [
+    (lambda run: check_all(run, downtime_bound=1.0), ["check_all", "'downtime_bound'", "downtime_bound_s",
+                                                      "did you mean 'downtime_bound_s'"]),
+    (lambda run: spec("rejoined")(run, within=1.0), ["invariant rejoined", "'within'", "rejoin_within_s, within_s",
+                                                     "did you mean 'within_s'"]),
+    (lambda run: spec("token_accounting")(run, tolerence=1.0), ["invariant token_accounting",
+                                                                 "allowed: show, tolerance",
+                                                                 "did you mean 'tolerance'"]),
+])
+def test_a_misspelled_bound_names_the_invariant_and_a_close_match(tmp_path: Path, call, words) -> None:
+    run = load_run(write_run(tmp_path, decoupled_log()))
+    with pytest.raises(UnknownBound) as e:
+        call(run)
+    for w in words:
+        assert w in str(e.value)
+
+
+@pytest.mark.parametrize(("invariant", "bounds", "bad"), [
+    ("availability", {"min_uptime": 1.5}, "min_uptime=1.5"),
+    ("availability", {"min_uptime": -0.1}, "min_uptime=-0.1"),
+    ("no_global_downtime", {"bound_s": -1.0}, "bound_s=-1.0"),
+    ("rejoined", {"within_s": -2.0}, "within_s=-2.0"),
+    ("token_accounting", {"tolerance": -1e-3}, "tolerance=-0.001"),
+    ("converged", {"baseline_loss": 2.0, "tolerance": -0.1}, "tolerance=-0.1"),
+])
+def test_an_impossible_bound_is_a_value_error_naming_it(tmp_path: Path, invariant, bounds, bad) -> None:
+    run = load_run(write_run(tmp_path, decoupled_log()))
+    with pytest.raises(ValueError, match=f"invariant {invariant}: bound {bad}"):
+        spec(invariant)(run, **bounds)
+
+
+def test_check_all_rejects_an_impossible_bound_before_measuring(tmp_path: Path) -> None:
+    run = load_run(write_run(tmp_path, decoupled_log()))
+    with pytest.raises(ValueError, match="invariant availability: bound min_uptime=2"):
+        check_all(run, max_loss=3.0, min_uptime=2)
+    with pytest.raises(ValueError, match="unknown invariant 'rejoin'.*did you mean 'rejoined'"):
+        spec("rejoin")
