@@ -22,6 +22,11 @@ chunk continues down the chain, as Toxiproxy's ``InterruptToxic`` does.  All sta
 one event loop (no thread locks; one asyncio lock serialises API calls, as Toxiproxy's
 collection mutexes do); ``EmbeddedToxiproxy`` runs that loop in a daemon thread, ``main()``
 runs it in the foreground.
+
+Layout: ``api.py`` routes and validates API calls (over the HTTP plumbing in ``http.py``),
+``proxy.py`` owns listeners and connections, ``link.py`` runs one direction's toxic chain,
+``toxic.py`` is the toxic interface and registry, and ``toxics/`` holds one self-registering
+module per toxic (``corrupt`` is an extension of this server, absent from upstream Toxiproxy).
 """
 
 from __future__ import annotations

@@ -14,8 +14,6 @@ from typing import Any
 
 from .common import (
     _DIRECTIONS,
-    _TOXIC_ATTRS,
-    _TOXIC_STRUCTS,
     VERSION,
     ApiError,
     _AlreadyStarted,
@@ -25,10 +23,8 @@ from .common import (
     _decode_json,
     _err_proxy_not_found,
     _err_toxic_not_found,
-    _fold_keys,
     _get_bool,
     _get_float32,
-    _get_int,
     _get_str,
     _json_kind,
     _missing,
@@ -37,6 +33,9 @@ from .common import (
 from .http import _HttpServer, _json_response, _Response
 from .link import _Toxic
 from .proxy import _Proxy
+from .toxic import TOXICS, default_attributes, load_toxics, parse_attributes
+
+load_toxics()
 
 LOG = logging.getLogger(__name__)
 
@@ -231,12 +230,12 @@ class _Core(_HttpServer):
             raise ApiError("stream was invalid, can be either upstream or downstream", 400)
         if not toxic_name:
             toxic_name = f"{toxic_type}_{stream}"
-        if toxic_type not in _TOXIC_ATTRS:
+        if toxic_type not in TOXICS:
             raise ApiError("invalid toxic type", 400)
         if proxy.find_toxic(toxic_name) is not None:
             raise ApiError("toxic already exists", 409)
-        attributes = {attr: 0 for attr, _ in _TOXIC_ATTRS[toxic_type]}
-        attributes.update(_parse_attributes(toxic_type, raw_attrs, attributes))
+        attributes = default_attributes(toxic_type)
+        attributes.update(parse_attributes(toxic_type, raw_attrs, attributes))
         toxic = _Toxic(toxic_name, toxic_type, stream, direction, toxicity, attributes, next(self._seq))
         proxy.add_toxic(toxic)
         LOG.info(
@@ -266,7 +265,7 @@ class _Core(_HttpServer):
         if raw_attrs is not None and not isinstance(raw_attrs, dict):
             raise _type_error(raw_attrs, ".attributes", "toxics.Toxic")
         toxicity = _get_float32(obj, "toxicity", toxic.toxicity, "")
-        attributes = _parse_attributes(toxic.type, raw_attrs, toxic.attributes)
+        attributes = parse_attributes(toxic.type, raw_attrs, toxic.attributes)
         toxic.attributes.update(attributes)
         toxic.toxicity = toxicity
         proxy.update_toxic(toxic)
@@ -281,18 +280,3 @@ class _Core(_HttpServer):
         proxy.remove_toxic(toxic)
         LOG.info("toxic.removed proxy=%s toxic=%s", proxy.name, toxic.name)
         return _Response(204, b"", None)
-
-
-def _parse_attributes(toxic_type: str, raw: dict[str, Any] | None, current: dict[str, int]) -> dict[str, int]:
-    """Validate toxic attributes against the Go struct (unknown keys ignored, ints only)."""
-    if raw is None:
-        return {}
-    folded = _fold_keys(raw)
-    where = f"{_TOXIC_STRUCTS[toxic_type]}.attributes"
-    return {
-        attr: _get_int(folded, attr, current.get(attr, 0), where, gotype)
-        for attr, gotype in _TOXIC_ATTRS[toxic_type]
-        if attr in folded
-    }
-
-

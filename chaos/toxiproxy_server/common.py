@@ -37,28 +37,6 @@ API_READ_TIMEOUT_S = 15.0
 _DIRECTIONS = ("upstream", "downstream")
 _INT_LIMITS = {"int64": (-(2**63), 2**63 - 1), "int": (-(2**63), 2**63 - 1)}
 
-# Toxic types -> ordered (attribute, Go type) pairs, as the Go structs declare them.
-_TOXIC_ATTRS: dict[str, tuple[tuple[str, str], ...]] = {
-    "noop": (),
-    "latency": (("latency", "int64"), ("jitter", "int64")),
-    "bandwidth": (("rate", "int64"),),
-    "slow_close": (("delay", "int64"),),
-    "timeout": (("timeout", "int64"),),
-    "reset_peer": (("timeout", "int64"),),
-    "slicer": (("average_size", "int"), ("size_variation", "int"), ("delay", "int")),
-    "limit_data": (("bytes", "int64"),),
-}
-_TOXIC_STRUCTS = {
-    "noop": "NoopToxic",
-    "latency": "LatencyToxic",
-    "bandwidth": "BandwidthToxic",
-    "slow_close": "SlowCloseToxic",
-    "timeout": "TimeoutToxic",
-    "reset_peer": "ResetToxic",
-    "slicer": "SlicerToxic",
-    "limit_data": "LimitDataToxic",
-}
-
 _HTTP_REASONS = {
     100: "Continue",
     200: "OK",

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .common import _CLOSED, _DONE, _REMOVED, CHUNK_SIZE, LINK_BUFFER_BYTES, _float32_json
+from .toxic import TOXICS
 
 if TYPE_CHECKING:
     from .proxy import _Connection
@@ -36,7 +37,7 @@ class _Toxic:
     stream: str
     direction: str
     toxicity: float
-    attributes: dict[str, int]
+    attributes: dict[str, float]
     seq: int
 
     def to_json(self) -> dict[str, Any]:
@@ -79,8 +80,8 @@ class _Link:
         self.direction = direction
         self._reader = reader
         self._writer = writer
-        self._loop = asyncio.get_running_loop()
-        self._rng = conn.proxy.core.rng
+        self.loop = asyncio.get_running_loop()
+        self.rng = conn.proxy.core.rng
         self._states: dict[int, _ToxicState] = {}
         self._order: list[_ToxicState] = []
         self._buf: collections.deque[tuple[bytes, float]] = collections.deque()
@@ -97,20 +98,19 @@ class _Link:
     # ---- chain changes (called on the loop thread by the API) -------------------------
 
     def attach(self, toxic: _Toxic) -> None:
-        state = _ToxicState(toxic, active=self._rng.random() < toxic.toxicity)
+        state = _ToxicState(toxic, active=self.rng.random() < toxic.toxicity)
         self._states[toxic.seq] = state
         self._order.append(state)
         self._order.sort(key=lambda st: st.toxic.seq)
-        self._arm_timer(state)
+        TOXICS[toxic.type].attached(self, state)
         self._wake(idle_only=False)
 
     def update(self, toxic: _Toxic) -> None:
         state = self._states.get(toxic.seq)
         if state is None:
             return
-        state.active = self._rng.random() < toxic.toxicity
-        state.debt = 0.0
-        self._arm_timer(state)
+        state.active = self.rng.random() < toxic.toxicity
+        TOXICS[toxic.type].attached(self, state)
         self._wake(idle_only=False)
 
     def detach(self, toxic: _Toxic) -> None:
@@ -121,10 +121,7 @@ class _Link:
         if state.timer is not None:
             state.timer.cancel()
             state.timer = None
-        if toxic.type == "timeout" and state.active:
-            # Toxiproxy's TimeoutToxic.Cleanup closes the stream: data was dropped, so the
-            # byte stream can't be resumed consistently.
-            self._request_close(toxic.seq)
+        TOXICS[toxic.type].detached(self, state)
         self._wake(idle_only=False)
 
     def tear_down(self) -> None:
@@ -137,21 +134,24 @@ class _Link:
 
     # ---- timers / wakeups ---------------------------------------------------------------
 
-    def _arm_timer(self, state: _ToxicState) -> None:
+    def cancel_timer(self, state: _ToxicState) -> None:
+        """Cancel the toxic's pending timer on this link, if any."""
         if state.timer is not None:
             state.timer.cancel()
             state.timer = None
-        if state.toxic.type == "timeout" and state.active and state.toxic.attributes["timeout"] > 0:
-            delay = state.toxic.attributes["timeout"] / 1000.0
-            state.timer = self._loop.call_later(delay, self._timer_fired, state)
+
+    def set_timer(self, state: _ToxicState, delay: float) -> None:
+        """Close the link as the toxic does after ``delay`` seconds (unless cancelled first)."""
+        self.cancel_timer(state)
+        state.timer = self.loop.call_later(delay, self._timer_fired, state)
 
     def _timer_fired(self, state: _ToxicState) -> None:
         state.timer = None
         if self._states.get(state.toxic.seq) is state:
             LOG.debug("toxic.timeout.fired toxic=%s link=%s", state.toxic.name, self.direction)
-            self._request_close(state.toxic.seq)
+            self.request_close(state.toxic.seq)
 
-    def _request_close(self, seq: int) -> None:
+    def request_close(self, seq: int) -> None:
         """Close the link's output as the toxic at ``seq`` does (later toxics see EOF)."""
         if self._close_from is None or seq < self._close_from:
             self._close_from = seq
@@ -163,28 +163,28 @@ class _Link:
             waiter.set_result(None)
 
     async def _idle_wait(self) -> None:
-        fut = self._loop.create_future()
+        fut = self.loop.create_future()
         self._waiter, self._waiter_idle = fut, True
         try:
             await fut
         finally:
             self._waiter = None
 
-    async def _sleep(self, seconds: float, seq: int | None, closing_ok: bool = False) -> int:
+    async def sleep(self, seconds: float, seq: int | None, closing_ok: bool = False) -> int:
         """Sleep, returning early with ``_REMOVED`` if toxic ``seq`` leaves the chain or with
         ``_CLOSED`` if the link is torn down (or closed, unless ``closing_ok``)."""
-        deadline = self._loop.time() + seconds
+        deadline = self.loop.time() + seconds
         while True:
             if self._torn_down or (self._close_from is not None and not closing_ok):
                 return _CLOSED
             if seq is not None and seq not in self._states:
                 return _REMOVED
-            remaining = deadline - self._loop.time()
+            remaining = deadline - self.loop.time()
             if remaining <= 0:
                 return _DONE
-            fut = self._loop.create_future()
+            fut = self.loop.create_future()
             self._waiter, self._waiter_idle = fut, False
-            handle = self._loop.call_later(remaining, _resolve_future, fut)
+            handle = self.loop.call_later(remaining, _resolve_future, fut)
             try:
                 await fut
             finally:
@@ -203,7 +203,7 @@ class _Link:
                     break
                 if self.finished or self._torn_down:
                     continue
-                self._buf.append((data, self._loop.time()))
+                self._buf.append((data, self.loop.time()))
                 self._buf_bytes += len(data)
                 self._wake(idle_only=True)
                 if self._buf_bytes >= LINK_BUFFER_BYTES:
@@ -228,7 +228,7 @@ class _Link:
                     if self._buf_bytes < LINK_BUFFER_BYTES:
                         self._space.set()
                     if self._order:
-                        await self._emit(data, stamp, 0)
+                        await self.emit(data, stamp, 0)
                     else:
                         await self._write(data)
                     continue
@@ -259,7 +259,7 @@ class _Link:
         writer.write(data)
         await writer.drain()
 
-    async def _emit(self, data: bytes, stamp: float, after: int) -> None:
+    async def emit(self, data: bytes, stamp: float, after: int) -> None:
         """Hand ``data`` to the first applicable toxic after position ``after`` (or write it)."""
         if self._close_from is not None or self._torn_down:
             return
@@ -267,127 +267,14 @@ class _Link:
         if state is None:
             await self._write(data)
             return
-        kind = state.toxic.type
-        if kind == "latency":
-            await self._latency(state, data, stamp)
-        elif kind == "bandwidth":
-            await self._bandwidth(state, data, stamp)
-        elif kind == "slicer":
-            await self._slicer(state, data, stamp)
-        elif kind == "limit_data":
-            await self._limit_data(state, data, stamp)
-        elif kind == "timeout":
-            self._arm_timer(state)  # data is dropped; Toxiproxy restarts its timer per chunk
-        elif kind == "reset_peer":
-            await self._reset_peer(state)
-        else:  # noop, slow_close: pass data through
-            await self._emit(data, stamp, state.toxic.seq)
-
-    async def _latency(self, state: _ToxicState, data: bytes, stamp: float) -> None:
-        attrs = state.toxic.attributes
-        delay_ms = attrs["latency"]
-        if attrs["jitter"] > 0:
-            delay_ms += self._rng.randrange(2 * attrs["jitter"]) - attrs["jitter"]
-        sleep = delay_ms / 1000.0 - (self._loop.time() - stamp)
-        if sleep > 0:
-            outcome = await self._sleep(sleep, state.toxic.seq)
-            if outcome == _CLOSED:
-                return
-            if outcome == _DONE:
-                stamp += sleep
-        await self._emit(data, stamp, state.toxic.seq)
-
-    async def _bandwidth(self, state: _ToxicState, data: bytes, stamp: float) -> None:
-        seq = state.toxic.seq
-        rate = state.toxic.attributes["rate"]  # KB/s == bytes per ms
-        if rate <= 0:
-            state.debt = 0.0
-            await self._emit(data, stamp, seq)
-            return
-        state.debt += len(data) / (rate * 1000.0)
-        piece = rate * 100  # what the rate allows in 100 ms
-        while len(data) > piece:
-            outcome = await self._sleep(0.1, seq)
-            if outcome == _CLOSED:
-                return
-            if outcome == _REMOVED:
-                break
-            await self._emit(data[:piece], stamp, seq)
-            data = data[piece:]
-            state.debt -= 0.1
-        else:
-            start = self._loop.time()
-            outcome = await self._sleep(state.debt, seq)
-            if outcome == _CLOSED:
-                return
-            state.debt -= self._loop.time() - start
-        await self._emit(data, stamp, seq)
-
-    def _slice_bounds(self, start: int, end: int, average: int, variation: int, out: list[int]) -> None:
-        """Toxiproxy's recursive halving: stop once a piece is within average+variation."""
-        if (end - start) - average <= variation:
-            out.append(end)
-            return
-        mid = start + (end - start) // 2
-        if variation > 0:
-            mid += self._rng.randrange(2 * variation) - variation
-        mid = min(max(mid, start + 1), end - 1)
-        self._slice_bounds(start, mid, average, variation, out)
-        self._slice_bounds(mid, end, average, variation, out)
-
-    async def _slicer(self, state: _ToxicState, data: bytes, stamp: float) -> None:
-        seq = state.toxic.seq
-        attrs = state.toxic.attributes
-        delay = attrs["delay"] / 1_000_000.0
-        ends: list[int] = []
-        self._slice_bounds(0, len(data), max(1, attrs["average_size"]), max(0, attrs["size_variation"]), ends)
-        view = memoryview(data)
-        start = 0
-        for end in ends:
-            await self._emit(bytes(view[start:end]), stamp, seq)
-            start = end
-            if delay > 0:
-                outcome = await self._sleep(delay, seq)
-                if outcome == _CLOSED:
-                    return
-                if outcome == _REMOVED:
-                    if start < len(data):
-                        await self._emit(bytes(view[start:]), stamp, seq)
-                    return
-
-    async def _limit_data(self, state: _ToxicState, data: bytes, stamp: float) -> None:
-        limit = state.toxic.attributes["bytes"]
-        remaining = max(0, limit - state.transmitted)
-        if remaining < len(data):
-            data = data[:remaining]
-        if data:
-            state.transmitted += len(data)
-            await self._emit(data, stamp, state.toxic.seq)
-        if limit - state.transmitted <= 0:
-            self._request_close(state.toxic.seq)
-
-    async def _reset_peer(self, state: _ToxicState) -> None:
-        # Like Toxiproxy: the first chunk (dropped) starts the countdown, which removal of the
-        # toxic does not cancel; then both sockets are closed with SO_LINGER=0 (RST).
-        outcome = await self._sleep(state.toxic.attributes["timeout"] / 1000.0, None)
-        if outcome == _CLOSED:
-            return
-        self.conn.set_reset()
-        self._request_close(state.toxic.seq)
+        await TOXICS[state.toxic.type].pipe(self, state, data, stamp)
 
     async def _finish(self, after: int) -> None:
         """Propagate EOF through the toxics after ``after`` (slow_close / reset_peer act)."""
         seq = after
         while (state := self._next_state(seq)) is not None:
             seq = state.toxic.seq
-            if state.toxic.type == "slow_close":
-                delay = state.toxic.attributes["delay"] / 1000.0
-                if await self._sleep(delay, seq, closing_ok=True) == _CLOSED:
-                    return
-            elif state.toxic.type == "reset_peer":
-                timeout = state.toxic.attributes["timeout"] / 1000.0
-                if await self._sleep(timeout, None, closing_ok=True) == _CLOSED:
-                    return
-                self.conn.set_reset()
+            if not await TOXICS[state.toxic.type].close(self, state):
+                return
 
 
