@@ -68,6 +68,7 @@ from toxiproxy.exceptions import InvalidToxic, NotFound, ProxyExists
 
 from chaos.toxiproxy_http import _RequestFailed, _TimeoutRequests
 from chaos.toxiproxy_records import (
+    EMBEDDED_ONLY_TOXICS,
     STREAMS,
     ProxyInfo,
     ToxicInfo,
@@ -220,7 +221,7 @@ class ToxiproxyClient:
     # ---- toxics ----------------------------------------------------------------------
 
     def add_toxic(self, proxy: str, name: str, type: str, stream: str = "downstream", toxicity: float = 1.0,
-                  **attributes: int) -> ToxicInfo:
+                  **attributes: float) -> ToxicInfo:
         """Add a toxic (e.g. ``type="latency", latency=100, jitter=10``); returns it as the server stored it."""
         _check_name("proxy", proxy)
         _check_name("toxic", name)
@@ -229,12 +230,20 @@ class ToxiproxyClient:
         if stream not in STREAMS:
             raise ValueError(f"stream = {stream!r}: must be 'upstream' or 'downstream'")
         level = _check_toxicity(toxicity)
-        attrs = _check_attributes(attributes)
+        attrs = _check_attributes(attributes, allow_float=type in EMBEDDED_ONLY_TOXICS)
         subject = f"toxic {name!r} on proxy {proxy!r}"
-        _, facade = self._library(
-            "add_toxic", subject,
-            lambda: _handle(proxy).add_toxic(name=name, type=type, stream=stream, toxicity=level, attributes=attrs),
-        )
+        try:
+            _, facade = self._library(
+                "add_toxic", subject,
+                lambda: _handle(proxy).add_toxic(name=name, type=type, stream=stream, toxicity=level, attributes=attrs),
+            )
+        except ToxiproxyError as exc:
+            if type in EMBEDDED_ONLY_TOXICS and exc.status == 400 and "invalid toxic type" in str(exc):
+                raise ToxiproxyError(
+                    f"add_toxic {subject}: toxic type {type!r} is an extension of the embedded server "
+                    f"(chaos.toxiproxy_server), embedded-only: this Toxiproxy server at {self.url} does not "
+                    f"implement it ({exc})", exc.status) from exc
+            raise
         # The library's add_toxic returns None; the server answered with the stored toxic in
         # that same response, which the facade kept (no second request, no race).
         info = self._parsed("add_toxic", subject, lambda r: _toxic_info(r.json()), facade.last)
@@ -242,7 +251,7 @@ class ToxiproxyClient:
                   self.url, proxy, name, type, stream, level, info.attributes)
         return info
 
-    def update_toxic(self, proxy: str, name: str, toxicity: float | None = None, **attributes: int) -> ToxicInfo:
+    def update_toxic(self, proxy: str, name: str, toxicity: float | None = None, **attributes: float) -> ToxicInfo:
         """Change a toxic's toxicity and/or some attributes (the others keep their values); live links follow."""
         _check_name("proxy", proxy)
         _check_name("toxic", name)

@@ -58,7 +58,7 @@ class ToxicInfo:
     type: str
     stream: str
     toxicity: float
-    attributes: dict[str, int] = field(default_factory=dict)
+    attributes: dict[str, int | float] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------
@@ -121,9 +121,11 @@ def _check_toxicity(toxicity: object) -> float:
     return float(toxicity)
 
 
-def _check_attributes(attributes: dict[str, Any]) -> dict[str, int]:
+def _check_attributes(attributes: dict[str, Any], allow_float: bool = False) -> dict[str, int | float]:
+    """Ints; finite floats only where ``allow_float`` (the embedded ``corrupt.probability``)."""
     for key, value in attributes.items():
-        if isinstance(value, bool) or not isinstance(value, int):
+        number = (int, float) if allow_float else (int,)
+        if isinstance(value, bool) or not isinstance(value, number) or not math.isfinite(value):
             raise ValueError(f"toxic attribute {key} = {value!r}: must be an int (Toxiproxy attributes are integers)")
     return dict(attributes)
 
@@ -153,11 +155,11 @@ def _toxic_info(value: Any) -> ToxicInfo:
     if not (isinstance(name, str) and isinstance(type_, str) and isinstance(stream, str)) \
             or not isinstance(attributes, dict) or isinstance(toxicity, bool) or not isinstance(toxicity, int | float):
         raise ValueError(f"not a toxic: {value!r}")
-    attrs: dict[str, int] = {}
+    attrs: dict[str, int | float] = {}
     for key, attr in attributes.items():
-        if isinstance(attr, bool) or not isinstance(attr, int | float) or attr != int(attr):
-            raise ValueError(f"toxic {name!r} attribute {key} = {attr!r} is not an integer")
-        attrs[str(key)] = int(attr)
+        if isinstance(attr, bool) or not isinstance(attr, int | float) or not math.isfinite(attr):
+            raise ValueError(f"toxic {name!r} attribute {key} = {attr!r} is not a number")
+        attrs[str(key)] = int(attr) if attr == int(attr) else float(attr)  # whole numbers as ints, as before
     return ToxicInfo(name=name, type=type_, stream=stream, toxicity=float(toxicity), attributes=attrs)
 
 
