@@ -53,271 +53,49 @@ which is never what a test harness wants by accident.
 from __future__ import annotations
 
 import logging
-import math
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import quote, urlsplit
 
 import requests
 import toxiproxy.api
-from toxiproxy import Proxy, Toxiproxy
+from toxiproxy import Toxiproxy
 from toxiproxy.api import APIConsumer
 from toxiproxy.exceptions import InvalidToxic, NotFound, ProxyExists
+
+from chaos.toxiproxy_http import _RequestFailed, _TimeoutRequests
+from chaos.toxiproxy_records import (
+    EMBEDDED_ONLY_TOXICS,
+    STREAMS,
+    ProxyInfo,
+    ToxicInfo,
+    ToxiproxyError,
+    _check_address,
+    _check_attributes,
+    _check_name,
+    _check_timeout,
+    _check_toxicity,
+    _handle,
+    _proxy_info,
+    _toxic_info,
+)
 
 LOG = logging.getLogger(__name__)
 
 __all__ = ["ProxyInfo", "ToxicInfo", "ToxiproxyClient", "ToxiproxyError"]
 
-STREAMS = ("upstream", "downstream")
 #: Longest single /version probe inside ``wait_ready`` (tries stay short so the deadline holds).
 READY_TRY_S = 1.0
 #: First and largest pause between ``wait_ready`` probes.
 READY_BACKOFF_S = (0.02, 0.5)
-#: Most characters of a server's error text kept in a message.
-MAX_ERROR_TEXT = 500
 
 _T = TypeVar("_T")
 # toxiproxy-python's global APIConsumer.host/port and toxiproxy.api.requests: one user at a time.
 _LIBRARY_LOCK = threading.Lock()
-# Characters that would change the meaning of the URL the library builds by "%s" formatting.
-_UNSAFE_NAME = re.compile(r"[/?#%\s]")
 
-
-class ToxiproxyError(RuntimeError):
-    """A Toxiproxy API call failed; ``status`` is the HTTP status, ``None`` if no HTTP answer came."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-@dataclass(frozen=True)
-class ProxyInfo:
-    """A proxy as the server reports it (``listen`` is the bound address once enabled)."""
-
-    name: str
-    listen: str
-    upstream: str
-    enabled: bool
-
-    @property
-    def listen_host(self) -> str:
-        """Host part of ``listen`` without IPv6 brackets ("" if the server listens on all interfaces)."""
-        return _split_hostport(self.listen)[0]
-
-    @property
-    def listen_port(self) -> int:
-        """Port part of ``listen`` (0 while a proxy created disabled has not bound yet)."""
-        return _split_hostport(self.listen)[1]
-
-
-@dataclass(frozen=True)
-class ToxicInfo:
-    """A toxic as the server reports it."""
-
-    name: str
-    type: str
-    stream: str
-    toxicity: float
-    attributes: dict[str, int] = field(default_factory=dict)
-
-
-# --------------------------------------------------------------------------------------
-# HTTP: the requests facade (used by the library calls and by the direct calls alike)
-# --------------------------------------------------------------------------------------
-
-
-class _RequestFailed(Exception):
-    """Raised inside the facade; turned into a ToxiproxyError that names the operation."""
-
-    def __init__(self, method: str, url: str, what: str, status: int | None) -> None:
-        super().__init__(f"{method} {url} -> {what}")
-        self.method = method
-        self.url = url
-        self.what = what
-        self.status = status
-
-
-class _TimeoutRequests:
-    """Stands in for the ``requests`` module inside ``toxiproxy.api`` (get/post/delete).
-
-    Adds the timeout, skips environment proxies, raises ``_RequestFailed`` for transport
-    errors and for every status >= 400, and remembers the last response for callers whose
-    library method discards it.
-    """
-
-    def __init__(self, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
-        self.last: requests.Response | None = None
-
-    def request(self, method: str, url: str, **kwargs: Any) -> requests.Response:
-        kwargs["timeout"] = self.timeout_s
-        try:
-            with requests.Session() as session:
-                session.trust_env = False
-                response = session.request(method, url, **kwargs)
-        except requests.Timeout as exc:
-            raise _RequestFailed(method, url, f"timed out after {self.timeout_s:g}s", None) from exc
-        except requests.ConnectionError as exc:
-            raise _RequestFailed(method, url, f"unreachable ({_root_cause(exc)})", None) from exc
-        except requests.RequestException as exc:
-            raise _RequestFailed(method, url, f"request failed ({_root_cause(exc)})", None) from exc
-        self.last = response
-        if response.status_code >= 400:
-            what = f"HTTP {response.status_code}: {_error_text(response)}"
-            raise _RequestFailed(method, url, what, response.status_code)
-        return response
-
-    def get(self, url: str, params: Any = None, **kwargs: Any) -> requests.Response:
-        return self.request("GET", url, params=params, **kwargs)
-
-    def post(self, url: str, data: Any = None, json: Any = None, **kwargs: Any) -> requests.Response:
-        return self.request("POST", url, data=data, json=json, **kwargs)
-
-    def delete(self, url: str, **kwargs: Any) -> requests.Response:
-        return self.request("DELETE", url, **kwargs)
-
-
-def _error_text(response: requests.Response) -> str:
-    """The server's error text: Toxiproxy's ``{"error": ...}`` body, else the body, else the reason."""
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    if isinstance(body, dict) and isinstance(body.get("error"), str):
-        text = body["error"]
-    else:
-        text = response.text.strip() or (response.reason or "")
-    return text if len(text) <= MAX_ERROR_TEXT else text[:MAX_ERROR_TEXT] + "..."
-
-
-def _root_cause(exc: BaseException) -> str:
-    """The innermost OS error behind a requests/urllib3 exception chain, e.g. 'Connection refused'."""
-    seen: set[int] = set()
-    todo: list[BaseException] = [exc]
-    found: OSError | None = None
-    while todo:
-        cur = todo.pop()
-        if id(cur) in seen:
-            continue
-        seen.add(id(cur))
-        if isinstance(cur, OSError) and cur.strerror:
-            found = cur
-        nested = [getattr(cur, "reason", None), cur.__cause__, cur.__context__, *cur.args[:1]]
-        todo.extend(e for e in nested if isinstance(e, BaseException))
-    if found is not None:
-        return f"[Errno {found.errno}] {found.strerror}" if found.errno is not None else str(found.strerror)
-    return f"{type(exc).__name__}: {exc}"
-
-
-# --------------------------------------------------------------------------------------
-# Argument checks and response parsing
-# --------------------------------------------------------------------------------------
-
-
-def _split_hostport(address: str) -> tuple[str, int]:
-    """``host:port`` / ``[v6]:port`` -> (host, port); ValueError if malformed."""
-    if address.startswith("["):
-        end = address.find("]")
-        if end < 0 or address[end + 1 : end + 2] != ":":
-            raise ValueError(f"{address!r} is not '[host]:port'")
-        host, port_text = address[1:end], address[end + 2 :]
-    else:
-        host, sep, port_text = address.rpartition(":")
-        if not sep:
-            raise ValueError(f"{address!r} has no ':port'")
-        if ":" in host:
-            raise ValueError(f"{address!r}: an IPv6 host must be in brackets, e.g. '[::1]:8080'")
-    if not (port_text.isascii() and port_text.isdigit()) or int(port_text) > 65535:
-        raise ValueError(f"{address!r}: port must be a number in [0, 65535]")
-    return host, int(port_text)
-
-
-def _check_address(what: str, address: object, port_zero_ok: bool) -> str:
-    if not isinstance(address, str):
-        raise ValueError(f"{what} must be a 'host:port' string, got {address!r}")
-    example = "'127.0.0.1:0'" if port_zero_ok else "'127.0.0.1:8080'"
-    if address.isascii() and address.isdigit():  # a bare port, e.g. "0"
-        host = ""
-    else:
-        try:
-            host, port = _split_hostport(address)
-        except ValueError as exc:
-            raise ValueError(f"{what} {exc}; give 'host:port' with an explicit host, e.g. {example}") from None
-    if not host:
-        hint = " (Toxiproxy would listen on ALL interfaces; say '0.0.0.0:PORT' if you really mean that)"
-        raise ValueError(f"{what} {address!r} has no host{hint if what == 'listen' else ''}; "
-                         f"give one explicitly, e.g. {example}")
-    if port == 0 and not port_zero_ok:
-        raise ValueError(f"{what} {address!r}: port 0 is not a destination")
-    return address
-
-
-def _check_name(kind: str, name: object) -> str:
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"{kind} name must be a non-empty string, got {name!r}")
-    if _UNSAFE_NAME.search(name) or not name.isprintable():
-        raise ValueError(f"{kind} name {name!r} must not contain '/', '?', '#', '%', whitespace or control "
-                         "characters (it is put into the API URL unescaped)")
-    return name
-
-
-def _check_toxicity(toxicity: object) -> float:
-    if isinstance(toxicity, bool) or not isinstance(toxicity, int | float) or not math.isfinite(toxicity):
-        raise ValueError(f"toxicity must be a number in [0, 1], got {toxicity!r}")
-    if not 0.0 <= toxicity <= 1.0:
-        raise ValueError(f"toxicity = {toxicity!r}: must be in [0, 1]")
-    return float(toxicity)
-
-
-def _check_attributes(attributes: dict[str, Any]) -> dict[str, int]:
-    for key, value in attributes.items():
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"toxic attribute {key} = {value!r}: must be an int (Toxiproxy attributes are integers)")
-    return dict(attributes)
-
-
-def _check_timeout(what: str, seconds: object) -> float:
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds) \
-            or seconds <= 0:
-        raise ValueError(f"{what} must be a positive number of seconds, got {seconds!r}")
-    return float(seconds)
-
-
-def _proxy_info(value: Any) -> ProxyInfo:
-    """From a library ``Proxy`` or a JSON object."""
-    get = value.get if isinstance(value, dict) else lambda key: getattr(value, key)
-    name, listen, upstream, enabled = get("name"), get("listen"), get("upstream"), get("enabled")
-    if not (isinstance(name, str) and isinstance(listen, str) and isinstance(upstream, str)
-            and isinstance(enabled, bool)):
-        raise ValueError(f"not a proxy: {value!r}")
-    return ProxyInfo(name=name, listen=listen, upstream=upstream, enabled=enabled)
-
-
-def _toxic_info(value: Any) -> ToxicInfo:
-    """From a library ``Toxic`` or a JSON object."""
-    get = value.get if isinstance(value, dict) else lambda key: getattr(value, key)
-    name, type_, stream, toxicity = get("name"), get("type"), get("stream"), get("toxicity")
-    attributes = get("attributes") or {}
-    if not (isinstance(name, str) and isinstance(type_, str) and isinstance(stream, str)) \
-            or not isinstance(attributes, dict) or isinstance(toxicity, bool) or not isinstance(toxicity, int | float):
-        raise ValueError(f"not a toxic: {value!r}")
-    attrs: dict[str, int] = {}
-    for key, attr in attributes.items():
-        if isinstance(attr, bool) or not isinstance(attr, int | float) or attr != int(attr):
-            raise ValueError(f"toxic {name!r} attribute {key} = {attr!r} is not an integer")
-        attrs[str(key)] = int(attr)
-    return ToxicInfo(name=name, type=type_, stream=stream, toxicity=float(toxicity), attributes=attrs)
-
-
-def _handle(name: str) -> Proxy:
-    """A toxiproxy-python ``Proxy`` used only as a handle: its methods use nothing but ``name``."""
-    return Proxy(name=name, upstream="", enabled=False, listen="")
 
 
 # --------------------------------------------------------------------------------------
@@ -443,7 +221,7 @@ class ToxiproxyClient:
     # ---- toxics ----------------------------------------------------------------------
 
     def add_toxic(self, proxy: str, name: str, type: str, stream: str = "downstream", toxicity: float = 1.0,
-                  **attributes: int) -> ToxicInfo:
+                  **attributes: float) -> ToxicInfo:
         """Add a toxic (e.g. ``type="latency", latency=100, jitter=10``); returns it as the server stored it."""
         _check_name("proxy", proxy)
         _check_name("toxic", name)
@@ -452,12 +230,20 @@ class ToxiproxyClient:
         if stream not in STREAMS:
             raise ValueError(f"stream = {stream!r}: must be 'upstream' or 'downstream'")
         level = _check_toxicity(toxicity)
-        attrs = _check_attributes(attributes)
+        attrs = _check_attributes(attributes, allow_float=type in EMBEDDED_ONLY_TOXICS)
         subject = f"toxic {name!r} on proxy {proxy!r}"
-        _, facade = self._library(
-            "add_toxic", subject,
-            lambda: _handle(proxy).add_toxic(name=name, type=type, stream=stream, toxicity=level, attributes=attrs),
-        )
+        try:
+            _, facade = self._library(
+                "add_toxic", subject,
+                lambda: _handle(proxy).add_toxic(name=name, type=type, stream=stream, toxicity=level, attributes=attrs),
+            )
+        except ToxiproxyError as exc:
+            if type in EMBEDDED_ONLY_TOXICS and exc.status == 400 and "invalid toxic type" in str(exc):
+                raise ToxiproxyError(
+                    f"add_toxic {subject}: toxic type {type!r} is an extension of the embedded server "
+                    f"(chaos.toxiproxy_server), embedded-only: this Toxiproxy server at {self.url} does not "
+                    f"implement it ({exc})", exc.status) from exc
+            raise
         # The library's add_toxic returns None; the server answered with the stored toxic in
         # that same response, which the facade kept (no second request, no race).
         info = self._parsed("add_toxic", subject, lambda r: _toxic_info(r.json()), facade.last)
@@ -465,7 +251,7 @@ class ToxiproxyClient:
                   self.url, proxy, name, type, stream, level, info.attributes)
         return info
 
-    def update_toxic(self, proxy: str, name: str, toxicity: float | None = None, **attributes: int) -> ToxicInfo:
+    def update_toxic(self, proxy: str, name: str, toxicity: float | None = None, **attributes: float) -> ToxicInfo:
         """Change a toxic's toxicity and/or some attributes (the others keep their values); live links follow."""
         _check_name("proxy", proxy)
         _check_name("toxic", name)

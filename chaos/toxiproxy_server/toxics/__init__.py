@@ -1,0 +1,1 @@
+"""One module per toxic; each registers itself with ``toxic.register`` when imported."""
