@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from trainers.config import DilocoConfig, TrainConfig
-from trainers.learner import InnerOptimizer
+from trainers.learner_core import InnerOptimizer
 from trainers.merge import all_finite, weighted_mean
 from trainers.model import ModelConfig, build_model
 from trainers.outer_optimizer import NesterovOuterOptimizer, OuterOptConfig

@@ -54,8 +54,8 @@ from torch import Tensor
 from trainers import mutations
 from trainers.config import DilocoConfig
 from trainers.fragments import FragmentSchedule, partition_tensors
-from trainers.learner import FragmentPush
 from trainers.merge import MergeNorms, all_finite, outer_gradient, token_weights
+from trainers.messages import FragmentPush
 from trainers.model import ModelConfig, build_model
 from trainers.outer_optimizer import NesterovOuterOptimizer, OuterOptConfig
 from trainers.syncer_policy import Action, EwmaEstimator, QuorumConfig, RoundState, StepTimeTracker, decide

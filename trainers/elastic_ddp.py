@@ -36,8 +36,8 @@ from torch import Tensor
 
 from trainers.baselines import DdpSyncer, SyncRound
 from trainers.config import TrainConfig
-from trainers.learner import STATE_STEP_KEY
 from trainers.merge import all_finite
+from trainers.messages import STATE_STEP_KEY
 from trainers.model import ModelConfig
 
 
