@@ -58,7 +58,7 @@ from harness.wire import (
     recv_message,
     send_message,
 )
-from trainers.baselines import DdpSyncer, DilocoSyncer, SyncRound
+from trainers.baselines import DdpSyncer, DilocoSyncer, SyncRejected, SyncRound
 from trainers.data import eval_batches, make_splits
 from trainers.decoupled_syncer import DecoupledSyncer, MergeRecord, PushOutcome
 from trainers.elastic_ddp import ElasticDdpSyncer
@@ -621,10 +621,11 @@ class SyncerService:
         for rec in self.core.take_reconfigurations():
             self.events.log("elastic_reconfigure", **dataclasses.asdict(rec))
 
-    def _on_sync_result(self, learner: int, res: SyncRound | None | bool, reply: MsgType, key: str,
+    def _on_sync_result(self, learner: int, res: SyncRound | None | bool | SyncRejected, reply: MsgType, key: str,
                         value: int) -> None:
-        if res is False:
-            self.events.log("sync_rejected", learner=learner, **{key: value}, reason="non-finite or malformed")
+        if res is False or isinstance(res, SyncRejected):
+            reason = res.reason if isinstance(res, SyncRejected) else "non-finite or malformed"
+            self.events.log("sync_rejected", learner=learner, **{key: value}, reason=reason)
             return
         if res is None or res is True:
             return

@@ -42,6 +42,20 @@ class SyncRound:
     """Set when this is an already-sent result asked for again by one learner (its reply was lost)."""
 
 
+@dataclass(frozen=True)
+class SyncRejected:
+    """A contribution refused for a reason other than its content (which `False` stands for: non-finite or
+    malformed); `reason` goes into the `sync_rejected` event."""
+
+    reason: str
+
+
+SyncResult = SyncRound | None | bool | SyncRejected
+"""What a synchronous core answers a contribution with: the completed round (or a replay to one learner),
+None while waiting, True when there is nothing to send, False when non-finite or malformed, `SyncRejected`
+otherwise."""
+
+
 class _Barrier:
     """Collects one contribution per learner for each round key until all M are in.
 
@@ -82,7 +96,7 @@ class DdpSyncer:
         self.barrier = _Barrier(num_learners)
         self.merges = 0
 
-    def on_grads(self, learner: int, step: int, tokens: int, grads: dict[str, Tensor]) -> SyncRound | None | bool:
+    def on_grads(self, learner: int, step: int, tokens: int, grads: dict[str, Tensor]) -> SyncResult:
         """False if rejected (non-finite / wrong names), None while waiting, the round when complete."""
         if set(grads) != set(self.params) or not all_finite(grads.values()):
             return False
