@@ -190,6 +190,10 @@ class DecoupledSyncer:
         return {n: self.params[n] for n in self.partition[p]}
 
     # -- persistence ----------------------------------------------------------------------------
+    def checkpoint_state(self) -> dict[str, object]:
+        """The final checkpoint's extra fields (`SyncerCore`): fragment versions and the outer optimizer."""
+        return {"versions": list(self.versions), "outer": self.outer.state_dict()}
+
     def fragment_state(self, p: int) -> dict:
         """Everything a restarted syncer needs about fragment p: its global value, version, outer momentum,
         last round id, and the clock and reported steps at that moment. One fragment per file, so a merge

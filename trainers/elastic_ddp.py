@@ -195,6 +195,10 @@ class ElasticDdpSyncer(DdpSyncer):
             self.grows[learner] = _Grow(before, sorted(d.members), self.completed + 1, now, d.reason)
         return self.resume_state()  # one merge per completed step: its step is `completed`
 
+    def on_contribution(self, learner: int, key: int, step: int, tokens: int, tensors: dict[str, Tensor],
+                        now: float) -> SyncResult:
+        return self.on_grads(learner, step, tokens, tensors, now)
+
     def on_finished(self, learner: int) -> None:
         """It said BYE. That is the end only once the group has completed its last step: a host whose chip died
         may close its link politely (BYE) before it exits, and that is still a loss."""
