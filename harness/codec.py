@@ -7,7 +7,7 @@ and the syncer and the learner link agree on one mapping.
 from __future__ import annotations
 
 from harness.wire import Message, MsgType
-from trainers.learner import FragmentPush, MergedFragment
+from trainers.messages import FragmentPush, MergedFragment
 
 _PUSH_FIELDS = ("learner", "fragment", "base_version", "c_steps", "c_tokens", "first_step", "last_step",
                 "step_time_s", "final")

@@ -40,7 +40,7 @@ from harness.wire import (
     recv_message,
     send_message,
 )
-from trainers.learner import FragmentPush, MergedFragment, Snapshot
+from trainers.messages import FragmentPush, MergedFragment, Snapshot
 
 log = logging.getLogger(__name__)
 

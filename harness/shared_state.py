@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from trainers.learner import FragmentPush, MergedFragment, Snapshot
+from trainers.messages import FragmentPush, MergedFragment, Snapshot
 
 _INT64 = struct.Struct("=q")
 SNAPSHOT_RETRIES = 1000

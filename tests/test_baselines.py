@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from trainers.baselines import DdpSyncer, DilocoSyncer, SyncRound
+from trainers.baselines import DdpSyncer, DilocoSyncer, SyncRejected, SyncRound
 from trainers.config import DilocoConfig, TrainConfig
 from trainers.elastic_ddp import Action, Change, ElasticDdpSyncer, OpenStep, decide
 from trainers.learner import STATE_STEP_KEY, InnerOptimizer, LearnerCore, run_ddp
@@ -248,7 +248,8 @@ def test_elastic_ddp_shrinks_on_a_loss_and_averages_the_survivors_only() -> None
     assert rec.stall_s == pytest.approx(0.75) and rec.started_at == 2.25 and rec.ended_at == 3.0
     assert s2.on_grads(0, 3, 10, g[0], now=3.1) is None
     assert isinstance(s2.on_grads(2, 3, 10, g[2], now=3.2), SyncRound), "step 3 needs only the survivors"
-    assert s2.on_grads(1, 4, 10, g[1], now=3.3) is False, "a learner not admitted is never averaged"
+    assert s2.on_grads(1, 4, 10, g[1], now=3.3) == SyncRejected("not a member of the global group"), \
+        "a learner not admitted is never averaged"
 
 
 def test_elastic_ddp_admits_a_rejoining_learner_at_the_next_step_with_the_full_state() -> None:

@@ -16,7 +16,7 @@ from torch.testing import assert_close
 from harness.fragment_checkpoint import FragmentCheckpoints, slot_path
 from trainers.config import DilocoConfig
 from trainers.decoupled_syncer import DecoupledSyncer
-from trainers.learner import FragmentPush
+from trainers.messages import FragmentPush
 from trainers.model import ModelConfig
 
 MODEL = ModelConfig(seq_len=8, d_model=16, n_layers=1, n_heads=2, d_ff=32)

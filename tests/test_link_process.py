@@ -48,7 +48,7 @@ def test_link_process_gone_is_fatal_at_once(tmp_path) -> None:
     from harness.link import LinkFatal
     from harness.link_process import LinkProcess
     from harness.scenario import Timeouts
-    from trainers.learner import FragmentPush
+    from trainers.messages import FragmentPush
 
     link = LinkProcess("127.0.0.1", 9, 0, b"k" * 32, Timeouts(), 1 << 20, str(tmp_path / "events.jsonl"),
                        SHAPES, [["a"], ["b"]]).start()

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from harness.shared_state import Doorbell, SharedInbox, SharedSnapshot
-from trainers.learner import MergedFragment, Snapshot
+from trainers.messages import MergedFragment, Snapshot
 
 SHAPES = {"a": torch.Size([2, 3]), "b": torch.Size([4])}
 PARTITION = [["b"], ["a"]]

@@ -37,7 +37,7 @@ from harness.wire import (
 )
 from harness.wire_messages import SCHEMAS
 from tests.conftest import tiny
-from trainers.learner import FragmentPush
+from trainers.messages import FragmentPush
 
 MAX = 1 << 20
 WAIT_S = 10.0

@@ -19,14 +19,19 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from torch import Tensor
 
 from trainers.config import DilocoConfig, TrainConfig
-from trainers.learner import InnerOptimizer
+from trainers.learner_core import InnerOptimizer
 from trainers.merge import all_finite, weighted_mean
 from trainers.model import ModelConfig, build_model
 from trainers.outer_optimizer import NesterovOuterOptimizer, OuterOptConfig
+from trainers.syncer_core import Contribution
+
+if TYPE_CHECKING:
+    from trainers.elastic_ddp import Reconfiguration
 
 
 @dataclass
@@ -40,6 +45,20 @@ class SyncRound:
     tensors: dict[str, Tensor]
     replay_to: int | None = None
     """Set when this is an already-sent result asked for again by one learner (its reply was lost)."""
+
+
+@dataclass(frozen=True)
+class SyncRejected:
+    """A contribution refused for a reason other than its content (which `False` stands for: non-finite or
+    malformed); `reason` goes into the `sync_rejected` event."""
+
+    reason: str
+
+
+SyncResult = SyncRound | None | bool | SyncRejected
+"""What a synchronous core answers a contribution with: the completed round (or a replay to one learner),
+None while waiting, True when there is nothing to send, False when non-finite or malformed, `SyncRejected`
+otherwise."""
 
 
 class _Barrier:
@@ -73,7 +92,28 @@ class _Barrier:
 
 
 class DdpSyncer:
-    """Gradient averaging barrier + a replica updated with the averaged gradient."""
+    """Gradient averaging barrier + a replica updated with the averaged gradient (a `BarrierCore`)."""
+
+    contribution: Contribution = "grads"
+
+    def checkpoint_state(self) -> dict[str, object]:
+        return {}
+
+    def on_join(self, learner: int, now: float, why: str) -> tuple[int, dict[str, Tensor]]:
+        return self.resume_state()
+
+    def on_leave(self, learner: int, now: float, why: str) -> SyncResult:
+        return None  # the barrier keeps waiting for it: that is the baseline
+
+    def on_finished(self, learner: int) -> None:
+        return None
+
+    def take_reconfigurations(self) -> list[Reconfiguration]:
+        return []
+
+    def on_contribution(self, learner: int, key: int, step: int, tokens: int, tensors: dict[str, Tensor],
+                        now: float) -> SyncResult:
+        return self.on_grads(learner, step, tokens, tensors)
 
     def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig, seed: int, num_learners: int) -> None:
         self.model = build_model(model_cfg, seed)
@@ -82,7 +122,7 @@ class DdpSyncer:
         self.barrier = _Barrier(num_learners)
         self.merges = 0
 
-    def on_grads(self, learner: int, step: int, tokens: int, grads: dict[str, Tensor]) -> SyncRound | None | bool:
+    def on_grads(self, learner: int, step: int, tokens: int, grads: dict[str, Tensor]) -> SyncResult:
         """False if rejected (non-finite / wrong names), None while waiting, the round when complete."""
         if set(grads) != set(self.params) or not all_finite(grads.values()):
             return False
@@ -120,7 +160,28 @@ class DdpSyncer:
 
 
 class DilocoSyncer:
-    """Full-model barrier every H steps + outer Nesterov on the mean outer gradient."""
+    """Full-model barrier every H steps + outer Nesterov on the mean outer gradient (a `BarrierCore`)."""
+
+    contribution: Contribution = "params"
+
+    def checkpoint_state(self) -> dict[str, object]:
+        return {}
+
+    def on_join(self, learner: int, now: float, why: str) -> tuple[int, dict[str, Tensor]]:
+        return self.resume_state()
+
+    def on_leave(self, learner: int, now: float, why: str) -> SyncResult:
+        return None  # the barrier keeps waiting for it: that is the baseline
+
+    def on_finished(self, learner: int) -> None:
+        return None
+
+    def take_reconfigurations(self) -> list[Reconfiguration]:
+        return []
+
+    def on_contribution(self, learner: int, key: int, step: int, tokens: int, tensors: dict[str, Tensor],
+                        now: float) -> SyncResult:
+        return self.on_params(learner, key, step, tokens, tensors)
 
     def __init__(self, model_cfg: ModelConfig, cfg: DilocoConfig, seed: int, num_learners: int) -> None:
         model = build_model(model_cfg, seed)
@@ -135,7 +196,7 @@ class DilocoSyncer:
         return self.merges * self.sync_every, {n: t.clone() for n, t in self.params.items()}
 
     def on_params(self, learner: int, round_: int, step: int, tokens: int,
-                  params: dict[str, Tensor]) -> SyncRound | None | bool:
+                  params: dict[str, Tensor]) -> SyncResult:
         if set(params) != set(self.params) or not all_finite(params.values()):
             return False
         if round_ <= self.barrier.completed:

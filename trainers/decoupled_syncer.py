@@ -54,8 +54,8 @@ from torch import Tensor
 from trainers import mutations
 from trainers.config import DilocoConfig
 from trainers.fragments import FragmentSchedule, partition_tensors
-from trainers.learner import FragmentPush
 from trainers.merge import MergeNorms, all_finite, outer_gradient, token_weights
+from trainers.messages import FragmentPush
 from trainers.model import ModelConfig, build_model
 from trainers.outer_optimizer import NesterovOuterOptimizer, OuterOptConfig
 from trainers.syncer_policy import Action, EwmaEstimator, QuorumConfig, RoundState, StepTimeTracker, decide
@@ -92,8 +92,6 @@ class OpenRound:
 
     round_id: int
     started_at: float
-    index: int
-    """The highest sync index of the fragment reported into this round."""
     reporters: set[int] = field(default_factory=set)
     """Learners pulled for this round because they reached the sync point (or were late for the last one)."""
     quorum_at: float | None = None
@@ -186,13 +184,16 @@ class DecoupledSyncer:
         self.clock = 0
         """The highest step any learner reported (informational; rounds follow each learner's own steps)."""
         self.merges = 0
-        self.late_reports = 0
         """Reports of a sync point whose round had already merged (the learner joins the next round)."""
 
     def fragment(self, p: int) -> dict[str, Tensor]:
         return {n: self.params[n] for n in self.partition[p]}
 
     # -- persistence ----------------------------------------------------------------------------
+    def checkpoint_state(self) -> dict[str, object]:
+        """The final checkpoint's extra fields (`SyncerCore`): fragment versions and the outer optimizer."""
+        return {"versions": list(self.versions), "outer": self.outer.state_dict()}
+
     def fragment_state(self, p: int) -> dict:
         """Everything a restarted syncer needs about fragment p: its global value, version, outer momentum,
         last round id, and the clock and reported steps at that moment. One fragment per file, so a merge
@@ -271,14 +272,12 @@ class DecoupledSyncer:
             if rnd is not None:  # joins the open round (again: its newer copy supersedes the older one)
                 rnd.reporters.add(learner)
                 rnd.repull.pop(learner, None)
-                rnd.index = max(rnd.index, i_new)
                 self.lead[p] = max(self.lead[p], i_new)
                 pulls.append(Pull(p, rnd.round_id, frozenset({learner})))
             elif i_new > self.lead[p]:
                 pulls.append(self._open(p, i_new, learner, now, alive))
             else:  # its round already merged: it is pulled when p's next round opens
                 self.pending[p].add(learner)
-                self.late_reports += 1
         return pulls
 
     def _stalled(self, m: int, now: float) -> bool:
@@ -294,7 +293,7 @@ class DecoupledSyncer:
         late = self.pending[p] & alive
         self.pending[p] -= late
         self.round_ids[p] += 1
-        rnd = OpenRound(self.round_ids[p], now, index, reporters={learner} | late)
+        rnd = OpenRound(self.round_ids[p], now, reporters={learner} | late)
         rnd.pushes.update(self.held[p])
         self.held[p].clear()
         self.rounds[p] = rnd
@@ -434,7 +433,7 @@ class DecoupledSyncer:
             rnd = self.rounds[p]
             if rnd is None and self.held[p]:
                 self.round_ids[p] += 1
-                rnd = self.rounds[p] = OpenRound(self.round_ids[p], now, self.lead[p])
+                rnd = self.rounds[p] = OpenRound(self.round_ids[p], now)
                 rnd.pushes.update(self.held[p])
                 self.held[p].clear()
             if rnd is not None and rnd.pushes:

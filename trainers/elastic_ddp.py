@@ -34,10 +34,10 @@ from typing import Literal
 
 from torch import Tensor
 
-from trainers.baselines import DdpSyncer, SyncRound
+from trainers.baselines import DdpSyncer, SyncRejected, SyncResult, SyncRound
 from trainers.config import TrainConfig
-from trainers.learner import STATE_STEP_KEY
 from trainers.merge import all_finite
+from trainers.messages import STATE_STEP_KEY
 from trainers.model import ModelConfig
 
 
@@ -175,7 +175,6 @@ class ElasticDdpSyncer(DdpSyncer):
         self.records: list[Reconfiguration] = []
         self.grows: dict[int, _Grow] = {}
         self.completed = 0
-        self.last: SyncRound | None = None
         self.steps = train_cfg.steps
 
     def view(self) -> OpenStep:
@@ -186,10 +185,6 @@ class ElasticDdpSyncer(DdpSyncer):
         out, self.records = self.records, []
         return out
 
-    def state(self) -> tuple[int, dict[str, Tensor]]:
-        """The last completed step, the replica and its AdamW moments (what a (re)joining learner loads)."""
-        return self.completed, self.resume_state()[1]
-
     def on_join(self, learner: int, now: float, why: str) -> tuple[int, dict[str, Tensor]]:
         """A learner connected: admit it from the open step. Returns the state it resumes from."""
         before = sorted(self.members)
@@ -198,7 +193,11 @@ class ElasticDdpSyncer(DdpSyncer):
         self.finished.discard(learner)
         if d.action is Action.GROW:
             self.grows[learner] = _Grow(before, sorted(d.members), self.completed + 1, now, d.reason)
-        return self.state()
+        return self.resume_state()  # one merge per completed step: its step is `completed`
+
+    def on_contribution(self, learner: int, key: int, step: int, tokens: int, tensors: dict[str, Tensor],
+                        now: float) -> SyncResult:
+        return self.on_grads(learner, step, tokens, tensors, now)
 
     def on_finished(self, learner: int) -> None:
         """It said BYE. That is the end only once the group has completed its last step: a host whose chip died
@@ -220,20 +219,23 @@ class ElasticDdpSyncer(DdpSyncer):
         return self._complete(now) if d.complete else None
 
     def on_grads(self, learner: int, step: int, tokens: int, grads: dict[str, Tensor],
-                 now: float = 0.0) -> SyncRound | None | bool:
-        """False if rejected, None while waiting, the round when complete; for a request older than the open
-        step, a reply to that learner alone: the stored result (the last step) or the full state (older)."""
+                 now: float = 0.0) -> SyncResult:
+        """False if non-finite or malformed, `SyncRejected` if ahead of the group or from a non-member, None
+        while waiting, the round when complete; for a request older than the open step, a reply to that learner
+        alone: the stored result (the last step, kept by the barrier as in ddp) or the full state (older)."""
         if set(grads) != set(self.params) or not all_finite(grads.values()):
             return False
         if step <= self.completed:
-            if self.last is not None and step == self.last.key:
-                return SyncRound(key=step, participants=[learner], tokens=[0], step=step, tensors=self.last.tensors,
-                                 replay_to=learner)
-            at, tensors = self.state()
+            again = self.barrier.replay(step, learner)
+            if again is not None:
+                return again
+            at, tensors = self.resume_state()
             return SyncRound(key=step, participants=[learner], tokens=[0], step=at,
                              tensors={**tensors, STATE_STEP_KEY: _scalar(at)}, replay_to=learner)
-        if step > self.completed + 1 or learner not in self.members:
-            return False  # ahead of the group, or not admitted: never averaged
+        if step > self.completed + 1:  # never averaged
+            return SyncRejected(f"ahead of the group: step {step}, the open step is {self.completed + 1}")
+        if learner not in self.members:
+            return SyncRejected("not a member of the global group")
         self.pending[learner] = (tokens, grads)
         self.arrived[learner] = now
         return self._complete(now) if round_complete(self.view()) else None
@@ -249,8 +251,8 @@ class ElasticDdpSyncer(DdpSyncer):
                                                 max(0.0, self.arrived.get(m, now) - waited_from), g.reason))
         self.pending, self.arrived = {}, {}
         self.barrier.completed = self.completed = step
-        self.last = self.merge(step, done)
-        return self.last
+        self.barrier.last = self.merge(step, done)
+        return self.barrier.last
 
 
 def _scalar(x: int) -> Tensor:
