@@ -30,6 +30,7 @@ from torch import Tensor
 
 from harness.codec import exchange_id, grads_request, message_to_merged, params_request, push_to_message
 from harness.events import EventLog
+from harness.frame_auth import FrameAuth
 from harness.handshake import sign_challenge
 from harness.scenario import Timeouts
 from harness.wire import (
@@ -74,6 +75,8 @@ class SyncerLink:
         self._snapshot: tuple[Snapshot, list[list[str]]] | None = None
         self._wsock: socket.socket | None = None
         self._rsock: socket.socket | None = None
+        self._auth: FrameAuth | None = None
+        """The connection's frame keys (harness/frame_auth.py): every frame after the handshake is signed."""
         self._closed = False
         self.fatal: str | None = None
         self.stop_requested = False
@@ -222,6 +225,7 @@ class SyncerLink:
             socks = [s for s in (self._wsock, self._rsock) if s is not None]
             had = self._wsock is not None
             self._wsock = self._rsock = None
+            self._auth = None
             self._cv.notify_all()
         for s in socks:
             try:
@@ -231,7 +235,7 @@ class SyncerLink:
         if had:
             self.events.log("link_down", learner=self.learner, reason=reason)
 
-    def _connect_once(self) -> socket.socket:
+    def _connect_once(self) -> tuple[socket.socket, FrameAuth]:
         sock = socket.create_connection(self.addr, timeout=self.t.connect_s)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         deadline = time.monotonic() + self.t.connect_s
@@ -239,7 +243,8 @@ class SyncerLink:
         ch = recv_message(sock, 4096, max(0.01, deadline - time.monotonic()))
         if ch.type is not MsgType.CHALLENGE:
             raise ConnectionError(f"expected CHALLENGE, got {ch.type.name}")
-        sig = sign_challenge(self.secret, bytes.fromhex(ch.meta["nonce"]), self.learner)
+        nonce = bytes.fromhex(ch.meta["nonce"])
+        sig = sign_challenge(self.secret, nonce, self.learner)
         send_message(sock, Message(MsgType.AUTH, {"learner": self.learner, "sig": sig}),
                      max(0.01, deadline - time.monotonic()))
         reply = recv_message(sock, 4096, max(0.01, deadline - time.monotonic()))
@@ -247,13 +252,13 @@ class SyncerLink:
             raise LinkFatal(f"syncer rejected learner {self.learner}: {reply.meta.get('reason')}")
         if reply.type is not MsgType.WELCOME:
             raise ConnectionError(f"expected WELCOME, got {reply.type.name}")
-        return sock
+        return sock, FrameAuth.for_learner(self.secret, nonce, self.learner)
 
     def _manage(self) -> None:
         backoff = BACKOFF_MIN_S
         while not self._closed:
             try:
-                sock = self._connect_once()
+                sock, auth = self._connect_once()
             except LinkFatal as e:
                 with self._cv:
                     self.fatal = str(e)
@@ -272,19 +277,19 @@ class SyncerLink:
             backoff = BACKOFF_MIN_S
             self.connects += 1
             with self._cv:
-                self._rsock, self._wsock = sock, sock.dup()
+                self._rsock, self._wsock, self._auth = sock, sock.dup(), auth
                 if self._request is not None and self._request[0] not in self._outbox:
                     self._outbox[self._request[0]] = self._request[1]
                 self._cv.notify_all()
             self.events.log("link_up", learner=self.learner, connects=self.connects)
             if self.forward is not None:
                 self.forward(Message(MsgType.WELCOME, {"connects": self.connects}))
-            self._read(sock)
+            self._read(sock, auth)
 
-    def _read(self, sock: socket.socket) -> None:
+    def _read(self, sock: socket.socket, auth: FrameAuth) -> None:
         while not self._closed:
             try:
-                msg = recv_message(sock, self.max_frame_bytes, self.t.liveness_s)
+                msg = recv_message(sock, self.max_frame_bytes, self.t.liveness_s, auth=auth)
             except FrameError as e:
                 self.frames_rejected += 1
                 self.events.log("frame_rejected", learner=self.learner, side="learner", kind=e.kind, error=str(e))
@@ -346,8 +351,8 @@ class SyncerLink:
                     self._cv.wait(max(0.001, left) if self._wsock is not None else None)
                 if self._closed and not self._outbox:
                     return
-                sock = self._wsock
-                if sock is None:
+                sock, auth = self._wsock, self._auth
+                if sock is None or auth is None:
                     if self._closed:
                         return
                     continue
@@ -360,7 +365,7 @@ class SyncerLink:
                                                             "t": last_ping})
             t0 = time.monotonic()
             try:
-                n = send_message(sock, msg, self.t.socket_op_s)
+                n = send_message(sock, msg, self.t.socket_op_s, auth)
             except OSError as e:
                 if key is not None and key[0] != "bye":
                     with self._cv:  # keep it for the next connection unless something newer replaced it

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from harness.events import EventLog
+from harness.frame_auth import FrameAuth
 from harness.handshake import new_nonce, verify_challenge
 from harness.scenario import Scenario
 from harness.wire import (
@@ -59,6 +60,8 @@ class Conn:
     data_rx_s: float = 0.0
     opened_at: float = field(default_factory=time.monotonic)
     stats_logged: bool = False
+    auth: FrameAuth | None = None
+    """The connection's frame keys once the handshake has passed: every frame after it is signed."""
 
 
 @dataclass(frozen=True)
@@ -150,7 +153,7 @@ class Transport:
                 self.conns[conn.cid] = conn
             threading.Thread(target=self._reader, args=(conn,), name=f"rd{conn.cid}", daemon=True).start()
 
-    def _handshake(self, conn: Conn) -> int:
+    def _handshake(self, conn: Conn) -> tuple[int, FrameAuth]:
         deadline = time.monotonic() + self.t.connect_s
         hello = recv_message(conn.sock, 4096, self.t.connect_s)
         if hello.type is not MsgType.HELLO:
@@ -165,7 +168,7 @@ class Transport:
             send_message(conn.sock, Message(MsgType.REJECT, {"reason": "bad credentials"}), self.t.socket_op_s)
             raise PermissionError(f"learner {learner} failed authentication")
         send_message(conn.sock, Message(MsgType.WELCOME, {"algorithm": self.sc.algorithm}), self.t.socket_op_s)
-        return learner
+        return learner, FrameAuth.for_syncer(self.secret, nonce, learner)
 
     def _reader(self, conn: Conn) -> None:
         """One connection's reader thread. However it ends, the connection is closed with the reason logged:
@@ -182,7 +185,7 @@ class Transport:
 
     def _read(self, conn: Conn) -> None:
         try:
-            learner = self._handshake(conn)
+            learner, conn.auth = self._handshake(conn)
         except (OSError, FrameError, ConnectionClosed, ConnectionError, KeyError, ValueError) as e:
             kind = {"kind": e.kind} if isinstance(e, FrameError) else {}
             self.events.log("auth_failed", peer=conn.peer, error=f"{type(e).__name__}: {e}", **kind)
@@ -194,7 +197,7 @@ class Transport:
         timing: dict[str, float] = {}
         while not conn.closed.is_set():
             try:
-                msg = recv_message(conn.sock, self.max_frame, self.t.liveness_s, timing)
+                msg = recv_message(conn.sock, self.max_frame, self.t.liveness_s, timing, conn.auth)
             except FrameError as e:
                 self.frames_rejected += 1
                 self.events.log("frame_rejected", learner=learner, side="syncer", kind=e.kind, error=str(e))
@@ -249,7 +252,7 @@ class Transport:
                     if msg is None:
                         continue
                 try:
-                    conn.bytes_out += send_message(wsock, msg, self.t.socket_op_s)
+                    conn.bytes_out += send_message(wsock, msg, self.t.socket_op_s, conn.auth)
                 except OSError as e:
                     self.close(conn, f"send failed: {type(e).__name__}: {e}")
                     break

@@ -21,6 +21,7 @@ import torch
 from harness.codec import grads_request, merged_to_message, params_request, push_to_message
 from harness.events import EventLog
 from harness.fragment_checkpoint import state_to_message
+from harness.frame_auth import FrameAuth
 from harness.handshake import new_nonce, sign_challenge
 from harness.syncer_service import SyncerService
 from harness.wire import (
@@ -192,14 +193,20 @@ def _connect(svc: SyncerService) -> socket.socket:
     return sock
 
 
+_KEYS: dict[socket.socket, FrameAuth] = {}
+"""The frame keys of each connection that passed the handshake (every frame after it is signed)."""
+
+
 def _join(svc: SyncerService, learner: int) -> socket.socket:
     """Connect and pass the handshake as learner `learner`, as harness/link.py does."""
     sock = _connect(svc)
     send_message(sock, Message(MsgType.HELLO, {"learner": learner, "proto": 1}), WAIT_S)
     challenge = recv_message(sock, MAX, WAIT_S)
-    sig = sign_challenge(SECRET, bytes.fromhex(challenge.meta["nonce"]), learner)
-    send_message(sock, Message(MsgType.AUTH, {"learner": learner, "sig": sig}), WAIT_S)
+    nonce = bytes.fromhex(challenge.meta["nonce"])
+    send_message(sock, Message(MsgType.AUTH, {"learner": learner, "sig": sign_challenge(SECRET, nonce, learner)}),
+                 WAIT_S)
     assert recv_message(sock, MAX, WAIT_S).type is MsgType.WELCOME
+    _KEYS[sock] = FrameAuth.for_learner(SECRET, nonce, learner)
     return sock
 
 
@@ -208,14 +215,14 @@ def _expect_closed(sock: socket.socket) -> None:
     but what it had queued."""
     with pytest.raises((ConnectionClosed, ConnectionResetError, BrokenPipeError)):
         while True:
-            recv_message(sock, 64 << 20, WAIT_S)
+            recv_message(sock, 64 << 20, WAIT_S, auth=_KEYS.get(sock))
 
 
 def _pong(sock: socket.socket, seq: int) -> None:
     """Ping over `sock` and wait for its echo, skipping whatever else the syncer sends meanwhile."""
     ping = {"learner": 0, "seq": seq, "t": 1.5}
-    send_message(sock, Message(MsgType.PING, ping), WAIT_S)
-    while (msg := recv_message(sock, 64 << 20, WAIT_S)).type is not MsgType.PONG:
+    send_message(sock, Message(MsgType.PING, ping), WAIT_S, _KEYS[sock])
+    while (msg := recv_message(sock, 64 << 20, WAIT_S, auth=_KEYS[sock])).type is not MsgType.PONG:
         pass
     assert msg.meta == ping
 
@@ -251,7 +258,7 @@ def test_authenticated_peer_with_a_malformed_meta_is_cut_off(syncer: tuple[Synce
     try:
         hostile = _join(svc, 1)
         try:
-            send_message(hostile, Message(MsgType.META, {"learner": 1, "step_time_s": 0.1}), WAIT_S)
+            send_message(hostile, Message(MsgType.META, {"learner": 1, "step_time_s": 0.1}), WAIT_S, _KEYS[hostile])
             rejected = events.wait_for(lambda e: e["ev"] == "frame_rejected")
             assert rejected["learner"] == 1 and rejected["kind"] == "bad_message", rejected
             assert "'step'" in rejected["error"]
@@ -261,6 +268,36 @@ def test_authenticated_peer_with_a_malformed_meta_is_cut_off(syncer: tuple[Synce
         events.wait_for(lambda e: e["ev"] == "learner_leave" and e["learner"] == 1)
         _pong(good, 2)
         assert svc.alive() == frozenset({0})
+    finally:
+        good.close()
+    assert svc.frames_rejected == 1
+    assert not any(e["ev"] == "syncer_error" for e in events.events)
+
+
+@pytest.mark.parametrize("frame", ["unsigned", "forged", "replayed"])
+def test_an_authenticated_peer_sending_an_unauthenticated_frame_is_cut_off(
+        syncer: tuple[SyncerService, _WatchedLog], frame: str) -> None:
+    """After the handshake every frame is signed: an unsigned, forged or replayed one (the CRC right each time)
+    closes that connection alone, logged as bad_mac."""
+    svc, events = syncer
+    good = _join(svc, 0)
+    try:
+        hostile = _join(svc, 1)
+        try:
+            ping = Message(MsgType.PING, {"learner": 1, "seq": 1, "t": 1.5})
+            if frame == "unsigned":
+                send_message(hostile, ping, WAIT_S)
+            elif frame == "forged":
+                send_message(hostile, ping, WAIT_S, FrameAuth.for_learner(b"not the run's secret", b"n" * 16, 1))
+            else:
+                signed = encode(ping, _KEYS[hostile])
+                hostile.sendall(signed + signed)
+            rejected = events.wait_for(lambda e: e["ev"] == "frame_rejected")
+            assert rejected["learner"] == 1 and rejected["kind"] == "bad_mac", rejected
+            _expect_closed(hostile)
+        finally:
+            hostile.close()
+        _pong(good, 3)
     finally:
         good.close()
     assert svc.frames_rejected == 1
