@@ -41,7 +41,7 @@ def ping(seq: int) -> Message:
 
 def push(values: list[float]) -> Message:
     meta = {"learner": LEARNER, "fragment": 0, "base_version": 0, "c_steps": 4, "c_tokens": 64, "first_step": 0,
-            "last_step": 3, "step_s": 0.1}
+            "last_step": 3, "step_time_s": 0.1}
     return Message(MsgType.PUSH, meta, {"w": torch.tensor(values, dtype=torch.float32)})
 
 
@@ -142,6 +142,8 @@ def test_a_mutated_frame_is_rejected_or_means_the_same(values: list[float], sign
     very message that was sent. Nothing else escapes, and no changed meaning is accepted."""
     msg = push(values)
     frame = bytearray(encode(msg, ends()[0] if signed else None))
+    intact = decode_frame(frame, MAX) if not signed else _decode_signed(bytes(frame))
+    assert intact.meta == msg.meta  # the frame is valid before it is mutated: a rejection below is the mutation's
     for pos, bit in flips:
         frame[pos % len(frame)] ^= 1 << bit
     try:
