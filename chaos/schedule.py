@@ -28,6 +28,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainers.config import did_you_mean
+
 LINK_ACTIONS = ("degrade", "partition", "flap", "reset_peer", "slice", "limit_data")
 """Actions on one learner's link, carried out through its Toxiproxy proxy (chaos/links.py)."""
 
@@ -170,7 +172,8 @@ def _trigger(raw: Any, key: str, learners: int, is_until: bool) -> Trigger:
     allowed = ("step", "learner", "merges", "time_s") + (("after_s",) if is_until else ())
     unknown = sorted(set(raw) - set(allowed))
     if unknown:
-        raise ScheduleError(f"unknown key {key}.{unknown[0]}; allowed: {', '.join(allowed)}")
+        raise ScheduleError(f"unknown key {key}.{unknown[0]}{did_you_mean(unknown[0], allowed)}; "
+                            f"allowed: {', '.join(allowed)}")
     kinds = [k for k in ("step", "merges", "time_s", "after_s") if k in raw]
     if len(kinds) != 1:
         raise ScheduleError(f"{key}: set exactly one of {', '.join(k for k in allowed if k != 'learner')}")
@@ -200,7 +203,8 @@ def config_table(raw: Any, key: str, cls: type) -> dict[str, Any]:
     fields = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(raw) - set(fields))
     if unknown:
-        raise ScheduleError(f"unknown key {key}.{unknown[0]}; allowed: {', '.join(fields)}")
+        raise ScheduleError(f"unknown key {key}.{unknown[0]}{did_you_mean(unknown[0], fields)}; "
+                            f"allowed: {', '.join(fields)}")
     return raw
 
 
@@ -228,7 +232,8 @@ def parse_fault(raw: Any, key: str, learners: int) -> FaultSpec:
             kwargs["until"] = _trigger(v, f"{key}.until", learners, is_until=True)
             continue
         if k not in allowed:
-            raise ScheduleError(f"{key}.{k}: not a parameter of {action}; it takes {', '.join(allowed)}")
+            raise ScheduleError(f"{key}.{k}: not a parameter of {action}{did_you_mean(k, allowed)}; "
+                                f"it takes {', '.join(allowed)}")
         if k == "mode":
             if v not in _MODES:
                 raise ScheduleError(f"{key}.mode = {v!r}: must be one of {', '.join(_MODES)}")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from harness import scenario as scenario_mod
@@ -32,6 +33,44 @@ from trainers.config import ALGORITHMS
 
 EXIT_BAD_CONFIG = 2
 EXIT_RUN_FAILED = 1
+
+
+def _runs_dir(value: str) -> str:
+    """--runs-dir: a folder, or a path where one can be made."""
+    if os.path.exists(value) and not os.path.isdir(value):
+        raise argparse.ArgumentTypeError(f"{value!r} exists and is not a folder")
+    return value
+
+
+def _port(value: str) -> int:
+    """A TCP port to listen on: 1-65535."""
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port: must be in [1, 65535]")
+    return port
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Check scenario files (and an incident file on top of each) without running anything: each file's
+    first error, every file at once; 0 if all are valid, else 2."""
+    bad = 0
+    for path in args.files:
+        try:
+            sc = scenario_mod.load(path)
+            if args.incident:
+                from harness.replay import load_incident
+
+                load_incident(args.incident, sc)
+        except scenario_mod.ScenarioError as e:
+            bad += 1
+            print(f"{path}: invalid: {e}", file=sys.stderr)
+            continue
+        print(f"{path}: OK ({sc.name}, {sc.algorithm}, {sc.topology.learners}x{sc.topology.chips_per_learner}, "
+              f"{len(sc.faults)} faults{' + incident ' + args.incident if args.incident else ''})")
+    return EXIT_BAD_CONFIG if bad else 0
 
 
 def _load(args: argparse.Namespace) -> scenario_mod.Scenario:
@@ -173,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--builtin", default="default", help="name of a built-in scenario")
     run.add_argument("--algorithm", choices=ALGORITHMS, help="override the algorithm")
     run.add_argument("--seed", type=int, help="override the seed")
-    run.add_argument("--runs-dir", default="runs", help="where run directories are created (default: runs)")
+    run.add_argument("--runs-dir", default="runs", type=_runs_dir,
+                     help="where run directories are created (default: runs)")
     run.add_argument("--quiet", action="store_true", help="no live progress")
     run.add_argument("--incident", help="TOML file of [[faults]] tables to inject on top of the scenario")
     run.add_argument("--json", metavar="PATH", help="also write the run's results as JSON (docs/metrics.md, "
@@ -181,9 +221,13 @@ def main(argv: list[str] | None = None) -> int:
     run.set_defaults(func=cmd_run)
     rp = sub.add_parser("replay", help="run a recorded run again and compare its fault timeline")
     rp.add_argument("run_dir", help="a run directory (holds config.json and events.jsonl)")
-    rp.add_argument("--runs-dir", default="runs", help="where the replay's run directory is created")
+    rp.add_argument("--runs-dir", default="runs", type=_runs_dir, help="where the replay's run directory is created")
     rp.add_argument("--quiet", action="store_true", help="no live progress")
     rp.set_defaults(func=cmd_replay)
+    val = sub.add_parser("validate", help="check scenario files without running them (exit 0: all valid, 2: not)")
+    val.add_argument("files", nargs="+", metavar="FILE", help="scenario TOML files")
+    val.add_argument("--incident", help="also check this incident file on top of each scenario")
+    val.set_defaults(func=cmd_validate)
     sc = sub.add_parser("scenarios", help="list the built-in scenarios")
     sc.set_defaults(func=lambda a: print("\n".join(scenario_mod.builtin_names())) or 0)
     rep = sub.add_parser("report", help="write a run's self-contained HTML report (eval loss, faults, timeline)")
@@ -194,14 +238,15 @@ def main(argv: list[str] | None = None) -> int:
     cmp.add_argument("scenario", nargs="?", help="scenario TOML file (default: built-in 'chip-loss')")
     cmp.add_argument("--builtin", default="chip-loss", help="name of a built-in scenario")
     cmp.add_argument("--seed", type=int, help="override the seed")
-    cmp.add_argument("--runs-dir", default="runs", help="where run directories are created (default: runs)")
+    cmp.add_argument("--runs-dir", default="runs", type=_runs_dir,
+                     help="where run directories are created (default: runs)")
     cmp.add_argument("--no-baseline", action="store_true", help="skip the fault-free ddp reference run")
     cmp.add_argument("--json", metavar="PATH", help="also write every run's results and the verdict as JSON "
                                                     "(docs/metrics.md, 'Results JSON')")
     cmp.set_defaults(func=cmd_compare)
     tps = sub.add_parser("toxiproxy-server", help="run the embedded Toxiproxy-compatible server (foreground)")
     tps.add_argument("--host", default="127.0.0.1", help="API listen host (default 127.0.0.1)")
-    tps.add_argument("--port", type=int, default=8474, help="API listen port (default 8474)")
+    tps.add_argument("--port", type=_port, default=8474, help="API listen port (default 8474)")
     tps.add_argument("--seed", type=int, default=0, help="seed for jitter/toxicity/slicer randomness (default 0)")
     tps.add_argument("--log-level", default="INFO", type=str.upper,
                      choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], help="logging level (default INFO)")

@@ -3,9 +3,9 @@
 The handshake (`harness/handshake.py`) proves once that a learner knows the run's secret. Without more, any
 frame after it is trusted on its CRC alone, and a CRC is no protection against a peer or a box in the middle
 that writes frames on purpose. So both ends derive two keys from the secret, the challenge's nonce and the
-learner id, one per direction, and every frame after the handshake carries a 16-byte tag:
-HMAC-SHA256 (truncated to 16 bytes) under its direction's key, over the frame's sequence number in that direction (8 bytes,
-counted by both ends, never sent) and the frame (header without its CRC field, then the payload).
+learner id, one per direction, and every frame after the handshake carries a 16-byte tag: HMAC-SHA256
+(truncated to 16 bytes) under its direction's key, over the frame's sequence number in that direction
+(8 bytes, counted by both ends, never sent) and the frame (header without its CRC field, then the payload).
 
 What that rules out: a forged frame (no key), a frame replayed, dropped or reordered within the connection
 (the sequence number moves on), a frame reflected back to its sender (the other direction's key), and a

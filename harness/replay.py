@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from chaos.schedule import ScheduleError, parse_fault
 from harness.events import EVENTS_FILE, read_events
 from harness.rundir import CONFIG_FILE, read_json
 from harness.scenario import Scenario, ScenarioError, from_dict, read_toml
@@ -28,19 +29,37 @@ def recorded_scenario(run_dir: str | os.PathLike[str]) -> Scenario:
     path = Path(run_dir) / CONFIG_FILE
     if not path.is_file():
         raise ScenarioError(f"{str(run_dir)!r} is not a run directory: no {CONFIG_FILE}")
-    return from_dict(read_json(path))
+    try:
+        table = read_json(path)
+    except (OSError, UnicodeDecodeError, ValueError) as e:  # json.JSONDecodeError is a ValueError
+        raise ScenarioError(f"{str(path)!r} is damaged: {e}") from None
+    if not isinstance(table, dict):
+        raise ScenarioError(f"{str(path)!r} is damaged: a JSON {type(table).__name__}, not an object")
+    return from_dict(table)
 
 
 def load_incident(path: str | os.PathLike[str], sc: Scenario) -> Scenario:
-    """The scenario with the incident file's faults appended. Errors name faults[i].key as in a scenario."""
+    """The scenario with the incident file's faults appended. An error names the incident file and its own
+    faults[i] (an incident's first fault is its faults[0], whatever the scenario holds)."""
     table = read_toml(path, "incident file")
+    where = f"incident file {str(path)!r}"
     unknown = sorted(set(table) - {"faults", "description"})
     if unknown:
-        raise ScenarioError(f"unknown key {unknown[0]} in incident file; allowed: faults, description")
+        raise ScenarioError(f"{where}: unknown key {unknown[0]!r}; allowed: faults, description")
     faults = table.get("faults", [])
     if not isinstance(faults, list) or not faults:
-        raise ScenarioError("incident file: needs at least one [[faults]] table")
-    return sc.replace(faults=[*sc.faults, *faults])
+        raise ScenarioError(f"{where}: needs at least one [[faults]] table")
+    if not isinstance(table.get("description", ""), str):
+        raise ScenarioError(f"{where}: description must be a string")
+    for i, f in enumerate(faults):
+        try:
+            parse_fault(f, f"faults[{i}]", sc.topology.learners)
+        except ScheduleError as e:
+            raise ScenarioError(f"{where}: {e}") from None
+    try:
+        return sc.replace(faults=[*sc.faults, *faults])
+    except ScenarioError as e:  # a rule across the whole scenario (a chip index, restarts): say where it came from
+        raise ScenarioError(f"{where} on top of scenario {sc.name!r}: {e}") from None
 
 
 def fault_timeline(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:

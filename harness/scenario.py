@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -20,7 +21,7 @@ from typing import Any, Literal, cast
 
 from chaos.schedule import LINK_ACTIONS, FaultSpec, ScheduleError, parse_fault
 from chaos.toxiproxy_backend import PROXY_MODES
-from trainers.config import ALGORITHMS, DilocoConfig, TrainConfig, bounded, choice
+from trainers.config import ALGORITHMS, DilocoConfig, TrainConfig, bounded, choice, did_you_mean
 from trainers.data import CORPUS_NAMES, DataConfig
 from trainers.model import ModelConfig
 
@@ -228,7 +229,8 @@ def _build(cls: type, table: Any, prefix: str, ranges: dict[str, tuple[float, fl
     if unknown:
         where = f"[{prefix}]" if prefix else "the top level"
         raise ScenarioError(
-            f"unknown key {prefix + '.' if prefix else ''}{unknown[0]} in {where}; allowed: {', '.join(fields)}"
+            f"unknown key {prefix + '.' if prefix else ''}{unknown[0]}{did_you_mean(unknown[0], fields)} in {where}; "
+            f"allowed: {', '.join(fields)}"
         )
     kwargs: dict[str, Any] = {}
     for name, value in table.items():
@@ -273,8 +275,16 @@ def _check_ranges(obj: Any, prefix: str, extra: dict[str, tuple[float, float]]) 
             raise ScenarioError(f"{key} = {value!r}: must be one of {', '.join(choices)}")
 
 
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+"""A scenario's name is part of its run directory's name: a letter or digit, then letters, digits, '.', '_' or
+'-', at most 64 characters (no '/', no '..' path, nothing a shell or a file system would read otherwise)."""
+
+
 def validate(sc: Scenario) -> None:
     """Check ranges and the rules that tie fields together. Raises ScenarioError."""
+    if not isinstance(sc.name, str) or not NAME_PATTERN.fullmatch(sc.name):
+        raise ScenarioError(f"name = {sc.name!r}: must be a letter or digit, then letters, digits, '.', '_' or '-', "
+                            "at most 64 characters (it names the run directory)")
     _check_ranges(sc, "", {})
     for name, sub_ranges in (("topology", {}), ("model", _MODEL_RANGES), ("data", _DATA_RANGES), ("train", {}),
                              ("diloco", {}), ("timeouts", {}), ("eval", {}), ("links", {}), ("recovery", {})):
@@ -347,9 +357,12 @@ def _expand_random_faults(table: dict[str, Any]) -> dict[str, Any]:
     from chaos.fault_generator import validate as validate_random
 
     raw = table["random_faults"]
-    learners = _int_or(table, "topology", "learners", Topology().learners)
-    chips = _int_or(table, "topology", "chips_per_learner", Topology().chips_per_learner)
-    steps = _int_or(table, "train", "steps", TrainConfig().steps)
+    # What the draw's size depends on is checked first: a bad topology must not be expanded into faults.
+    topology = _build(Topology, table.get("topology", {}), "topology")
+    _check_ranges(topology, "topology", {})
+    train = _build(TrainConfig, table.get("train", {}), "train")
+    _check_ranges(train, "train", {})
+    learners, chips, steps = topology.learners, topology.chips_per_learner, train.steps
     seed = table.get("seed", 0) if isinstance(table.get("seed", 0), int) else 0
     try:
         cfg = validate_random(raw, "random_faults", learners, chips, steps)
@@ -389,9 +402,13 @@ def read_toml(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
     if not p.is_file():
         raise ScenarioError(f"{what} {str(p)!r} does not exist")
     try:
-        return tomllib.loads(p.read_text())
+        return tomllib.loads(p.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise ScenarioError(f"{what} {str(p)!r} is not valid TOML: {e}") from e
+    except UnicodeDecodeError as e:
+        raise ScenarioError(f"{what} {str(p)!r} is not UTF-8 text (byte {e.start}): TOML files are UTF-8") from e
+    except OSError as e:
+        raise ScenarioError(f"{what} {str(p)!r} cannot be read: {e.strerror or e}") from e
 
 
 def load(path: str | os.PathLike[str]) -> Scenario:
@@ -401,7 +418,10 @@ def load(path: str | os.PathLike[str]) -> Scenario:
 
 def builtin(name: str = "default") -> Scenario:
     """One of the scenarios shipped inside the package (harness/scenarios/NAME.toml)."""
-    text = resources.files("harness").joinpath("scenarios", f"{name}.toml").read_text()
+    names = builtin_names()
+    if name not in names:
+        raise ScenarioError(f"no built-in scenario {name!r}; the built-in ones: {', '.join(names)}")
+    text = resources.files("harness").joinpath("scenarios", f"{name}.toml").read_text(encoding="utf-8")
     return from_dict(tomllib.loads(text))
 
 

@@ -51,7 +51,7 @@ def test_incident_file_adds_faults_and_names_bad_keys(tmp_path):
     bad.write_text('[[faults]]\naction = "kill_chip"\nlearner = 1\nchip = 7\n')
     with pytest.raises(ScenarioError, match=r"faults\[0\].chip = 7: must be in \[0, 0\]"):
         load_incident(bad, sc.replace(recovery=type(sc.recovery)(policy="restart")))
-    with pytest.raises(ScenarioError, match="unknown key when in incident file"):
+    with pytest.raises(ScenarioError, match=r"incident file '.*x.toml': unknown key 'when'"):
         (tmp_path / "x.toml").write_text('when = 3\n[[faults]]\naction = "partition"\nlearner = 0\n')
         load_incident(tmp_path / "x.toml", sc)
     with pytest.raises(ScenarioError, match="is not a run directory"):

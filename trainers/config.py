@@ -11,7 +11,9 @@ docs/algorithm.md for every choice the paper leaves open.
 
 from __future__ import annotations
 
+import difflib
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -106,3 +108,9 @@ class DilocoConfig:
     third of the spread (docs/algorithm.md, Outer step, has the measurements)."""
     outer_momentum: float = bounded(0.9, 0.0, 0.999)
     """Outer Nesterov momentum."""
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """" (did you mean X?)" for the allowed name closest to a misspelt one, or "" when none is close."""
+    close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""

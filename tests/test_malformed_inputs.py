@@ -1,0 +1,93 @@
+"""Every malformed scenario and incident file in tests/malformed/ is refused before anything runs: exit 2,
+a message naming the key (each file's first line says which: `# expect: KEY`), and no traceback. So are bad
+CLI arguments and a damaged run directory."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import cli
+
+CORPUS = Path(__file__).parent / "malformed"
+FILES = sorted(CORPUS.glob("*.toml"))
+DEFAULT = str(Path(cli.__file__).parent / "scenarios" / "default.toml")
+
+
+def expected(path: Path) -> str:
+    first = path.read_bytes().split(b"\n", 1)[0].decode()
+    assert first.startswith("# expect: "), path
+    return first[len("# expect: "):]
+
+
+def argv(path: Path) -> list[str]:
+    if path.name.startswith("incident-"):
+        return ["validate", DEFAULT, "--incident", str(path)]
+    return ["validate", str(path)]
+
+
+def test_the_corpus_is_large() -> None:
+    assert len(FILES) >= 60
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+def test_a_malformed_file_exits_2_naming_its_key(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = cli.main(argv(path))
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert expected(path) in err, err
+    assert "Traceback" not in err
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True,
+                          timeout=120, cwd=cwd)
+
+
+@pytest.mark.parametrize("name", ["binary", "random-faults-explodes", "random-faults-topology-huge",
+                                  "incident-fault-typo"])
+def test_as_a_real_process_too(name: str) -> None:
+    """A few of the corpus through the installed command line: the exit code and stderr a user sees."""
+    res = run_cli(*argv(CORPUS / f"{name}.toml"))
+    assert res.returncode == 2, res.stderr
+    assert expected(CORPUS / f"{name}.toml") in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_validate_reports_every_file_and_passes_good_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = cli.main(["validate", DEFAULT, str(CORPUS / "name-slash.toml"), str(CORPUS / "learners-zero.toml")])
+    out, err = capsys.readouterr()
+    assert rc == 2
+    assert "default.toml: OK" in out
+    assert "name-slash.toml: invalid" in err and "learners-zero.toml: invalid" in err
+    assert cli.main(["validate", DEFAULT]) == 0
+
+
+@pytest.mark.parametrize("args, key", [
+    (["run", "--builtin", "nope", "--quiet"], "no built-in scenario 'nope'"),
+    (["toxiproxy-server", "--port", "70000"], "--port"),
+    (["toxiproxy-server", "--port", "x"], "--port"),
+    (["validate"], "FILE"),
+])
+def test_bad_arguments_exit_2_without_a_traceback(args: list[str], key: str) -> None:
+    res = run_cli(*args)
+    assert res.returncode == 2, res.stderr
+    assert key in res.stderr and "Traceback" not in res.stderr
+
+
+def test_a_runs_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("")
+    res = run_cli("run", "--runs-dir", str(tmp_path / "afile"), "--quiet")
+    assert res.returncode == 2 and "--runs-dir" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("config", [b'{"bad', b"[1, 2]", b"\xff\xfe", b""])
+def test_a_damaged_run_directory_is_refused_by_replay(tmp_path: Path, config: bytes) -> None:
+    (tmp_path / "config.json").write_bytes(config)
+    (tmp_path / "events.jsonl").write_text('{"ev": "run_start"')
+    res = run_cli("replay", str(tmp_path), "--runs-dir", str(tmp_path / "runs"), "--quiet")
+    assert res.returncode == 2, res.stderr
+    assert "config.json" in res.stderr and "Traceback" not in res.stderr
