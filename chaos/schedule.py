@@ -351,3 +351,26 @@ class FaultSchedule:
             self.cleared[i] += 1
             out.append(Transition(i, False, "end of run"))
         return out
+
+
+def never_fires(spec: FaultSpec, steps: int, run_s: float) -> str | None:
+    """Why a fault can never start or can never end as written, or None: a step trigger past the run's last
+    step (`steps` per learner), a time past its time limit (`run_s`), or an `until` that comes no later than
+    its `at` on the same clock. A fault that cannot fire tests nothing, so it is refused before the run."""
+    for name, trig in (("at", spec.at), ("until", spec.until)):
+        if trig is None:
+            continue
+        if trig.step is not None and trig.step > steps:
+            return f"{name}.step = {trig.step}: never reached, train.steps = {steps}"
+        if trig.time_s is not None and trig.time_s >= run_s:
+            return f"{name}.time_s = {trig.time_s:g}: never reached, timeouts.run_s = {run_s:g}"
+    at, until = spec.at, spec.until
+    if at is None or until is None:
+        return None
+    if at.step is not None and until.step is not None and at.learner == until.learner and until.step <= at.step:
+        return f"until.step = {until.step}: must be after at.step = {at.step}"
+    if at.merges is not None and until.merges is not None and until.merges <= at.merges:
+        return f"until.merges = {until.merges}: must be after at.merges = {at.merges}"
+    if at.time_s is not None and until.time_s is not None and until.time_s <= at.time_s:
+        return f"until.time_s = {until.time_s:g}: must be after at.time_s = {at.time_s:g}"
+    return None

@@ -144,12 +144,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from harness.html_report import missing_inputs, write_report
+    from harness.events import EVENTS_FILE
+    from harness.html_report import write_report
+    from harness.rundir import REPORT_FILE, RunDirError, check_run_dir
 
-    missing = missing_inputs(args.run_dir)
-    if missing:
-        print(f"diloco-chaos: cannot report: {args.run_dir!r} has no {' and no '.join(missing)} "
-              "(not a finished run directory)", file=sys.stderr)
+    try:
+        check_run_dir(args.run_dir, (REPORT_FILE,), EVENTS_FILE)
+    except RunDirError as e:
+        print(f"diloco-chaos: cannot report: {e}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     path = write_report(args.run_dir)
     print(path)

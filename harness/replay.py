@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from chaos.schedule import ScheduleError, parse_fault
+from chaos.schedule import ScheduleError, never_fires, parse_fault
 from harness.events import EVENTS_FILE, read_events
 from harness.rundir import CONFIG_FILE, read_json
 from harness.scenario import Scenario, ScenarioError, from_dict, read_toml
@@ -53,9 +53,12 @@ def load_incident(path: str | os.PathLike[str], sc: Scenario) -> Scenario:
         raise ScenarioError(f"{where}: description must be a string")
     for i, f in enumerate(faults):
         try:
-            parse_fault(f, f"faults[{i}]", sc.topology.learners)
+            spec = parse_fault(f, f"faults[{i}]", sc.topology.learners)
         except ScheduleError as e:
             raise ScenarioError(f"{where}: {e}") from None
+        why = never_fires(spec, sc.train.steps, sc.timeouts.run_s)
+        if why is not None:
+            raise ScenarioError(f"{where}: faults[{i}].{why} (the fault could never fire)")
     try:
         return sc.replace(faults=[*sc.faults, *faults])
     except ScenarioError as e:  # a rule across the whole scenario (a chip index, restarts): say where it came from

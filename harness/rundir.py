@@ -71,3 +71,46 @@ def write_json(path: str | os.PathLike[str], obj: Any) -> None:
 def read_json(path: str | os.PathLike[str]) -> Any:
     with open(path) as f:
         return json.load(f)
+
+
+class RunDirError(ValueError):
+    """A run directory that is missing a file a command needs, or holds one that is damaged."""
+
+
+def check_run_dir(run_dir: str | os.PathLike[str], json_files: tuple[str, ...], events_file: str | None) -> None:
+    """Raise RunDirError, naming the file, unless `run_dir` holds each of `json_files` as a JSON object and
+    `events_file` (if given) as an event log with at least one event, each with its kind and time. A torn last
+    line of the log is not damage (a killed writer leaves one); a line that is not an event is."""
+    root = Path(run_dir)
+    if not root.is_dir():
+        raise RunDirError(f"{str(run_dir)!r} is not a folder")
+    for name in json_files:
+        path = root / name
+        if not path.is_file():
+            raise RunDirError(f"{str(run_dir)!r} has no {name} (not a finished run directory)")
+        try:
+            obj = read_json(path)
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise RunDirError(f"{str(path)!r} is damaged: {e}") from None
+        if not isinstance(obj, dict):
+            raise RunDirError(f"{str(path)!r} is damaged: a JSON {type(obj).__name__}, not an object")
+    if events_file is None:
+        return
+    path = root / events_file
+    if not path.is_file():
+        raise RunDirError(f"{str(run_dir)!r} has no {events_file} (not a run directory)")
+    count = 0
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            if not raw.endswith(b"\n"):
+                break
+            try:
+                event = json.loads(raw)
+            except ValueError:
+                raise RunDirError(f"{str(path)!r} is damaged: line {n} is not JSON") from None
+            if not (isinstance(event, dict) and isinstance(event.get("ev"), str)
+                    and isinstance(event.get("t"), (int, float))):
+                raise RunDirError(f"{str(path)!r} is damaged: line {n} is not an event (needs 'ev' and 't')")
+            count += 1
+    if count == 0:
+        raise RunDirError(f"{str(path)!r} holds no event")

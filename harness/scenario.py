@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from chaos.schedule import LINK_ACTIONS, FaultSpec, ScheduleError, parse_fault
+from chaos.schedule import LINK_ACTIONS, FaultSpec, ScheduleError, never_fires, parse_fault
 from chaos.toxiproxy_backend import PROXY_MODES
 from trainers.config import ALGORITHMS, DilocoConfig, TrainConfig, bounded, choice, did_you_mean
 from trainers.data import CORPUS_NAMES, DataConfig
@@ -296,6 +296,9 @@ def validate(sc: Scenario) -> None:
         except ScheduleError as e:
             raise ScenarioError(str(e)) from None
     for i, f in enumerate(sc.faults):
+        why = never_fires(f, sc.train.steps, sc.timeouts.run_s)
+        if why is not None:
+            raise ScenarioError(f"faults[{i}].{why} (the fault could never fire)")
         if f.chip is not None and f.chip >= sc.topology.chips_per_learner:
             raise ScenarioError(f"faults[{i}].chip = {f.chip}: must be in [0, {sc.topology.chips_per_learner - 1}]"
                                 " (topology.chips_per_learner)")

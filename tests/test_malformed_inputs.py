@@ -91,3 +91,21 @@ def test_a_damaged_run_directory_is_refused_by_replay(tmp_path: Path, config: by
     res = run_cli("replay", str(tmp_path), "--runs-dir", str(tmp_path / "runs"), "--quiet")
     assert res.returncode == 2, res.stderr
     assert "config.json" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("report, events, names", [
+    (None, b'{"ev": "run_start", "t": 1}\n', "report.json"),
+    (b'{"x":', b'{"ev": "run_start", "t": 1}\n', "report.json"),
+    (b"[]", b'{"ev": "run_start", "t": 1}\n', "report.json"),
+    (b'{"a": 1}', b"garbage\n", "line 1 is not JSON"),
+    (b'{"a": 1}', b'{"t": 1}\n', "line 1 is not an event"),
+    (b'{"a": 1}', b"", "holds no event"),
+])
+def test_a_damaged_run_directory_is_refused_by_report(tmp_path: Path, report: bytes | None, events: bytes,
+                                                      names: str) -> None:
+    if report is not None:
+        (tmp_path / "report.json").write_bytes(report)
+    (tmp_path / "events.jsonl").write_bytes(events)
+    res = run_cli("report", str(tmp_path))
+    assert res.returncode == 2, res.stderr
+    assert names in res.stderr and "Traceback" not in res.stderr
