@@ -1,4 +1,9 @@
-"""Fuzzing the wire: mutated frames, counted by what the receiver made of them.
+"""Fuzzing the two inputs from outside: scenario documents, and frames on the wire.
+
+Scenario documents (tests/scenario_strategies.py: real section and key names with values of every type and
+extreme, unknown keys, random tables, random fault lists and [random_faults]) go through
+`harness.scenario.from_dict`; each must end as a Scenario or a ScenarioError, never anything else, and the
+whole batch must stay within a memory bound (a document must not make the harness allocate by its numbers).
 
 Not a test: it prints a table (the test command runs a small, fixed number of such cases as Hypothesis
 properties in tests/test_frame_auth.py). Valid frames of every message kind the project sends, plain
@@ -15,15 +20,17 @@ sent), or an unexpected exception (anything but the wire's documented errors). T
 except "accepted changed" for forged plain frames: a CRC is not a signature, which is why frames after
 the handshake are signed.
 
-    python bench/fuzz.py [--frames 10000] [--seed 0]
+    python bench/fuzz.py [--documents 10000] [--frames 10000] [--seed 0]
 """
 
 from __future__ import annotations
 
 import random
+import resource
 import socket
 import struct
 import sys
+import time
 import zlib
 from collections import Counter
 from pathlib import Path
@@ -108,16 +115,66 @@ def run(case: str, n: int, rng: random.Random) -> dict[str, object]:
             "kinds": ", ".join(f"{k} {v}" for k, v in kinds.most_common())}
 
 
+def fuzz_documents(n: int, seed: int) -> dict[str, object]:
+    """`n` generated documents through from_dict: accepted, rejected (by the first words of the error, i.e.
+    which rule), unexpected exceptions; and the process's peak memory afterwards."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as hyp_seed
+
+    from harness.scenario import ScenarioError, from_dict
+    from tests.scenario_strategies import documents
+
+    counts: Counter[str] = Counter()
+    rules: Counter[str] = Counter()
+
+    @hyp_seed(seed)
+    @settings(max_examples=n, deadline=None, database=None, derandomize=False,
+              suppress_health_check=list(HealthCheck))
+    @given(doc=documents())
+    def one(doc: dict[str, object]) -> None:
+        try:
+            from_dict(doc)
+        except ScenarioError as e:
+            counts["rejected"] += 1
+            rules[str(e).split(" ", 1)[0].split("=")[0].split(".")[0].split("[")[0]] += 1
+            return
+        except Exception as e:  # noqa: BLE001 - what this bench counts: anything but the documented error
+            counts["unexpected"] += 1
+            rules[f"UNEXPECTED {type(e).__name__}: {e}"[:60]] += 1
+            return
+        counts["accepted"] += 1
+
+    t0 = time.perf_counter()
+    one()
+    return {"documents": sum(counts.values()), "accepted": counts["accepted"], "rejected": counts["rejected"],
+            "unexpected": counts["unexpected"], "wall_s": time.perf_counter() - t0,
+            "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "rules": ", ".join(f"{k} {v}" for k, v in rules.most_common(8))}
+
+
+DOC_COLUMNS = (Column("documents", "documents", 10), Column("accepted", "accepted", 9),
+               Column("rejected", "rejected", 9), Column("unexpected", "unexpected exc", 15),
+               Column("wall_s", "wall s", 8, ".1f"), Column("peak_mb", "peak MB", 8, ".0f"),
+               Column("rules", "rejected by (first key of the message)", 70, left=True))
+
+
 def main() -> None:
     ap = parser(__doc__)
-    ap.add_argument("--frames", type=int, default=10_000, help="mutated frames per case")
+    ap.add_argument("--documents", type=int, default=10_000, help="scenario documents (0: skip)")
+    ap.add_argument("--frames", type=int, default=10_000, help="mutated frames per case (0: skip)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    rng = random.Random(args.seed)
-    rows = [run(case, args.frames, rng) for case in ("plain damage", "plain forgery", "signed damage",
-                                                      "signed forgery")]
-    emit(COLUMNS, rows, args.json)
+    if args.documents:
+        doc_row = fuzz_documents(args.documents, args.seed)
+        print("scenario documents through harness.scenario.from_dict")
+        emit(DOC_COLUMNS, [doc_row], None)
+    if args.frames:
+        rng = random.Random(args.seed)
+        rows = [run(case, args.frames, rng) for case in ("plain damage", "plain forgery", "signed damage",
+                                                          "signed forgery")]
+        print("mutated frames")
+        emit(COLUMNS, rows, args.json)
 
 
 if __name__ == "__main__":
