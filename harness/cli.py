@@ -26,7 +26,7 @@ import os
 import sys
 
 from harness import scenario as scenario_mod
-from harness.progress import Progress, summary_table
+from harness.progress import Progress, faults_table, summary_table, verdict_lines
 from harness.simulator import cli as simulate_cli
 from harness.supervisor import RunFailed, RunResult, run_scenario
 from trainers.config import ALGORITHMS
@@ -96,6 +96,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if isinstance(res, int):
         return res
     print(summary_table([res.report]))
+    print(_faults_and_verdicts(res.run_dir))
     print(f"run directory: {res.run_dir}")
     if args.json:
         from harness.results import ResultsFile, run_row, write_results
@@ -103,6 +104,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         path = write_results(args.json, ResultsFile("run", (run_row(sc.algorithm, res),)))
         print(f"results: {path}")
     return 0
+
+
+def _faults_and_verdicts(run_dir: str | os.PathLike[str]) -> str:
+    """What a person wants after a run besides the figures: the faults that fired, and the invariants'
+    verdicts (the bound-free ones, harness.results.invariant_figures)."""
+    from harness.events import EVENTS_FILE, read_events
+    from harness.results import invariant_figures
+    from harness.run_timeline import fault_bands
+
+    bands = fault_bands(read_events(os.path.join(run_dir, EVENTS_FILE)))
+    return faults_table(bands) + "\n" + verdict_lines(list(invariant_figures(run_dir)))
 
 
 def _execute(sc: scenario_mod.Scenario, args: argparse.Namespace, verb: str) -> RunResult | int:
@@ -131,14 +143,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return res
     before, after = fault_timeline(args.run_dir), fault_timeline(res.run_dir)
     print(summary_table([res.report]))
-    print(f"{'fault':44} {'trigger':36} {'progress then (recorded)':28} {'progress then (replay)':28}")
     seen = {x["index"]: x for x in after}
     for x in before:
         y = seen.get(x["index"], {})
-        print(f"{x['describe'][:44]:44} {x['trigger'][:36]:36} {str(x['steps'])[:28]:28} {str(y.get('steps'))[:28]:28}")
+        print(f"F{x['index']} {x['describe']}\n    trigger: {x['trigger']}\n    progress then: recorded "
+              f"{x['steps']}, replay {y.get('steps', 'did not fire')}")
     diffs = compare_timelines(before, after)
     for d in diffs:
         print(f"diloco-chaos: replay differs: {d}", file=sys.stderr)
+    print(f"replay: {len(before)} faults recorded, {len(after)} fired again; "
+          + ("the same fault timeline" if not diffs else f"{len(diffs)} differences (above)"))
     print(f"run directory: {res.run_dir}")
     return EXIT_RUN_FAILED if diffs else 0
 

@@ -66,3 +66,25 @@ def summary_table(reports: list[dict[str, Any]]) -> str:
 
 def _f(x: float | None, digits: int = 3) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
+
+
+def faults_table(bands: list[dict[str, Any]]) -> str:
+    """The faults that fired, one line each: F<index>, what, the trigger, start and end (seconds since run
+    start) and why it ended there (harness.run_timeline.fault_bands)."""
+    if not bands:
+        return "faults: none fired"
+    lines = [f"faults fired: {len(bands)}"]
+    for b in bands:
+        missed = f"; hit nothing: {b['missed']}" if b.get("missed") else ""
+        lines.append(f"  F{b['index']} {b.get('describe') or b.get('action')} | trigger: {b.get('trigger')} | "
+                     f"{b['start_s']:.1f}-{b['end_s']:.1f} s ({b.get('until')}){missed}")
+    return "\n".join(lines)
+
+
+def verdict_lines(figures: list[Any]) -> str:
+    """Each invariant's verdict (harness.results.InvariantFigure), then one line: held, or which did not."""
+    lines = [f"  {'ok  ' if f.ok else 'FAIL'} {f.name}: {f.detail}" for f in figures]
+    failed = [f.name for f in figures if not f.ok]
+    head = (f"invariants: all {len(figures)} held" if not failed
+            else f"invariants: {len(failed)} of {len(figures)} violated: {', '.join(failed)}")
+    return "\n".join([head, *lines])

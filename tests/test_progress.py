@@ -25,3 +25,20 @@ def test_a_fault_that_hit_nothing_says_so() -> None:
     line = fault_line({"ev": "fault_start", "index": 0, "action": "freeze", "reason": "t >= 2 s",
                        "missed": "learner 0 is down"})
     assert line == "fault F0 fired: freeze; trigger: t >= 2 s (hit nothing: learner 0 is down)"
+
+
+def test_the_final_table_lists_each_fault_and_each_verdict() -> None:
+    from harness.progress import faults_table, verdict_lines
+    from harness.results import InvariantFigure
+
+    bands = [{"index": 2, "describe": "freeze(learner 0)", "trigger": "step 10", "start_s": 1.0, "end_s": 2.5,
+              "until": "after_s"}]
+    assert faults_table(bands).splitlines() == [
+        "faults fired: 1", "  F2 freeze(learner 0) | trigger: step 10 | 1.0-2.5 s (after_s)"]
+    assert faults_table([]) == "faults: none fired"
+    ok = InvariantFigure("model_finite", True, 3, 0, "==", "", "x", "3 observations, all finite")
+    bad = InvariantFigure("faults_fired", False, 0, 1, ">=", "", "x", "0 of 1 fired")
+    lines = verdict_lines([ok, bad]).splitlines()
+    assert lines[0] == "invariants: 1 of 2 violated: faults_fired"
+    assert lines[2] == "  FAIL faults_fired: 0 of 1 fired"
+    assert verdict_lines([ok]).splitlines()[0] == "invariants: all 1 held"
