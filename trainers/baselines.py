@@ -91,10 +91,13 @@ class _Barrier:
         return self.pending.pop(key)
 
 
-class DdpSyncer:
-    """Gradient averaging barrier + a replica updated with the averaged gradient (a `BarrierCore`)."""
+class _FixedGroup:
+    """What the two non-elastic baselines share as `BarrierCore`s: the group never changes, a learner that
+    leaves is waited for (that is the baseline), one that joins resumes from the current state, and nothing
+    is checkpointed."""
 
-    contribution: Contribution = "grads"
+    def resume_state(self) -> tuple[int, dict[str, Tensor]]:
+        raise NotImplementedError
 
     def checkpoint_state(self) -> dict[str, object]:
         return {}
@@ -110,6 +113,12 @@ class DdpSyncer:
 
     def take_reconfigurations(self) -> list[Reconfiguration]:
         return []
+
+
+class DdpSyncer(_FixedGroup):
+    """Gradient averaging barrier + a replica updated with the averaged gradient (a `BarrierCore`)."""
+
+    contribution: Contribution = "grads"
 
     def on_contribution(self, learner: int, key: int, step: int, tokens: int, tensors: dict[str, Tensor],
                         now: float) -> SyncResult:
@@ -159,25 +168,10 @@ class DdpSyncer:
         return self.merges, out
 
 
-class DilocoSyncer:
+class DilocoSyncer(_FixedGroup):
     """Full-model barrier every H steps + outer Nesterov on the mean outer gradient (a `BarrierCore`)."""
 
     contribution: Contribution = "params"
-
-    def checkpoint_state(self) -> dict[str, object]:
-        return {}
-
-    def on_join(self, learner: int, now: float, why: str) -> tuple[int, dict[str, Tensor]]:
-        return self.resume_state()
-
-    def on_leave(self, learner: int, now: float, why: str) -> SyncResult:
-        return None  # the barrier keeps waiting for it: that is the baseline
-
-    def on_finished(self, learner: int) -> None:
-        return None
-
-    def take_reconfigurations(self) -> list[Reconfiguration]:
-        return []
 
     def on_contribution(self, learner: int, key: int, step: int, tokens: int, tensors: dict[str, Tensor],
                         now: float) -> SyncResult:
