@@ -151,22 +151,22 @@ def _as_object(value: Any, gotype: str) -> dict[str, Any] | None:
     return _fold_keys(value)
 
 
-def _get_str(obj: dict[str, Any], key: str, default: str, where: str) -> str:
+def _get_typed(obj: dict[str, Any], key: str, default: Any, where: str, kind: type, go_name: str) -> Any:
+    """obj[key] if it is a `kind` (Go's `go_name` in the error), the default if absent or null."""
     value = obj.get(key)
     if value is None:
         return default
-    if not isinstance(value, str):
-        raise _type_error(value, f"{where}.{key}", "string")
+    if not isinstance(value, kind):
+        raise _type_error(value, f"{where}.{key}", go_name)
     return value
+
+
+def _get_str(obj: dict[str, Any], key: str, default: str, where: str) -> str:
+    return str(_get_typed(obj, key, default, where, str, "string"))
 
 
 def _get_bool(obj: dict[str, Any], key: str, default: bool, where: str) -> bool:
-    value = obj.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise _type_error(value, f"{where}.{key}", "bool")
-    return value
+    return bool(_get_typed(obj, key, default, where, bool, "bool"))
 
 
 def _get_float32(obj: dict[str, Any], key: str, default: float, where: str) -> float:
