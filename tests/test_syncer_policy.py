@@ -250,3 +250,14 @@ def test_deterministic_mode_waits_without_deadline_for_every_alive_learner() -> 
     assert decide(10.03, state({0, 1}, {0, 1}), cfg).action is Action.MERGE, "a lost learner is not waited for"
     assert decide(1e6, state({0}, {0, 1, 2}), QuorumConfig(min_quorum=1, grace_enabled=False)).action \
         is Action.MERGE, "without it the same round merges at quorum"
+
+
+def test_the_quorum_config_takes_defaults_and_ranges_from_diloco_config() -> None:
+    from trainers.config import DilocoConfig
+
+    d = DilocoConfig()
+    assert QuorumConfig() == QuorumConfig.from_diloco(d)
+    assert QuorumConfig.from_diloco(DilocoConfig(min_quorum=3, deterministic=True)).min_quorum == 3
+    assert QuorumConfig.from_diloco(DilocoConfig(deterministic=True)).wait_for_all
+    with pytest.raises(ValueError, match=r"grace_gamma must be in \[0, 1\] \(diloco.grace_gamma\)"):
+        QuorumConfig(grace_gamma=1.5)

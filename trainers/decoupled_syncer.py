@@ -163,9 +163,7 @@ class DecoupledSyncer:
         self.held: list[dict[int, FragmentPush]] = [{} for _ in range(n)]
         """Per fragment: carried pushes waiting for its next round (no round open when they arrived)."""
         self.outer = NesterovOuterOptimizer(OuterOptConfig(lr=cfg.outer_lr, momentum=cfg.outer_momentum))
-        self.quorum = QuorumConfig(min_quorum=cfg.min_quorum, overlap=cfg.overlap, grace_gamma=cfg.grace_gamma,
-                                   grace_cap_s=cfg.grace_cap_s, grace_enabled=cfg.grace_enabled,
-                                   wait_for_all=cfg.deterministic)
+        self.quorum = QuorumConfig.from_diloco(cfg)
         self.step_times = StepTimeTracker()
         self.sync_time = EwmaEstimator(alpha=0.2)
         self.reported_step: dict[int, int] = {}

@@ -24,7 +24,13 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+
+from trainers.config import DilocoConfig
+
+_DILOCO = DilocoConfig()
+_DILOCO_RANGES: dict[str, tuple[float, float]] = {f.name: f.metadata["range"] for f in fields(DilocoConfig)
+                                                  if "range" in f.metadata}
 
 
 class Action(enum.Enum):
@@ -36,31 +42,34 @@ class Action(enum.Enum):
 
 @dataclass(frozen=True)
 class QuorumConfig:
-    """Quorum and grace-window settings."""
+    """Quorum and grace-window settings: the part of `DilocoConfig` that `decide` reads. Defaults and ranges
+    are DilocoConfig's own (declared once there); `from_diloco` builds it from a scenario's config."""
 
-    min_quorum: int = 1
+    min_quorum: int = _DILOCO.min_quorum
     """K: fresh pushes (learners at the sync point) needed before a round may merge (1 <= K <= M)."""
-    overlap: int = 2
+    overlap: int = _DILOCO.overlap
     """tau: learner steps a fragment's sync may overlap with compute."""
-    grace_gamma: float = 0.5
+    grace_gamma: float = _DILOCO.grace_gamma
     """gamma: safety margin applied to the slack, in [0, 1]."""
-    grace_cap_s: float = 1.0
+    grace_cap_s: float = _DILOCO.grace_cap_s
     """Upper clamp of the grace window, seconds; also the window before any step-time estimate."""
-    grace_enabled: bool = True
+    grace_enabled: bool = _DILOCO.grace_enabled
     """If False the grace window is always 0: merge as soon as the quorum is reached."""
-    wait_for_all: bool = False
-    """Deterministic mode: a round with K fresh pushes still waits, without a deadline, until every alive
-    learner is in (no grace window)."""
+    wait_for_all: bool = _DILOCO.deterministic
+    """Deterministic mode (diloco.deterministic): a round with K fresh pushes still waits, without a
+    deadline, until every alive learner is in (no grace window)."""
+
+    @classmethod
+    def from_diloco(cls, cfg: DilocoConfig) -> QuorumConfig:
+        return cls(min_quorum=cfg.min_quorum, overlap=cfg.overlap, grace_gamma=cfg.grace_gamma,
+                   grace_cap_s=cfg.grace_cap_s, grace_enabled=cfg.grace_enabled, wait_for_all=cfg.deterministic)
 
     def __post_init__(self) -> None:
-        if self.min_quorum < 1:
-            raise ValueError(f"min_quorum must be >= 1, got {self.min_quorum}")
-        if self.overlap < 0:
-            raise ValueError(f"overlap must be >= 0, got {self.overlap}")
-        if not 0.0 <= self.grace_gamma <= 1.0:
-            raise ValueError(f"grace_gamma must be in [0, 1], got {self.grace_gamma}")
-        if not self.grace_cap_s >= 0.0:
-            raise ValueError(f"grace_cap_s must be >= 0, got {self.grace_cap_s}")
+        for name in ("min_quorum", "overlap", "grace_gamma", "grace_cap_s"):
+            lo, hi = _DILOCO_RANGES[name]
+            value = getattr(self, name)
+            if not lo <= value <= hi:
+                raise ValueError(f"{name} must be in [{lo:g}, {hi:g}] (diloco.{name}), got {value}")
 
 
 @dataclass(frozen=True)
