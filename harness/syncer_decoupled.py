@@ -19,7 +19,7 @@ from harness.scenario import Scenario
 from harness.syncer_accounting import Accounting, fragment_digest
 from harness.syncer_transport import Conn, Transport
 from harness.wire import Message, MsgType
-from trainers.decoupled_syncer import DecoupledSyncer, MergeRecord, Pull, PushOutcome
+from trainers.decoupled_syncer import DecoupledSyncer, MergeRecord, Pull, PushOutcome, SupersededCause
 
 REJOIN_DROP = ("dropped on rejoin: carried from before it rejoined, where it is sent the current value (its "
                "counters reset)")
@@ -63,7 +63,8 @@ class DecoupledHandler:
         versions = self.core.on_join(learner)
         for q in self.core.drop_carried(learner):
             self.events.log("push_superseded", learner=learner, fragment=q.fragment, first_step=q.first_step,
-                            last_step=q.last_step, base_version=q.base_version, reason=REJOIN_DROP)
+                            last_step=q.last_step, base_version=q.base_version, reason=REJOIN_DROP,
+                            cause=SupersededCause.REJOIN_DROP.value)
         return {"versions": versions}
 
     def welcome(self, conn: Conn, fields: dict[str, object]) -> None:
@@ -141,7 +142,8 @@ class DecoupledHandler:
                 reason = (f"stale: based on version {push.base_version}, older than the "
                           f"{self.sc.diloco.anchor_history} versions held to anchor it")
             self.events.log("push_superseded", learner=learner, fragment=push.fragment, reason=reason,
-                            first_step=push.first_step, last_step=push.last_step, base_version=push.base_version)
+                            cause=SupersededCause.of(outcome).value, first_step=push.first_step,
+                            last_step=push.last_step, base_version=push.base_version)
             # it stepped on without the merge, or is too far behind: send it the fragment's current value
             if outcome in (PushOutcome.UNANCHORED, PushOutcome.LAGGING) or self.core.missed_broadcast(push):
                 self._resend_current(learner, push.fragment, reason=outcome.value)
@@ -150,7 +152,8 @@ class DecoupledHandler:
                             first_step=push.first_step, last_step=push.last_step)
         if superseded is not None:
             self.events.log("push_superseded", learner=learner, fragment=push.fragment, round=into_round,
-                            reason="newer push in the same round", first_step=superseded.first_step,
+                            reason="newer push in the same round", cause=SupersededCause.NEWER.value,
+                            first_step=superseded.first_step,
                             last_step=superseded.last_step)
 
     def _send_pull(self, pull: Pull) -> None:

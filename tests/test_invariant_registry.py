@@ -101,3 +101,15 @@ def test_check_all_rejects_an_impossible_bound_before_measuring(tmp_path: Path) 
         check_all(run, max_loss=3.0, min_uptime=2)
     with pytest.raises(ValueError, match="unknown invariant 'rejoin'.*did you mean 'rejoined'"):
         spec("rejoin")
+
+
+def test_updates_accounted_reads_a_superseded_push_by_its_typed_cause() -> None:
+    """The cause decides; the human-readable reason is only read for run directories recorded without one."""
+    from harness.invariants.checks.updates_accounted import _pool_of
+    from trainers.decoupled_syncer import SupersededCause
+
+    for cause in SupersededCause:
+        pool = _pool_of({"cause": cause.value, "reason": "reworded in a later version"})
+        assert pool == ("newer" if cause in (SupersededCause.NEWER, SupersededCause.REJOIN_DROP) else cause.value)
+    assert _pool_of({"reason": "lagging: based on version 3"}) == "lagging"  # a recorded run without causes
+    assert _pool_of({"reason": "newer push in the same round"}) == "newer"

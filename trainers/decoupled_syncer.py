@@ -61,6 +61,30 @@ from trainers.outer_optimizer import NesterovOuterOptimizer, OuterOptConfig
 from trainers.syncer_policy import Action, EwmaEstimator, QuorumConfig, RoundState, StepTimeTracker, decide
 
 
+class SupersededCause(enum.Enum):
+    """Why a push was not merged and will not be: the `cause` of a push_superseded event. Readers of the event
+    log (the updates_accounted invariant) match on it, never on the event's human-readable reason."""
+
+    NEWER = "newer"
+    """A newer push of the same learner and fragment replaced it in the same round."""
+    REJOIN_DROP = "rejoin_drop"
+    """Carried from before its learner rejoined, which is sent the current value instead."""
+    STALE = "stale"
+    """Its work is already merged, or its base version is no longer held to anchor it (PushOutcome.STALE,
+    UNANCHORED)."""
+    BEFORE_REJOIN = "before_rejoin"
+    """Based on a version older than the one its learner was sent when it rejoined."""
+    LAGGING = "lagging"
+    """Based on a version more than max_staleness versions behind the current one."""
+
+    @classmethod
+    def of(cls, outcome: PushOutcome) -> SupersededCause:
+        """The cause a push's outcome gives it (only outcomes that supersede: STALE, UNANCHORED,
+        BEFORE_REJOIN, LAGGING)."""
+        return {PushOutcome.STALE: cls.STALE, PushOutcome.UNANCHORED: cls.STALE,
+                PushOutcome.BEFORE_REJOIN: cls.BEFORE_REJOIN, PushOutcome.LAGGING: cls.LAGGING}[outcome]
+
+
 class PushOutcome(enum.Enum):
     ACCEPTED = "accepted"
     """An answer to the open round's pull (a learner at the sync point): a fresh push, counted toward K."""

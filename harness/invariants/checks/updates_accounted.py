@@ -102,10 +102,7 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
         merged_pool[(c.learner, c.fragment, c.first_step, c.last_step)].append(c.merge)
     sup_pool: Counter[tuple[str, int, int, int, int]] = Counter()
     for e in r.of("push_superseded"):
-        reason = str(e.get("reason") or "")
-        tag = "late" if reason.startswith("late") else "stale" if reason.startswith("stale") else \
-            "before_rejoin" if reason.startswith("before rejoin") else "lagging" if reason.startswith("lagging") \
-            else "newer"
+        tag = _pool_of(e)
         sup_pool[(tag, int(e["learner"]), int(e["fragment"]), int(e["first_step"]), int(e["last_step"]))] += 1
     rej_pool: Counter[tuple[int, int, int, int]] = Counter()
     for e in r.of("push_rejected"):
@@ -230,6 +227,27 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
 _SUPERSEDED_TAG = {"late": "late", "stale": "stale", "unanchored": "stale", "before_rejoin": "before_rejoin",
                    "lagging": "lagging"}
 """Push outcomes the syncer follows with a push_superseded event, and the start of that event's reason."""
+
+
+_POOL_OF_CAUSE = {"newer": "newer", "rejoin_drop": "newer", "stale": "stale", "before_rejoin": "before_rejoin",
+                  "lagging": "lagging", "late": "late"}
+"""A push_superseded event's cause (trainers.decoupled_syncer.SupersededCause) -> the pool it accounts in:
+pushes superseded by a newer one or dropped on rejoin account for accepted or carried pushes; the others for
+pushes whose own outcome named them."""
+
+
+def _pool_of(e: dict[str, Any]) -> str:
+    """The pool of a push_superseded event: its typed cause; for run directories recorded before events
+    carried one, the start of its reason."""
+    cause = e.get("cause")
+    if isinstance(cause, str) and cause in _POOL_OF_CAUSE:
+        return _POOL_OF_CAUSE[cause]
+    reason = str(e.get("reason") or "")
+    for prefix, pool in (("late", "late"), ("stale", "stale"), ("before rejoin", "before_rejoin"),
+                         ("lagging", "lagging")):
+        if reason.startswith(prefix):
+            return pool
+    return "newer"
 
 
 def _push_id(e: dict[str, Any]) -> str:
