@@ -18,7 +18,8 @@ every suite, ours in ``suites/`` and a user's own, the same few pieces:
   suites and ``--strict-markers`` accepts them.
 * a report section "diloco-chaos runs" on every failed test that made runs: each run's directory and key
   figures (final eval loss, merges, longest gap, goodput, uptime, faults fired) and any figures the test
-  printed with ``ChaosRun.figures``.
+  printed with ``ChaosRun.figures``; with ``--chaos-keep-failed DIR`` those run directories are also copied
+  to ``DIR`` with their HTML reports (harness/failed_runs.py), for CI to upload.
 
 Why: the suites used to repeat the same boilerplate (from_dict, run_scenario(sc, tmp_path), leftovers()
 asserts, print(figures)), and a failure in a 60-second run said nothing about where its run directory was.
@@ -381,6 +382,9 @@ def toxiproxy(request: pytest.FixtureRequest) -> Iterator[ToxiproxyServer]:
 # -- hooks ------------------------------------------------------------------------------------------------
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--chaos-keep-failed", metavar="DIR", default=None,
+                     help="copy the run directories of failed tests to DIR/<test>/<run>, each with its "
+                          "report.html (for CI artifacts)")
     parser.addini("chaos_grace_s", "seconds a diloco-chaos run's deadline keeps before the test's timeout, "
                   f"besides 2 x timeouts.shutdown_s (default {DEFAULT_GRACE_S:g})", default=str(DEFAULT_GRACE_S))
 
@@ -410,6 +414,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if not report.failed or not runs:
         return
     text = "\n".join(f"[{i}] {run.summary()}" for i, run in enumerate(runs, 1))
+    keep = item.config.getoption("--chaos-keep-failed", None)
+    if keep:
+        from harness.failed_runs import keep_failed
+
+        kept = keep_failed(keep, item.nodeid, [run.run_dir for run in runs])
+        text += "\n" + "\n".join(f"kept: {path} (report.html inside)" for path in kept)
     title = f"{SECTION} ({len(runs)})"
     longrepr = report.longrepr
     if hasattr(longrepr, "addsection"):

@@ -187,9 +187,12 @@ def test_tiny_run_then_fails(run_scenario):
 def test_failure_report_section_and_teardown_hygiene_on_a_real_run(pytester: pytest.Pytester) -> None:
     """Real run 2 of 2: a tiny run (1 learner x 1 chip, 20 steps, no proxies) inside a test that fails. The
     failure shows the "diloco-chaos runs" section with the run dir, key figures and the test's own figures; a
-    process of the run still alive at teardown fails the test again (HygieneError) and is killed."""
+    process of the run still alive at teardown fails the test again (HygieneError) and is killed. It runs
+    with the options ci/user-workflow.yml gives (--chaos-keep-failed, --junitxml): the failed test's run is
+    kept with its report.html, and the JUnit file records the failure."""
     pytester.makepyfile(test_leaky=LEAKY)
-    result = pytester.runpytest_subprocess("-p", "no:randomly", timeout=240)
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "--chaos-keep-failed", "kept",
+                                           "--junitxml", "junit.xml", timeout=240)
     out = result.stdout.str()
     result.assert_outcomes(failed=1, errors=1)
     result.stdout.fnmatch_lines([
@@ -209,6 +212,11 @@ def test_failure_report_section_and_teardown_hygiene_on_a_real_run(pytester: pyt
     pid = int(m.group(1))
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert out.count("diloco-chaos runs (1)") == 2, "the teardown error carries the section too"
+    kept = sorted((pytester.path / "kept").glob("*/*/report.html"))
+    assert kept and kept[0].parent.name == run_dir.name, out[-2000:]
+    assert (kept[0].parent / "report.json").is_file() and "test_tiny_run_then_fails" in kept[0].parent.parent.name
+    junit = (pytester.path / "junit.xml").read_text()
+    assert "<failure" in junit and "test_tiny_run_then_fails" in junit
 
 
 def _fake_run(tmp_path: Path, pids: list[int], ended_at: float) -> ChaosRun:
@@ -349,3 +357,12 @@ def test_shared_server_lock_is_exclusive_across_processes_and_reentrant_within_o
         assert _probe(url) == "held", "still held by the outer holder"
     assert _probe(url) == "free"
     _ServerLock.path(url).unlink(missing_ok=True)
+
+
+def test_the_user_workflow_only_uses_options_the_plugin_registers(pytester: pytest.Pytester) -> None:
+    workflow = (Path(__file__).parent.parent / "ci" / "user-workflow.yml").read_text()
+    used = set(re.findall(r"--chaos-[a-z-]+", workflow))
+    assert used == {"--chaos-keep-failed"}
+    helptext = pytester.runpytest(*INNER, "--help").stdout.str()
+    assert all(opt in helptext for opt in used)
+    assert "TOXIPROXY_URL" in workflow and "--junitxml" in workflow and "upload-artifact" in workflow
