@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
+
+from chaos.schedule import KILL_ACTIONS
 
 DOWNTIME_WINDOW_S = 1.0
 """A gap between merges longer than this is downtime (beyond this allowance)."""
@@ -380,6 +383,12 @@ def learner_availability(evs: list[dict[str, Any]], learners: int, start: float,
     return {str(m): round(up[m] / span, 4) if span > 0 else None for m in range(learners)}
 
 
+def _bye_before(ordered: list[dict[str, Any]], leave: dict[str, Any]) -> bool:
+    """Whether the learner said BYE (finished its steps) before this learner_leave."""
+    return any(e["ev"] == "learner_bye" and e.get("learner") == leave.get("learner") and e["t"] <= leave["t"]
+               for e in ordered)
+
+
 _REACTIONS = ("learner_down", "learner_shrink", "learner_leave", "syncer_down")
 _BACK = {"learner_down": "learner_restart", "learner_shrink": "chip_joined", "syncer_down": "syncer_restore"}
 
@@ -387,13 +396,20 @@ _BACK = {"learner_down": "learner_restart", "learner_shrink": "chip_joined", "sy
 def fault_response(evs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per fault that hit a process or link: time to detect (fault start -> the first reaction to it: the
     supervisor's learner_down / learner_shrink / syncer_down, or the syncer dropping the learner), and time to
-    rejoin (that reaction -> the learner stepping again, the repaired chip joined, or the syncer restored)."""
+    rejoin (that reaction -> the learner stepping again, the repaired chip joined, or the syncer restored).
+    Only reactions while the fault was on count, and never a learner leaving after it finished its steps:
+    report.json and the HTML report both read this, so they agree."""
     out = []
     ordered = sorted(evs, key=lambda e: e["t"])
+    ends = {e["index"]: e["t"] for e in ordered if e["ev"] == "fault_end"}
     for f in (e for e in ordered if e["ev"] == "fault_start"):
         who = f.get("learner")
-        react = next((e for e in ordered if e["t"] >= f["t"] and e["ev"] in _REACTIONS
-                      and (e.get("learner") == who or e["ev"] == "syncer_down")), None)
+        # A reaction is to this fault only while it is on (a kill is on until its recovery, whenever that is),
+        # and a learner leaving after its own BYE finished its steps: it was not dropped.
+        until = math.inf if f.get("action") in KILL_ACTIONS else ends.get(f["index"], math.inf)
+        react = next((e for e in ordered if f["t"] <= e["t"] <= until and e["ev"] in _REACTIONS
+                      and (e.get("learner") == who or e["ev"] == "syncer_down")
+                      and not (e["ev"] == "learner_leave" and _bye_before(ordered, e))), None)
         row: dict[str, Any] = {"index": f["index"], "action": f["action"], "learner": who,
                                "detect_s": round(react["t"] - f["t"], 3) if react else None,
                                "reaction": react["ev"] if react else None, "rejoin_s": None}

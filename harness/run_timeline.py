@@ -206,8 +206,6 @@ def fault_bands(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         else:
             end = ends[i]["t"] if i in ends else t_end
             band["until"] = ends[i].get("reason", "fault_end") if i in ends else "still on at run end"
-            if band["detect_s"] is not None and f["t"] + band["detect_s"] > end:  # a reaction to something else
-                band["detect_s"] = band["rejoin_s"] = None
         band["end_s"] = round(_rel(end, t0, t_end), 3)
         out.append(band)
     return out

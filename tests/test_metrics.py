@@ -251,3 +251,36 @@ def test_achieved_speed_is_relative_to_the_unslowed_learners_in_the_common_windo
     evs += [{"ev": "learner_done", "learner": 0, "t": 10.0}]
     (p,) = achieved_speeds(evs, 2)
     assert p["achieved"] == pytest.approx(0.5, abs=0.02) and p["window_s"] == pytest.approx(10.0)
+
+
+def test_fault_response_counts_only_reactions_while_the_fault_is_on_and_the_html_agrees() -> None:
+    """A latency fault that ended before its learner finished normally (BYE, then leave) drew no reaction; a
+    partition during which the syncer dropped the learner did; a kill is on until its recovery. The HTML
+    report's bands read the same figures as report.json's fault_response."""
+    from harness.metrics import fault_response
+    from harness.run_timeline import fault_bands
+
+    evs = [
+        {"ev": "run_start", "t": 0.0},
+        {"ev": "fault_start", "t": 1.0, "index": 0, "action": "degrade", "learner": 0},
+        {"ev": "fault_end", "t": 3.0, "index": 0, "action": "degrade", "learner": 0},
+        {"ev": "fault_start", "t": 2.0, "index": 1, "action": "partition", "learner": 1},
+        {"ev": "learner_leave", "t": 2.5, "learner": 1},
+        {"ev": "learner_join", "t": 4.5, "learner": 1},
+        {"ev": "fault_end", "t": 4.0, "index": 1, "action": "partition", "learner": 1},
+        {"ev": "fault_start", "t": 5.0, "index": 2, "action": "kill_learner", "learner": 2},
+        {"ev": "learner_down", "t": 5.2, "learner": 2},
+        {"ev": "learner_restart", "t": 6.0, "learner": 2},
+        {"ev": "step", "t": 6.5, "learner": 2, "step": 10},
+        {"ev": "learner_bye", "t": 6.6, "learner": 0},
+        {"ev": "learner_leave", "t": 6.66, "learner": 0},
+        {"ev": "fault_end", "t": 9.0, "index": 2, "action": "kill_learner", "learner": 2},
+        {"ev": "run_end", "t": 9.0},
+    ]
+    resp = {r["index"]: r for r in fault_response(evs)}
+    assert resp[0]["detect_s"] is None and resp[0]["reaction"] is None  # the normal finish is not a reaction
+    assert (resp[1]["reaction"], resp[1]["detect_s"], resp[1]["rejoin_s"]) == ("learner_leave", 0.5, 2.0)
+    assert (resp[2]["reaction"], resp[2]["detect_s"], resp[2]["rejoin_s"]) == ("learner_down", 0.2, 1.3)
+    for band in fault_bands(evs):
+        r = resp[band["index"]]
+        assert (band["detect_s"], band["rejoin_s"]) == (r["detect_s"], r["rejoin_s"])
