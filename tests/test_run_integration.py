@@ -62,10 +62,19 @@ def test_a_scheduled_fault_that_never_fires_fails_the_run(runs_dir):
     """A chaos test whose fault did not happen proves nothing: the run must say so loudly."""
     from harness.supervisor import RunFailed
 
+    # merges are not known before the run (a step past train.steps is refused by validation instead)
     sc = tiny("decoupled", learners=2, chips=1, steps=30).replace(
-        faults=[{"action": "partition", "learner": 1, "at": {"step": 10_000}}])
-    with pytest.raises(RunFailed, match=r"never fired: faults\[0\] partition\(learner 1.*reached step 10000"):
+        faults=[{"action": "partition", "learner": 1, "at": {"merges": 100_000}}])
+    with pytest.raises(RunFailed, match=r"never fired: faults\[0\] partition\(learner 1"):
         run_scenario(sc, runs_dir)
+
+
+def test_a_fault_past_the_last_step_is_refused_before_the_run(runs_dir):
+    from harness.scenario import ScenarioError
+
+    with pytest.raises(ScenarioError, match=r"faults\[0\].at.step = 10000: never reached, train.steps = 30"):
+        tiny("decoupled", learners=2, chips=1, steps=30).replace(
+            faults=[{"action": "partition", "learner": 1, "at": {"step": 10_000}}])
 
 
 def test_chip_failure_with_policy_fail_fails_the_run(runs_dir):
