@@ -383,12 +383,6 @@ def learner_availability(evs: list[dict[str, Any]], learners: int, start: float,
     return {str(m): round(up[m] / span, 4) if span > 0 else None for m in range(learners)}
 
 
-def _bye_before(ordered: list[dict[str, Any]], leave: dict[str, Any]) -> bool:
-    """Whether the learner said BYE (finished its steps) before this learner_leave."""
-    return any(e["ev"] == "learner_bye" and e.get("learner") == leave.get("learner") and e["t"] <= leave["t"]
-               for e in ordered)
-
-
 _REACTIONS = ("learner_down", "learner_shrink", "learner_leave", "syncer_down")
 _BACK = {"learner_down": "learner_restart", "learner_shrink": "chip_joined", "syncer_down": "syncer_restore"}
 
@@ -402,6 +396,10 @@ def fault_response(evs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     ordered = sorted(evs, key=lambda e: e["t"])
     ends = {e["index"]: e["t"] for e in ordered if e["ev"] == "fault_end"}
+    first_bye: dict[Any, float] = {}
+    for e in ordered:
+        if e["ev"] == "learner_bye":
+            first_bye.setdefault(e.get("learner"), e["t"])
     for f in (e for e in ordered if e["ev"] == "fault_start"):
         who = f.get("learner")
         # A reaction is to this fault only while it is on (a kill is on until its recovery, whenever that is),
@@ -409,7 +407,7 @@ def fault_response(evs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         until = math.inf if f.get("action") in KILL_ACTIONS else ends.get(f["index"], math.inf)
         react = next((e for e in ordered if f["t"] <= e["t"] <= until and e["ev"] in _REACTIONS
                       and (e.get("learner") == who or e["ev"] == "syncer_down")
-                      and not (e["ev"] == "learner_leave" and _bye_before(ordered, e))), None)
+                      and not (e["ev"] == "learner_leave" and e["t"] >= first_bye.get(who, math.inf))), None)
         row: dict[str, Any] = {"index": f["index"], "action": f["action"], "learner": who,
                                "detect_s": round(react["t"] - f["t"], 3) if react else None,
                                "reaction": react["ev"] if react else None, "rejoin_s": None}

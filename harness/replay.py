@@ -20,7 +20,7 @@ from typing import Any
 
 from chaos.schedule import ScheduleError, never_fires, parse_fault
 from harness.events import EVENTS_FILE, read_events
-from harness.rundir import CONFIG_FILE, read_json
+from harness.rundir import CONFIG_FILE, RunDirError, check_run_dir, read_json
 from harness.scenario import Scenario, ScenarioError, from_dict, read_toml
 
 
@@ -30,12 +30,10 @@ def recorded_scenario(run_dir: str | os.PathLike[str]) -> Scenario:
     if not path.is_file():
         raise ScenarioError(f"{str(run_dir)!r} is not a run directory: no {CONFIG_FILE}")
     try:
-        table = read_json(path)
-    except (OSError, UnicodeDecodeError, ValueError) as e:  # json.JSONDecodeError is a ValueError
-        raise ScenarioError(f"{str(path)!r} is damaged: {e}") from None
-    if not isinstance(table, dict):
-        raise ScenarioError(f"{str(path)!r} is damaged: a JSON {type(table).__name__}, not an object")
-    return from_dict(table)
+        check_run_dir(run_dir, (CONFIG_FILE,), None)
+    except RunDirError as e:
+        raise ScenarioError(str(e)) from None
+    return from_dict(read_json(path))
 
 
 def load_incident(path: str | os.PathLike[str], sc: Scenario) -> Scenario:
