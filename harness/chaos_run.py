@@ -20,6 +20,7 @@ from typing import Any
 
 from harness.events import EVENTS_FILE, read_events
 from harness.invariants.registry import discover
+from harness.progress import error_lines
 from harness.rundir import REPORT_FILE, read_json
 from harness.scenario import Scenario
 
@@ -157,10 +158,10 @@ class ChaosRun:
             "wall_s": rep.get("wall_s"),
         }
         lines = [head, "    " + " | ".join(f"{k} {v}" for k, v in key.items())]
-        if rep.get("errors"):
-            lines.append(f"    errors: {rep['errors'][:3]}")
+        lines += ["    " + ln for ln in error_lines(rep.get("errors", []))]
         for f in self.printed:
             lines.append(f"    figures: {json.dumps(f, default=str)}")
         if self.error is not None:
             lines.append(f"    failed: {type(self.error).__name__}: {self.error}")
         return "\n".join(lines)
+

@@ -26,7 +26,7 @@ import os
 import sys
 
 from harness import scenario as scenario_mod
-from harness.progress import Progress, faults_table, summary_table, verdict_lines
+from harness.progress import Progress, error_lines, faults_table, summary_table, verdict_lines
 from harness.simulator import cli as simulate_cli
 from harness.supervisor import RunFailed, RunResult, run_scenario
 from trainers.config import ALGORITHMS
@@ -108,13 +108,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _faults_and_verdicts(run_dir: str | os.PathLike[str]) -> str:
     """What a person wants after a run besides the figures: the faults that fired, and the invariants'
-    verdicts (the bound-free ones, harness.results.invariant_figures)."""
+    verdicts (the bound-free ones, harness.results.invariant_figures), and the errors, expected or not."""
     from harness.events import EVENTS_FILE, read_events
     from harness.results import invariant_figures
     from harness.run_timeline import fault_bands
+    from harness.rundir import REPORT_FILE, read_json
 
     bands = fault_bands(read_events(os.path.join(run_dir, EVENTS_FILE)))
-    return faults_table(bands) + "\n" + verdict_lines(list(invariant_figures(run_dir)))
+    errors = read_json(os.path.join(run_dir, REPORT_FILE)).get("errors", [])
+    return "\n".join([faults_table(bands), verdict_lines(list(invariant_figures(run_dir))),
+                      *(error_lines(errors) or ["errors: none"])])
 
 
 def _execute(sc: scenario_mod.Scenario, args: argparse.Namespace, verb: str) -> RunResult | int:

@@ -284,9 +284,14 @@ def render_html(page: Page) -> str:
                 ("goodput and uptime", _availability_rows(report, page.stalled)),
                 ("per learner", _learner_rows(report, page.timeline)), ("speed profiles", _speed_rows(report)),
                 ("faults", [(f"F{b['index']}", _fault_text(b)) for b in bands] or [("faults", "none")])]
-    errors = [(e.get("proc", "?"), f"{e.get('ev')}: {e.get('error')}") for e in report.get("errors", [])]
-    if errors:
-        sections.append(("errors", errors))
+    errs = report.get("errors", [])
+    unexpected = [(e.get("proc", "?"), f"{e.get('ev')}: {e.get('error')}") for e in errs if not e.get("expected")]
+    expected = [(e.get("proc", "?"), f"{e.get('ev')}: {e.get('error')} (expected: {e.get('cause')})")
+                for e in errs if e.get("expected")]
+    if unexpected:
+        sections.append(("UNEXPECTED errors", unexpected))
+    if expected:
+        sections.append(("expected errors (caused by injected faults)", expected))
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{html.escape(title)}</title>",
         f"<style>{_CSS}</style></head><body>", f"<h1>{html.escape(title)}</h1>",

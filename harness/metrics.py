@@ -383,8 +383,8 @@ def learner_availability(evs: list[dict[str, Any]], learners: int, start: float,
     return {str(m): round(up[m] / span, 4) if span > 0 else None for m in range(learners)}
 
 
-_REACTIONS = ("learner_down", "learner_shrink", "learner_leave", "syncer_down")
-_BACK = {"learner_down": "learner_restart", "learner_shrink": "chip_joined", "syncer_down": "syncer_restore"}
+REACTIONS = ("learner_down", "learner_shrink", "learner_leave", "syncer_down")
+BACK = {"learner_down": "learner_restart", "learner_shrink": "chip_joined", "syncer_down": "syncer_restore"}
 
 
 def fault_response(evs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -405,14 +405,14 @@ def fault_response(evs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         # A reaction is to this fault only while it is on (a kill is on until its recovery, whenever that is),
         # and a learner leaving after its own BYE finished its steps: it was not dropped.
         until = math.inf if f.get("action") in KILL_ACTIONS else ends.get(f["index"], math.inf)
-        react = next((e for e in ordered if f["t"] <= e["t"] <= until and e["ev"] in _REACTIONS
+        react = next((e for e in ordered if f["t"] <= e["t"] <= until and e["ev"] in REACTIONS
                       and (e.get("learner") == who or e["ev"] == "syncer_down")
                       and not (e["ev"] == "learner_leave" and e["t"] >= first_bye.get(who, math.inf))), None)
         row: dict[str, Any] = {"index": f["index"], "action": f["action"], "learner": who,
                                "detect_s": round(react["t"] - f["t"], 3) if react else None,
                                "reaction": react["ev"] if react else None, "rejoin_s": None}
         if react is not None:
-            back_ev = _BACK.get(react["ev"])
+            back_ev = BACK.get(react["ev"])
             back = next((e for e in ordered if e["t"] > react["t"] and (
                 (back_ev is not None and e["ev"] == back_ev and e.get("learner", who) == who)
                 or (react["ev"] == "learner_leave" and e["ev"] == "learner_join" and e["learner"] == who))), None)

@@ -11,6 +11,10 @@ import sys
 import time
 from typing import Any, TextIO
 
+from chaos.schedule import KILL_ACTIONS
+from harness.metrics import BACK, REACTIONS
+from harness.run_timeline import RECOVERED
+
 
 def fault_line(e: dict[str, Any]) -> str:
     """One line for a fault_start or fault_end event: F<index>, what, the trigger, and a miss if any."""
@@ -19,6 +23,43 @@ def fault_line(e: dict[str, Any]) -> str:
         missed = f" (hit nothing: {e['missed']})" if e.get("missed") else ""
         return f"fault F{e.get('index')} fired: {what}; trigger: {e.get('reason', '-')}{missed}"
     return f"fault F{e.get('index')} ended: {what}; {e.get('reason', '-')}"
+
+
+class KillRecovery:
+    """Follows each kill fault from its firing to its recovery as events arrive, with the reactions and
+    recoveries that harness.metrics.fault_response counts, so the live output says when a kill ended."""
+
+    def __init__(self) -> None:
+        self._open: dict[int, dict[str, Any]] = {}
+
+    def feed(self, e: dict[str, Any]) -> list[str]:
+        """The 'ended' lines this event completes (usually none)."""
+        if e["ev"] == "fault_start" and e.get("action") in KILL_ACTIONS and not e.get("missed"):
+            self._open[e["index"]] = {"fault": e, "reaction": None, "back": False}
+            return []
+        done = []
+        for i, k in list(self._open.items()):
+            who = k["fault"].get("learner")
+            if k["reaction"] is None:
+                if e["ev"] in REACTIONS and (e.get("learner") == who or e["ev"] == "syncer_down"):
+                    k["reaction"] = e["ev"]
+                continue
+            back_ev = BACK.get(k["reaction"])
+            if not k["back"] and e["ev"] == back_ev and e.get("learner", who) == who:
+                k["back"] = True
+                if k["reaction"] != "learner_down":  # a restarted learner is back once it steps again
+                    done.append(i)
+            elif k["reaction"] == "learner_leave" and e["ev"] == "learner_join" and e.get("learner") == who:
+                done.append(i)
+            elif k["back"] and e["ev"] == "step" and e.get("learner") == who:
+                done.append(i)
+        lines = []
+        for i in done:
+            k = self._open.pop(i)
+            f = k["fault"]
+            lines.append(f"fault F{i} ended: {f.get('describe') or f.get('action')}; "
+                         f"{RECOVERED.get(k['reaction'], 'recovered')}")
+        return lines
 
 
 class Progress:
@@ -30,6 +71,7 @@ class Progress:
         self.every_s = every_s
         self._t0 = time.monotonic()
         self._last = 0.0
+        self._kills = KillRecovery()
 
     def __call__(self, events: list[dict[str, Any]]) -> None:
         now = time.monotonic()
@@ -42,6 +84,8 @@ class Progress:
                 self.loss = e["loss"]
             elif e["ev"] in ("fault_start", "fault_end"):
                 self.stream.write(f"[{now - self._t0:6.1f}s] {fault_line(e)}\n")
+            for line in self._kills.feed(e):
+                self.stream.write(f"[{now - self._t0:6.1f}s] {line}\n")
         if now - self._last >= self.every_s:
             self._last = now
             steps = " ".join(f"L{i}:{s:>4}" for i, s in enumerate(self.steps))
@@ -88,3 +132,20 @@ def verdict_lines(figures: list[Any]) -> str:
     head = (f"invariants: all {len(figures)} held" if not failed
             else f"invariants: {len(failed)} of {len(figures)} violated: {', '.join(failed)}")
     return "\n".join([head, *lines])
+
+
+def error_lines(errors: list[dict[str, Any]], shown: int = 3) -> list[str]:
+    """The run's errors (report.json's `errors`): unexpected ones first and marked, then those an injected fault
+    explains, each with its fault (entries written before errors were labelled count as unexpected). Empty
+    when the run logged none."""
+    unexpected = [e for e in errors if not e.get("expected")]
+    expected = [e for e in errors if e.get("expected")]
+    lines = []
+    if unexpected:
+        lines.append(f"UNEXPECTED errors ({len(unexpected)}):")
+        lines += [f"  {e.get('proc')} {e.get('ev')}: {e.get('error')}" for e in unexpected[:shown]]
+    if expected:
+        lines.append(f"expected errors ({len(expected)}, caused by injected faults):")
+        lines += [f"  {e.get('proc')} {e.get('ev')}: {e.get('error')}  [expected: {e.get('cause')}]"
+                  for e in expected[:shown]]
+    return lines

@@ -22,6 +22,7 @@ import torch
 
 from harness.events import EVENTS_FILE, EventLog, read_events
 from harness.metrics import achieved_speeds, downtime, fault_response, goodput, learner_availability, merge_stats
+from harness.run_errors import classify_errors
 from harness.rundir import CHECKPOINT_FILE, CONFIG_FILE, read_json
 from harness.scenario import Scenario, from_dict
 from trainers.data import eval_batches, make_splits
@@ -99,8 +100,7 @@ def build_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     chip_starts = [e for e in evs if e["ev"] == "chip_start"]
     groups = {e["group"] for e in evs if e["ev"] == "gloo_group"}
     pushes = [e for e in evs if e["ev"] == "push"]
-    errors = [{"proc": e["proc"], "ev": e["ev"], "error": e.get("error")} for e in evs
-              if e["ev"] in ("chip_error", "syncer_error", "link_fatal")]
+    errors = classify_errors(evs, start, sc.timeouts.gloo_s + sc.timeouts.liveness_s)
     return {
         "name": sc.name,
         "algorithm": sc.algorithm,
@@ -124,7 +124,8 @@ def build_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         "global_model_finite": final.get("finite") if final else None,
         "eval_curve": periodic,
         "longest_gap_s": round(longest_gap([e["t"] for e in merges], train_start, train_end), 3),
-        "errors": errors,
+        "errors": [e.as_dict() for e in errors],
+        "unexpected_errors": sum(1 for e in errors if not e.expected),
         "links": next(({"backend": e["backend"], "version": e["version"]} for e in evs if e["ev"] == "links_ready"),
                       {"backend": "off"}),
         "faults": fault_timeline(evs, start),

@@ -34,7 +34,7 @@ STATE_COLORS: dict[str, str] = {
 """Every state a timeline row can be in, with its color."""
 
 
-_RECOVERED = {"learner_down": "until the restarted learner stepped again",
+RECOVERED = {"learner_down": "until the restarted learner stepped again",
               "learner_shrink": "until the repaired chip rejoined", "syncer_down": "until the syncer was restored",
               "learner_leave": "until the learner rejoined the syncer"}
 """How a kill's band ends, by the first reaction to it (harness.metrics.fault_response)."""
@@ -201,7 +201,7 @@ def fault_bands(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         if f.get("action") in KILL_ACTIONS:
             back = resp.get("detect_s") is not None and resp.get("rejoin_s") is not None
             end = f["t"] + resp["detect_s"] + resp["rejoin_s"] if back else t_end
-            band["until"] = (_RECOVERED.get(str(resp.get("reaction")), "recovered") if back
+            band["until"] = (RECOVERED.get(str(resp.get("reaction")), "recovered") if back
                              else "not recovered by run end")
         else:
             end = ends[i]["t"] if i in ends else t_end

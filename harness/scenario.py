@@ -150,8 +150,13 @@ class RecoveryConfig:
 class EvalConfig:
     """Eval loss of the global model, computed by the syncer off the learners' hot path."""
 
+    points: int = bounded(24, 0, 10_000)
+    """Periodic evaluations spread evenly over the run's planned training: one each time its progress (tokens
+    merged for the synchronous algorithms, learner-steps reported for decoupled) passes another 1/points of
+    it, so a curve has about this many points whatever the run's length. 0: only `every_s` triggers."""
     every_s: float = bounded(3.0, 0.1, 3600.0)
-    """Wall seconds between two periodic evaluations of the global model."""
+    """Longest wall gap, in seconds, between two periodic evaluations of the global model (a wall-clock
+    trigger besides `points`, for stretches where nothing is merged)."""
     batches: int = bounded(4, 1, 10_000)
     """Held-out batches (of 16 sequences) per periodic evaluation; the final one uses them all."""
 

@@ -177,11 +177,25 @@ class Supervisor:
             self.events.log("run_end", wall_s=time.monotonic() - t0)
         from harness.report import build_report, final_eval
 
+        self._label_errors(t0)
         final_eval(self.run_dir, sc, self.events)
         report = build_report(self.run_dir)
         write_json(self.run_dir / REPORT_FILE, report)
         self.events.close()
         return RunResult(self.run_dir, report, [p.pid for p in [*self.procs.values(), *self.retired]])
+
+    def _label_errors(self, t0: float) -> None:
+        """One `errors_labelled` event: each error the run's processes logged, expected (with the injected
+        fault that explains it) or not, so the event log itself says which errors were the scenario's doing."""
+        from harness.events import EVENTS_FILE, read_events
+        from harness.run_errors import classify_errors
+
+        t = self.sc.timeouts
+        evs = read_events(self.run_dir / EVENTS_FILE)
+        start = next((e["t"] for e in evs if e["ev"] == "run_start"), t0)
+        errors = classify_errors(evs, start, t.gloo_s + t.liveness_s)
+        self.events.log("errors_labelled", expected=sum(e.expected for e in errors),
+                        unexpected=sum(not e.expected for e in errors), errors=[e.as_dict() for e in errors])
 
     def _start_syncer(self, restore: bool) -> int:
         """Start the syncer (or, with `restore`, its replacement on the same port); returns its port."""

@@ -13,6 +13,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
+from harness.eval_schedule import planned_tokens
 from harness.events import EventLog
 from harness.scenario import Scenario
 from harness.syncer_accounting import Accounting
@@ -52,6 +53,8 @@ class BarrierHandler:
         self.core = core
         self.frames = FRAMES[core.contribution]
         self.accounting = Accounting(run_dir, 0, persist=False, fsync=False)
+        self.planned_tokens = planned_tokens(sc.topology.learners, sc.topology.chips_per_learner, sc.train.steps,
+                                             sc.data.batch_size, sc.model.seq_len)
 
     def restore(self) -> None:
         raise ValueError(f"{type(self.core).__name__} keeps no crash-safe state to restore from")
@@ -89,6 +92,10 @@ class BarrierHandler:
         self._log_reconfigurations()
         self._on_sync_result(learner, res, key)
         return True
+
+    def progress(self) -> float:
+        """Tokens merged over the tokens planned: a synchronous round merges every token it trained."""
+        return self.accounting.tokens_merged / self.planned_tokens
 
     def poll(self, now: float) -> float | None:
         return None

@@ -98,6 +98,12 @@ class DecoupledHandler:
             return True
         return False
 
+    def progress(self) -> float:
+        """Learner-steps reported (each learner's highest step) over the learner-steps planned. Not tokens
+        merged: a push superseded by its learner's next one, or still in flight at the end, is never merged,
+        so merged tokens stop well short of the planned ones."""
+        return sum(self.core.reported_step.values()) / (self.sc.topology.learners * self.sc.train.steps)
+
     def poll(self, now: float) -> float | None:
         merges, wake = self.core.poll(now, self.transport.alive())
         self._broadcast_all(merges)

@@ -57,6 +57,9 @@ class AlgorithmHandler(Protocol):
     def on_message(self, learner: int, msg: Message) -> bool:
         """A frame from it; False if this algorithm does not expect that frame type."""
 
+    def progress(self) -> float:
+        """The share of the run's planned training done so far, 0 to 1: what spreads `eval.points`."""
+
     def poll(self, now: float) -> float | None:
         """Time-driven work (merges); the clock time it wants to be called again by, or None."""
 

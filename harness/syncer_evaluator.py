@@ -1,6 +1,7 @@
 """The syncer's evaluator thread: held-out loss of snapshots of the global model, off the merge path.
 
-The main loop hands it a snapshot (version, tokens merged, a copy of the parameters) every `eval.every_s`;
+The main loop hands it a snapshot (version, tokens merged, a copy of the parameters) when harness/eval_schedule.py
+says one is due;
 a one-slot queue keeps only one waiting, so a slow eval never queues work behind it nor blocks the loop.
 """
 
@@ -48,15 +49,17 @@ class Evaluator:
             item = self._q.get()
             if item is None:
                 return
-            version, tokens, params = item
+            version, tokens, params, trigger = item
             loss = evaluate(self._model, params, self._batches)
-            self.events.log("eval", version=version, tokens_merged=tokens, loss=loss, kind="periodic")
+            self.events.log("eval", version=version, tokens_merged=tokens, loss=loss, kind="periodic",
+                            trigger=trigger)
 
-    def request(self, version: int, tokens_merged: float, params: Mapping[str, torch.Tensor]) -> None:
-        """Evaluate a copy of `params` unless a snapshot is already waiting."""
+    def request(self, version: int, tokens_merged: float, params: Mapping[str, torch.Tensor],
+                trigger: str = "time") -> None:
+        """Evaluate a copy of `params` unless a snapshot is already waiting; `trigger` says why it was due."""
         snap = {n: t.detach().clone() for n, t in params.items()}
         try:
-            self._q.put_nowait((version, tokens_merged, snap))
+            self._q.put_nowait((version, tokens_merged, snap, trigger))
         except queue.Full:
             pass
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from harness.eval_schedule import EvalSchedule
 from harness.events import EventLog
 from harness.procutil import cpu_seconds
 from harness.scenario import Scenario
@@ -78,8 +79,13 @@ class SyncerService:
     def version(self) -> int:
         return self.handler.core.merges
 
-    def _request_eval(self) -> None:
-        self.evaluator.request(self.version(), self.tokens_merged, self.handler.core.params)
+    def _request_eval(self, trigger: str) -> None:
+        self.evaluator.request(self.version(), self.tokens_merged, self.handler.core.params, trigger)
+
+    def _eval_schedule(self, now: float) -> EvalSchedule:
+        sched = EvalSchedule.start(1.0, self.sc.eval.points, self.sc.eval.every_s, now)
+        sched.taken(now, self.handler.progress())  # a restored syncer starts past the milestones it took
+        return sched
 
     # -- main loop --------------------------------------------------------------------------------
     def serve(self, stop_requested: Any) -> None:
@@ -88,8 +94,8 @@ class SyncerService:
         self.evaluator.start()
         self.events.log("syncer_start", port=self.port, algorithm=self.algorithm,
                         fragments=self.handler.fragments or None)
-        self._request_eval()
-        next_eval = time.monotonic() + self.sc.eval.every_s
+        self._request_eval("start")
+        schedule = self._eval_schedule(time.monotonic())
         wake: float | None = None
         m = self.sc.topology.learners
         inbox = self.transport.inbox
@@ -105,9 +111,12 @@ class SyncerService:
             except queue.Empty:
                 pass
             wake = self.handler.poll(time.monotonic())
-            if time.monotonic() >= next_eval:
-                self._request_eval()
-                next_eval = time.monotonic() + self.sc.eval.every_s
+            now = time.monotonic()
+            done = self.handler.progress()
+            trigger = schedule.due(now, done)
+            if trigger is not None:
+                self._request_eval(trigger)
+                schedule.taken(now, done)
         self._finish()
         self.evaluator.stop(self.sc.timeouts.shutdown_s)
 

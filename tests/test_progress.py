@@ -42,3 +42,28 @@ def test_the_final_table_lists_each_fault_and_each_verdict() -> None:
     assert lines[0] == "invariants: 1 of 2 violated: faults_fired"
     assert lines[2] == "  FAIL faults_fired: 0 of 1 fired"
     assert verdict_lines([ok]).splitlines()[0] == "invariants: all 1 held"
+
+
+def test_a_kill_ends_on_screen_when_its_learner_steps_again_after_the_restart() -> None:
+    out = io.StringIO()
+    p = Progress(2, stream=out, every_s=3600.0)
+    start = {"ev": "fault_start", "index": 1, "action": "kill_learner", "learner": 1, "describe": "kill_learner(1)",
+             "reason": "learner 0 reached step 5"}
+    p([start, {"ev": "step", "learner": 1, "step": 5}, {"ev": "learner_down", "learner": 1},
+       {"ev": "learner_restart", "learner": 1}])
+    assert "ended" not in out.getvalue()  # restarted, but not training yet
+    p([{"ev": "step", "learner": 0, "step": 9}])
+    assert "ended" not in out.getvalue()  # another learner's step says nothing about learner 1
+    p([{"ev": "step", "learner": 1, "step": 6}])
+    assert out.getvalue().rstrip().endswith(
+        "fault F1 ended: kill_learner(1); until the restarted learner stepped again")
+
+
+def test_a_chip_kill_ends_on_screen_when_the_repaired_chip_rejoins() -> None:
+    out = io.StringIO()
+    p = Progress(2, stream=out, every_s=3600.0)
+    p([{"ev": "fault_start", "index": 0, "action": "kill_chip", "learner": 0, "describe": "kill_chip(0)"},
+       {"ev": "learner_shrink", "learner": 0, "lost": [1]}, {"ev": "chip_joined", "learner": 1, "chip": 1}])
+    assert "ended" not in out.getvalue()  # learner 1's chip, not learner 0's
+    p([{"ev": "chip_joined", "learner": 0, "chip": 1}])
+    assert out.getvalue().count("fault F0 ended: kill_chip(0); until the repaired chip rejoined") == 1

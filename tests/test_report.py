@@ -117,7 +117,9 @@ def test_build_report_without_merges_or_evals(tmp_path: Path) -> None:
     assert r["longest_gap_s"] == pytest.approx(2.0)  # first step 11 to last step 13, nothing merged
     assert r["initial_eval_loss"] is None and r["final_eval_loss"] is None and r["global_model_finite"] is None
     assert r["per_learner"] == {"0": {"steps": 3, "tokens": 24, "steps_per_s": 1.0, "link": {}}}
-    assert r["errors"] == [{"proc": "learner0.chip0", "ev": "chip_error", "error": "boom"}]
+    assert r["errors"] == [{"proc": "learner0.chip0", "ev": "chip_error", "error": "boom", "t_s": 4.0,
+                            "expected": False, "cause": None}]
+    assert r["unexpected_errors"] == 1  # no fault was injected: nothing explains it
 
 
 # -- the event log ------------------------------------------------------------------------------

@@ -40,6 +40,10 @@ def test_decoupled_2x2_end_to_end(runs_dir):
     evs = read_events(res.run_dir / "events.jsonl")
     kinds = {e["ev"] for e in evs}
     assert {"pull", "push", "merge", "apply", "step", "learner_join", "eval"} <= kinds
+    # the eval curve is dense whatever the run's length: eval.points spread over the planned training
+    progress_evals = [e for e in evs if e["ev"] == "eval" and e.get("trigger") == "progress"]
+    assert len(progress_evals) >= sc.eval.points - 2, len(progress_evals)
+    assert len(rep["eval_curve"]) >= sc.eval.points
     merges = [e for e in evs if e["ev"] == "merge"]
     assert all(abs(sum(e["weights"]) - 1) < 1e-5 for e in merges)
     assert all(len(e["step_ranges"]) == len(e["participants"]) for e in merges)

@@ -1,0 +1,59 @@
+"""What a person sees from `diloco-chaos run` with three faults: each firing and ending in the live output,
+then the faults table, every invariant's verdict and the errors, expected or not."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from conftest import tiny_table
+from test_results import write_toml
+
+from harness.cli import main
+
+
+def three_faults(tmp_path: Path) -> Path:
+    table = tiny_table("decoupled", learners=2, chips=2, steps=60, recovery={"policy": "restart", "repair_s": 0.5})
+    path = write_toml(tmp_path / "three.toml", table)
+    path.write_text(path.read_text() + """
+[[faults]]
+action = "degrade"
+learner = 0
+latency_ms = 20
+at = { step = 8, learner = 0 }
+until = { step = 16, learner = 0 }
+
+[[faults]]
+action = "kill_chip"
+learner = 1
+chip = 1
+at = { step = 20, learner = 1 }
+
+[[faults]]
+action = "freeze"
+learner = 0
+at = { step = 30, learner = 0 }
+until = { step = 40, learner = 1 }
+""")
+    return path
+
+
+def test_three_faults_fire_and_end_on_screen_and_the_final_table_gives_their_verdicts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["run", str(three_faults(tmp_path)), "--runs-dir", str(tmp_path / "runs")])
+    out, err = capsys.readouterr()
+    assert rc == 0, err[-3000:]
+    live = err + out
+    for i, what in enumerate(("degrade", "kill_chip", "freeze")):
+        fired = re.search(rf"fault F{i} fired: {what}.*; trigger: (.+)", live)
+        assert fired is not None, f"F{i} firing not shown:\n{live[-4000:]}"
+        assert "step" in fired.group(1), fired.group(0)  # the trigger that fired it: training progress
+        ended = live.find(f"fault F{i} ended: {what}")
+        assert ended > live.find(fired.group(0)), f"F{i} ending not shown after its firing:\n{live[-4000:]}"
+    # the final table: the three faults, every invariant held, and no unexpected error
+    table = out[out.index("faults fired: 3"):]
+    assert [m.group(1) for m in re.finditer(r"^  F(\d) ", table, re.M)] == ["0", "1", "2"]
+    verdicts = re.search(r"^invariants: all (\d+) held$", table, re.M)
+    assert verdicts is not None and int(verdicts.group(1)) >= 5, table
+    assert "UNEXPECTED" not in table, table
