@@ -120,10 +120,11 @@ def bare(steps: int, chips: int, neighbour_duty: float = 0.0) -> tuple[float, fl
     return rate, cpu, 0.0, 0.0
 
 
-def harness(steps: int, chips: int, eval_every_s: float, proxy: str) -> tuple[float, float, float, float]:
+def harness(steps: int, chips: int, eval_every_s: float, proxy: str,
+            eval_points: int = 0) -> tuple[float, float, float, float]:
     sc = builtin()
     sc = sc.replace(topology=type(sc.topology)(learners=1, chips_per_learner=chips),
-                    train=type(sc.train)(steps=steps), eval=type(sc.eval)(every_s=eval_every_s),
+                    train=type(sc.train)(steps=steps), eval=type(sc.eval)(every_s=eval_every_s, points=eval_points),
                     diloco=type(sc.diloco)(fragments=8, sync_every=8, overlap=2, min_quorum=1),
                     links=type(sc.links)(proxy=proxy))
     with tempfile.TemporaryDirectory() as d:
@@ -206,12 +207,15 @@ def main() -> None:
     ap.add_argument("--chips", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3, help="runs of each configuration")
     ap.add_argument("--only", default="", help="comma-separated keys of the configurations to run: neighbour, "
-                    "eval3, evaloff, noproxy (the bare loop always runs); fewer, so more repeats in the same time")
+                    "eval3, evaldefault, evaloff, noproxy (the bare loop always runs); fewer, so more repeats in "
+                    "the same time")
     a = ap.parse_args()
     bare_row = "bare loop (Gloo only)"
     every: dict[str, tuple[str, Run]] = {
         "neighbour": ("bare + syncer-load neighbour", bare_beside_syncer_load),
         "eval3": ("harness, proxy, eval every 3 s", partial(harness, eval_every_s=3.0, proxy="embedded")),
+        "evaldefault": ("harness, proxy, eval 24 points + every 3 s (default)",
+                        partial(harness, eval_every_s=3.0, proxy="embedded", eval_points=24)),
         "evaloff": ("harness, proxy, eval off", partial(harness, eval_every_s=3600.0, proxy="embedded")),
         "noproxy": ("harness, no proxy, eval off", partial(harness, eval_every_s=3600.0, proxy="off")),
     }

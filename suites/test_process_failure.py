@@ -84,6 +84,8 @@ def check_invariants(res: Any, fault_free: dict[str, Any]) -> None:
     res.check("availability", min_uptime=MIN_UPTIME)
     res.check("no_global_downtime", bound_s=MAX_GAP_S)
     res.check("model_finite")
+    unexpected = [e for e in res.report["errors"] if not e["expected"]]
+    assert not unexpected, f"errors no injected fault explains: {unexpected}"
 
 
 def check_outage(res: Any, fault_free: dict[str, Any], down_ev: str) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import inspect
 import pkgutil
 from pathlib import Path
 
@@ -14,7 +15,16 @@ from test_invariants import decoupled_log, write_run
 from test_protocol_invariants import with_protocol_facts
 
 from harness.chaos_run import INVARIANTS
-from harness.invariants import UnknownBound, check_all, checks, load_run, no_global_downtime, spec, specs
+from harness.invariants import (
+    UnknownBound,
+    check_all,
+    check_all_keywords,
+    checks,
+    load_run,
+    no_global_downtime,
+    spec,
+    specs,
+)
 from harness.invariants.doc import DOC, render
 from harness.invariants.registry import ALL_ALGORITHMS, discover
 from trainers.config import ALGORITHMS
@@ -113,3 +123,41 @@ def test_updates_accounted_reads_a_superseded_push_by_its_typed_cause() -> None:
         assert pool == ("newer" if cause in (SupersededCause.NEWER, SupersededCause.REJOIN_DROP) else cause.value)
     assert _pool_of({"reason": "lagging: based on version 3"}) == "lagging"  # a recorded run without causes
     assert _pool_of({"reason": "newer push in the same round"}) == "newer"
+
+
+def _bound_names() -> dict[str, list[str]]:
+    """The one list: each invariant's bound names, from the registry."""
+    return {s.name: [b.name for b in s.bounds] for s in specs().values()}
+
+
+def _calls(root: Path, glob: str) -> list[tuple[str, str, list[str]]]:
+    """(file:line, invariant, keywords) of every `.check("name", ...)` / `.measure("name", ...)` in files."""
+    out = []
+    for path in sorted(root.glob(glob)):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("check", "measure") and node.args
+                    and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+                out.append((f"{path.name}:{node.lineno}", node.args[0].value,
+                            [k.arg for k in node.keywords if k.arg is not None]))
+    return out
+
+
+def test_every_bound_has_one_name_in_the_functions_check_all_the_plugin_the_suites_and_the_docs() -> None:
+    names = _bound_names()
+    doc_rows = {ln.split("|")[1].strip().strip("`"): ln.split("|")[3] for ln in DOC.read_text().splitlines()
+                if ln.startswith("| `")}
+    keywords = check_all_keywords()
+    for inv, bounds in names.items():
+        params = [p for p in inspect.signature(specs()[inv].fn).parameters][1:]  # after the run
+        assert params == bounds, f"{inv}: the function's keywords {params} are not the registry's {bounds}"
+        documented = [w.strip().split("`")[1] for w in doc_rows[inv].split("<br>") if w.strip().startswith("`")]
+        assert documented == bounds, f"docs/invariants.md row of {inv}: {documented}"
+        if specs()[inv].mode == "when_bound":  # check_all takes each of its bounds by the same name
+            assert all(keywords[b] == (inv, b) for b in bounds)
+    # the plugin (ChaosRun.check / measure) goes through the registry: every name the suites pass is in it
+    calls = _calls(Path(__file__).parent.parent / "suites", "test_*.py")
+    assert len(calls) >= 20
+    for where, inv, kws in calls:
+        assert inv in names, f"{where}: unknown invariant {inv}"
+        assert set(kws) <= set(names[inv]), f"{where}: {inv} given {kws}, its bounds are {names[inv]}"

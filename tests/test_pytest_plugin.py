@@ -366,3 +366,18 @@ def test_the_user_workflow_only_uses_options_the_plugin_registers(pytester: pyte
     helptext = pytester.runpytest(*INNER, "--help").stdout.str()
     assert all(opt in helptext for opt in used)
     assert "TOXIPROXY_URL" in workflow and "--junitxml" in workflow and "upload-artifact" in workflow
+
+
+def test_failure_section_puts_unexpected_errors_first_and_labels_the_expected_ones(tmp_path: Path) -> None:
+    run = _fake_run(tmp_path, [], ended_at=time.time())
+    run.__dict__["report"] = {"chip_pids": [], "errors": [
+        {"proc": "learner1.chip1", "ev": "chip_error", "error": "CollectiveFailed: Connection reset by peer",
+         "t_s": 3.0, "expected": True, "cause": "fault 0: kill_chip(learner 1, chip=0)"},
+        {"proc": "syncer", "ev": "syncer_error", "error": "KeyError: 'fragment'", "t_s": 4.0, "expected": False,
+         "cause": None}]}
+    lines = run.summary().splitlines()
+    at = {name: i for i, ln in enumerate(lines) for name in ("UNEXPECTED errors (1)", "expected errors (1")
+          if name in ln}
+    assert at["UNEXPECTED errors (1)"] < at["expected errors (1"], lines
+    assert "syncer syncer_error: KeyError: 'fragment'" in lines[at["UNEXPECTED errors (1)"] + 1]
+    assert lines[at["expected errors (1"] + 1].endswith("[expected: fault 0: kill_chip(learner 1, chip=0)]")
