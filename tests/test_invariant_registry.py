@@ -52,7 +52,7 @@ def test_every_module_registers_exactly_one_invariant() -> None:
 
 def test_registry_names_are_check_alls_and_the_plugins(tmp_path: Path) -> None:
     run = load_run(write_run(tmp_path, with_protocol_facts(decoupled_log())))
-    results = check_all(run, max_loss=3.0, downtime_bound_s=1.0, min_uptime=0.9, rejoin_within_s=5.0)
+    results = check_all(run, max_loss=3.0, bound_s=1.0, min_uptime=0.9, within_s=5.0)
     assert [r.name for r in results] == list(specs()) == list(INVARIANTS)
     assert ALL_ALGORITHMS == ALGORITHMS  # the Literal's names are the trainers' algorithms
     for s in specs().values():
@@ -64,20 +64,21 @@ def test_docs_invariants_md_is_generated_from_the_registry() -> None:
     assert DOC.read_text() == render(), "docs/invariants.md is stale: run python -m harness.invariants.doc"
 
 
-def test_one_bound_name_everywhere_old_check_all_keywords_still_work(tmp_path: Path) -> None:
+def test_one_bound_name_everywhere_a_former_name_is_refused_with_the_new_one(tmp_path: Path) -> None:
     run = load_run(write_run(tmp_path, decoupled_log()))
-    old = {r.name: r for r in check_all(run, downtime_bound_s=0.001, rejoin_within_s=5.0)}
     new = {r.name: r for r in check_all(run, bound_s=0.001, within_s=5.0)}
-    assert old["no_global_downtime"] == new["no_global_downtime"] == no_global_downtime(run, bound_s=0.001)
+    assert new["no_global_downtime"] == no_global_downtime(run, bound_s=0.001) == spec("no_global_downtime")(
+        run, bound_s=0.001)
     assert not new["no_global_downtime"].ok and new["rejoined"].ok
-    alias = spec("no_global_downtime")(run, downtime_bound_s=0.001)
-    assert alias == new["no_global_downtime"]
+    for call, old, name in ((lambda: check_all(run, downtime_bound_s=0.001), "downtime_bound_s", "bound_s"),
+                            (lambda: spec("rejoined")(run, rejoin_within_s=5.0), "rejoin_within_s", "within_s")):
+        with pytest.raises(UnknownBound, match=f"'{old}' was renamed '{name}'"):
+            call()
 
 
 @pytest.mark.parametrize(("call", "words"), [
-    (lambda run: check_all(run, downtime_bound=1.0), ["check_all", "'downtime_bound'", "downtime_bound_s",
-                                                      "did you mean 'downtime_bound_s'"]),
-    (lambda run: spec("rejoined")(run, within=1.0), ["invariant rejoined", "'within'", "rejoin_within_s, within_s",
+    (lambda run: check_all(run, bound=1.0), ["check_all", "'bound'", "bound_s", "did you mean 'bound_s'"]),
+    (lambda run: spec("rejoined")(run, within=1.0), ["invariant rejoined", "'within'", "allowed: within_s",
                                                      "did you mean 'within_s'"]),
     (lambda run: spec("token_accounting")(run, tolerence=1.0), ["invariant token_accounting",
                                                                  "allowed: show, tolerance",

@@ -540,7 +540,7 @@ def test_check_all(tmp_path: Path) -> None:
     from test_protocol_invariants import with_protocol_facts  # it imports this module
 
     run = load_run(write_run(tmp_path, with_protocol_facts(decoupled_log()), params={"w": torch.ones(2)}))
-    results = check_all(run, max_loss=3.0, downtime_bound_s=1.0, min_uptime=0.9, rejoin_within_s=5.0)
+    results = check_all(run, max_loss=3.0, bound_s=1.0, min_uptime=0.9, within_s=5.0)
     assert [r.name for r in results] == ["converged", "no_global_downtime", "availability", "faults_fired",
                                          "rejoined", "updates_accounted", "token_accounting", "model_finite",
                                          "rda_norms", "outer_lr", "token_weights", "pushes_received",

@@ -7,7 +7,7 @@ module per invariant, each registering itself. docs/invariants.md lists them, ge
 ``python -m harness.invariants.doc``.
 
 Why a registry: check_all, the pytest plugin's `ChaosRun.check` and the docs list the invariants from one
-place, and a bound has one name (plus at most one legacy check_all alias) validated in one place.
+place, and a bound has one name, validated in one place.
 """
 
 from __future__ import annotations
@@ -41,31 +41,23 @@ __all__ = [
 
 
 def check_all_keywords() -> dict[str, tuple[str, str]]:
-    """check_all's keywords -> (invariant, bound name): every bound of a "when_bound" invariant, by its name and
-    by its legacy alias (downtime_bound_s, rejoin_within_s)."""
-    out: dict[str, tuple[str, str]] = {}
-    for s in discover().values():
-        if s.mode != "when_bound":
-            continue
-        for b in s.bounds:
-            for key in (b.name, b.alias):
-                if key is not None:
-                    out[key] = (s.name, b.name)
-    return out
+    """check_all's keywords -> (invariant, bound name): every bound of a "when_bound" invariant, by its name."""
+    return {b.name: (s.name, b.name) for s in discover().values() if s.mode == "when_bound" for b in s.bounds}
 
 
 def check_all(run: Run, **bounds: Any) -> list[InvariantResult]:
     """Every registered invariant that applies to the run's algorithm, in registry order: the "always" ones on
     their defaults (faults_fired, updates_accounted, token_accounting, model_finite and, for a decoupled run,
     the protocol invariants), and each "when_bound" one whose triggering bound is given (converged:
-    baseline_loss or max_loss; no_global_downtime: bound_s alias downtime_bound_s; availability: min_uptime;
-    rejoined: within_s alias rejoin_within_s). Nothing raises on a violation; `[r.check() for r in results]`
-    or filter on `ok`. A keyword that is no bound raises UnknownBound, an impossible value ValueError."""
+    baseline_loss or max_loss; no_global_downtime: bound_s; availability: min_uptime; rejoined: within_s).
+    Nothing raises on a violation; `[r.check() for r in results]` or filter on `ok`. A keyword that is no
+    bound raises UnknownBound, an impossible value ValueError."""
     keys = check_all_keywords()
     given: dict[str, dict[str, Any]] = {}
     for key, value in bounds.items():
         if key not in keys:
-            raise unknown_bound("check_all", key, keys)
+            raise unknown_bound("check_all", key, keys, {b.renamed_from: b.name for s in discover().values()
+                                                         for b in s.bounds if b.renamed_from})
         inv, name = keys[key]
         given.setdefault(inv, {})[name] = value
     registry = specs()

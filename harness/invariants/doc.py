@@ -22,7 +22,7 @@ def _default(b: Bound) -> str:
 
 
 def _bound(b: Bound) -> str:
-    alias = f" (check_all also: `{b.alias}`)" if b.alias else ""
+    alias = f" (formerly `{b.renamed_from}` in check_all: refused)" if b.renamed_from else ""
     lo = "" if b.low is None else f"{b.low:g}"
     hi = "" if b.high is None else f"{b.high:g}"
     rng = f"; in [{lo or '-inf'}, {hi or 'inf'}]" if (lo or hi) else ""

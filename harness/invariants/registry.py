@@ -2,7 +2,7 @@
 
 What: each module of `harness.invariants.checks` defines one invariant function and decorates it with
 `register(...)`, which records its name, its bounds (parameter name, default, one-line meaning, the range a
-value must be in, and the older `check_all` keyword it is also known by), the algorithms it applies to and
+value must be in, and the older `check_all` keyword it replaced), the algorithms it applies to and
 whether `check_all` runs it on its defaults ("always") or only when the caller gives one of its triggering
 bounds ("when_bound"). `discover()` imports every module of that package, so adding an invariant is adding one
 module: `check_all`, the pytest plugin's `ChaosRun.check` / `measure` and docs/invariants.md all list the
@@ -10,9 +10,10 @@ registry.
 
 Why: the names of the invariants and of their bounds used to be kept by hand in four places (check_all's
 signature, the plugin's name table, two docstrings), and the same bound had two names (`bound_s` in the
-function, `downtime_bound_s` in check_all). Here a bound has one name and at most one legacy alias, a
-misspelled keyword is reported with the allowed ones and a close match, and an impossible value (a negative
-bound, an uptime outside [0, 1]) is a ValueError naming the invariant, before anything is measured.
+function, `downtime_bound_s` in check_all). Here a bound has one name everywhere; its former name is refused
+with an error giving the new one, a misspelled keyword is reported with the allowed ones and a close match, and
+an impossible value (a negative bound, an uptime outside [0, 1]) is a ValueError naming the invariant, before
+anything is measured.
 """
 
 from __future__ import annotations
@@ -57,8 +58,9 @@ class Bound:
     """Smallest allowed value (inclusive), None for no lower limit."""
     high: float | None = None
     """Largest allowed value (inclusive), None for no upper limit."""
-    alias: str | None = None
-    """An older `check_all` keyword that means this bound (kept working; public)."""
+    renamed_from: str | None = None
+    """The `check_all` keyword this bound had before it got one name everywhere: refused (UnknownBound) with a
+    message that gives the new name."""
     triggers: bool = False
     """For a "when_bound" invariant: giving this bound to check_all makes it run."""
 
@@ -94,31 +96,35 @@ class InvariantSpec:
     """One line: what it checks."""
 
     def bound(self, keyword: str) -> Bound | None:
-        """The bound named `keyword` (or whose alias it is), None if none."""
-        return next((b for b in self.bounds if keyword in (b.name, b.alias)), None)
+        """The bound named `keyword`, None if none."""
+        return next((b for b in self.bounds if keyword == b.name), None)
 
     def resolve(self, bounds: Mapping[str, Any]) -> dict[str, Any]:
-        """`bounds` with aliases renamed to their bound's name and every value validated. Raises UnknownBound
-        for a keyword that is not one of its bounds, ValueError for an impossible value."""
+        """`bounds` with every value validated. Raises UnknownBound for a keyword that is not one of its bounds
+        (naming the new name of a former one), ValueError for an impossible value."""
         out: dict[str, Any] = {}
         for key, value in bounds.items():
             b = self.bound(key)
             if b is None:
-                raise unknown_bound(f"invariant {self.name}", key,
-                                    [k for x in self.bounds for k in (x.name, x.alias) if k])
+                raise unknown_bound(f"invariant {self.name}", key, [x.name for x in self.bounds],
+                                    {x.renamed_from: x.name for x in self.bounds if x.renamed_from})
             b.validate(self.name, value)
             out[b.name] = value
         return out
 
     def __call__(self, run: Any, /, **bounds: Any) -> InvariantResult:
-        """Evaluate on `run` with `bounds` (names or aliases), validated first."""
+        """Evaluate on `run` with `bounds`, validated first."""
         return self.fn(run, **self.resolve(bounds))
 
 
-def unknown_bound(where: str, key: str, allowed: Iterable[str]) -> UnknownBound:
+def unknown_bound(where: str, key: str, allowed: Iterable[str],
+                  renamed: Mapping[str, str] | None = None) -> UnknownBound:
+    """The error for `key`: the allowed names, and the new name of a former one or else the closest match."""
     allowed = sorted(allowed)
     close = difflib.get_close_matches(key, allowed, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
+    if renamed and key in renamed:
+        hint = f"; {key!r} was renamed {renamed[key]!r}, its one name everywhere"
     return UnknownBound(f"{where} has no bound {key!r}; allowed: {', '.join(allowed) or '(none)'}{hint}")
 
 

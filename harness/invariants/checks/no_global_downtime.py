@@ -52,7 +52,7 @@ def alive_intervals(run: Run, min_alive: int) -> list[tuple[float, float]]:
 
 @register(order=20, mode="when_bound", bounds=(
     Bound("bound_s", "longest merge gap allowed while >= min_alive learners are alive (s)", REQUIRED, low=0.0,
-          alias="downtime_bound_s", triggers=True),
+          renamed_from="downtime_bound_s", triggers=True),
     Bound("min_alive", "K, learners that must be alive for a gap to count (default diloco.min_quorum)", low=0)))
 def no_global_downtime(run: Run, *, bound_s: float, min_alive: int | None = None) -> InvariantResult:
     """While at least K learners were alive (syncer's view, see `alive_intervals`; K = `min_alive`, default

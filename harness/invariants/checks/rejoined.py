@@ -14,7 +14,7 @@ from harness.invariants.registry import REQUIRED, Bound, register
 
 @register(order=50, mode="when_bound", bounds=(
     Bound("within_s", "longest delay from repair done to back (joined and stepping) (s)", REQUIRED, low=0.0,
-          alias="rejoin_within_s", triggers=True),))
+          renamed_from="rejoin_within_s", triggers=True),))
 def rejoined(run: Run, *, within_s: float) -> InvariantResult:
     """Every failed learner (a `learner_down`: the supervisor saw one of its chips die and will restart it)
     was back within `within_s` after its repair delay ended: back = both the syncer logged its `learner_join`
