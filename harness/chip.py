@@ -73,7 +73,8 @@ class ChipSpec:
     """Everything a chip process needs; picklable."""
 
     run_dir: str
-    scenario: dict
+    scenario: scenario_mod.Scenario
+    """The scenario the supervisor validated, as it is: the chip never parses a document again."""
     learner: int
     rank: int
     size: int
@@ -167,7 +168,7 @@ class GlooCollective:
 
 def chip_main(spec: ChipSpec) -> None:
     become_run_process(spec.parent_pid)
-    sc = scenario_mod.from_dict(spec.scenario)
+    sc = spec.scenario
     proc = f"learner{spec.learner}.chip{spec.rank}"
     events = EventLog(os.path.join(spec.run_dir, EVENTS_FILE), proc)
     events.log("chip_start", learner=spec.learner, rank=spec.rank, size=spec.size, generation=spec.generation)

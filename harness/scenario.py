@@ -157,6 +157,10 @@ class EvalConfig:
     every_s: float = bounded(3.0, 0.1, 3600.0)
     """Longest wall gap, in seconds, between two periodic evaluations of the global model (a wall-clock
     trigger besides `points`, for stretches where nothing is merged)."""
+    max_share: float = bounded(0.05, 0.001, 1.0)
+    """Largest share of one core the `points` evaluations may take (the last one's CPU time over the gap since
+    it started): a milestone that comes sooner waits, so a run of a few seconds gets fewer points instead of
+    slower chips. The `every_s` evaluations are not held back."""
     batches: int = bounded(4, 1, 10_000)
     """Held-out batches (of 16 sequences) per periodic evaluation; the final one uses them all."""
 

@@ -203,7 +203,7 @@ class Supervisor:
         parent, child = context().Pipe(duplex=False)
         if "syncer" in self.procs:
             self.retired.append(self.procs["syncer"])
-        spec = SyncerSpec(str(self.run_dir), self.sc.to_dict(), self.secret.hex(), os.getpid(),
+        spec = SyncerSpec(str(self.run_dir), self.sc, self.secret.hex(), os.getpid(),
                           port=self.syncer_port, restore=restore)
         self._start("syncer", syncer_main, (spec, child, self._syncer_stop))
         child.close()
@@ -248,7 +248,7 @@ class Supervisor:
             name = f"learner{m}.chip{r}"
             if name in self.procs:
                 self.retired.append(self.procs[name])
-            cs = ChipSpec(str(self.run_dir), sc.to_dict(), m, r, sc.topology.chips_per_learner, generation,
+            cs = ChipSpec(str(self.run_dir), sc, m, r, sc.topology.chips_per_learner, generation,
                           self.store.port, self.ports[m], self.secret.hex(), os.getpid(), start_step)
             self._start(name, chip_main, (cs,))
         self.generation[m] = generation
@@ -281,7 +281,7 @@ class Supervisor:
         members = sorted([*self.members[m], r])
         name = f"learner{m}.chip{r}"
         self.retired.append(self.procs[name])
-        cs = ChipSpec(str(self.run_dir), sc.to_dict(), m, r, sc.topology.chips_per_learner, self.generation[m],
+        cs = ChipSpec(str(self.run_dir), sc, m, r, sc.topology.chips_per_learner, self.generation[m],
                       self.store.port, self.ports[m], self.secret.hex(), os.getpid(), members=tuple(members),
                       joining=True)
         self._start(name, chip_main, (cs,))

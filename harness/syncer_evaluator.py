@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Mapping
 
 import torch
@@ -40,6 +41,8 @@ class Evaluator:
         self._batches = eval_batches(splits.holdout, sc.model.seq_len, EVAL_SEQS, sc.eval.batches)
         self._model = build_model(sc.model, sc.seed)
         self._thread = threading.Thread(target=self._run, name="eval", daemon=True)
+        self.last_cpu_s = 0.0
+        """CPU seconds of the last evaluation (read by the main loop; a float store is atomic)."""
 
     def start(self) -> None:
         self._thread.start()
@@ -50,9 +53,11 @@ class Evaluator:
             if item is None:
                 return
             version, tokens, params, trigger = item
+            cpu0 = time.thread_time()
             loss = evaluate(self._model, params, self._batches)
+            self.last_cpu_s = time.thread_time() - cpu0
             self.events.log("eval", version=version, tokens_merged=tokens, loss=loss, kind="periodic",
-                            trigger=trigger)
+                            trigger=trigger, cpu_s=round(self.last_cpu_s, 4))
 
     def request(self, version: int, tokens_merged: float, params: Mapping[str, torch.Tensor],
                 trigger: str = "time") -> None:

@@ -83,7 +83,7 @@ class SyncerService:
         self.evaluator.request(self.version(), self.tokens_merged, self.handler.core.params, trigger)
 
     def _eval_schedule(self, now: float) -> EvalSchedule:
-        sched = EvalSchedule.start(1.0, self.sc.eval.points, self.sc.eval.every_s, now)
+        sched = EvalSchedule.start(1.0, self.sc.eval.points, self.sc.eval.every_s, now, self.sc.eval.max_share)
         sched.taken(now, self.handler.progress())  # a restored syncer starts past the milestones it took
         return sched
 
@@ -113,6 +113,7 @@ class SyncerService:
             wake = self.handler.poll(time.monotonic())
             now = time.monotonic()
             done = self.handler.progress()
+            schedule.cost(self.evaluator.last_cpu_s)
             trigger = schedule.due(now, done)
             if trigger is not None:
                 self._request_eval(trigger)
@@ -165,7 +166,8 @@ class SyncerSpec:
     """Everything the syncer process needs; picklable."""
 
     run_dir: str
-    scenario: dict
+    scenario: Scenario
+    """The scenario the supervisor validated, as it is: the syncer never parses a document again."""
     secret_hex: str
     parent_pid: int
     port: int = 0
@@ -176,12 +178,11 @@ class SyncerSpec:
 
 def syncer_main(spec: SyncerSpec, port_conn: Any, stop_requested: Any) -> None:
     """Process entry: bind, report the port to the supervisor, serve until done."""
-    from harness import scenario as scenario_mod
     from harness.events import EVENTS_FILE
     from harness.procutil import become_run_process
 
     become_run_process(spec.parent_pid)
-    sc = scenario_mod.from_dict(spec.scenario)
+    sc = spec.scenario
     events = EventLog(os.path.join(spec.run_dir, EVENTS_FILE), "syncer")
     svc = SyncerService(sc, spec.run_dir, bytes.fromhex(spec.secret_hex), events, spec.port, spec.restore)
     port_conn.send(svc.port)

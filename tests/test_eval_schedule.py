@@ -47,3 +47,14 @@ def test_a_restored_syncer_starts_past_the_milestones_it_already_took() -> None:
     sched.taken(0.0, 57.0)
     assert sched.next_progress == 60.0
     assert sched.due(0.0, 58.0) is None
+
+
+def test_a_milestone_waits_while_evals_would_take_more_than_their_share_of_a_core() -> None:
+    sched = EvalSchedule.start(planned=1.0, points=10, every_s=1e9, now=0.0, max_share=0.05)
+    sched.cost(0.02)  # the initial eval took 20 ms of CPU: the next may start 0.4 s after it
+    assert sched.due(0.39, 0.15) is None
+    assert sched.due(0.40, 0.15) == "progress"
+    sched.taken(0.40, 0.15)
+    assert sched.due(0.79, 0.35) is None and sched.due(0.80, 0.35) == "progress"
+    sched.cost(0.0)
+    assert sched.due(0.41, 0.35) == "progress"  # free evals: only progress decides
