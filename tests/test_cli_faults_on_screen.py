@@ -3,6 +3,7 @@ then the faults table, every invariant's verdict and the errors, expected or not
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -11,6 +12,8 @@ from conftest import tiny_table
 from test_results import write_toml
 
 from harness.cli import main
+from harness.events import EVENTS_FILE, read_events
+from harness.run_timeline import fault_bands
 
 
 def three_faults(tmp_path: Path) -> Path:
@@ -43,7 +46,7 @@ def test_three_faults_fire_and_end_on_screen_and_the_final_table_gives_their_ver
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(["run", str(three_faults(tmp_path)), "--runs-dir", str(tmp_path / "runs")])
     out, err = capsys.readouterr()
-    assert rc == 0, err[-3000:]
+    assert rc == 0, (err + out)[-4000:]
     live = err + out
     for i, what in enumerate(("degrade", "kill_chip", "freeze")):
         fired = re.search(rf"fault F{i} fired: {what}.*; trigger: (.+)", live)
@@ -57,3 +60,12 @@ def test_three_faults_fire_and_end_on_screen_and_the_final_table_gives_their_ver
     verdicts = re.search(r"^invariants: all (\d+) held$", table, re.M)
     assert verdicts is not None and int(verdicts.group(1)) >= 5, table
     assert "UNEXPECTED" not in table, table
+    # report.json and the HTML report's fault bands give every fault the same response figures
+    run_dir = Path(re.search(r"^run directory: (\S+)$", out, re.M).group(1))  # type: ignore[union-attr]
+    report = json.loads((run_dir / "report.json").read_text())
+    bands = {b["index"]: b for b in fault_bands(read_events(run_dir / EVENTS_FILE))}
+    why = f"{report['fault_response']}\n{table}"
+    assert sorted(bands) == [r["index"] for r in report["fault_response"]] == [0, 1, 2], why
+    for r in report["fault_response"]:
+        assert (bands[r["index"]]["detect_s"], bands[r["index"]]["rejoin_s"]) == (r["detect_s"], r["rejoin_s"]), why
+    assert report["fault_response"][1]["rejoin_s"] is not None, f"the killed chip's learner came back: {why}"

@@ -109,3 +109,20 @@ def test_a_damaged_run_directory_is_refused_by_report(tmp_path: Path, report: by
     res = run_cli("report", str(tmp_path))
     assert res.returncode == 2, res.stderr
     assert names in res.stderr and "Traceback" not in res.stderr
+
+
+INCIDENTS = [p for p in FILES if p.name.startswith("incident-")]
+
+
+@pytest.mark.parametrize("path", INCIDENTS, ids=[p.stem for p in INCIDENTS])
+def test_an_incident_files_error_names_the_incident_file(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(argv(path)) == 2
+    err = capsys.readouterr().err
+    assert path.name in err, err
+
+
+def test_an_incident_typo_gets_a_did_you_mean(capsys: pytest.CaptureFixture[str]) -> None:
+    assert len(INCIDENTS) >= 8
+    assert cli.main(argv(CORPUS / "incident-fault-typo.toml")) == 2
+    err = capsys.readouterr().err
+    assert "faults[0].latency" in err and "did you mean latency_ms" in err, err
