@@ -361,10 +361,11 @@ def send_message(sock: socket.socket, msg: Message, timeout_s: float, auth: Fram
 
 
 def _readable_bytes(sock: socket.socket) -> int:
-    """Bytes waiting in the socket's receive buffer (Linux FIONREAD); 0 where unsupported."""
+    """Bytes waiting in the socket's receive buffer (Linux FIONREAD); 0 where unsupported, or where another
+    thread has closed the socket meanwhile (fileno() is then -1: ValueError), whose next recv reports it."""
     try:
         buf = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
-    except OSError:
+    except (OSError, ValueError):
         return 0
     return int(struct.unpack("i", buf)[0])
 

@@ -539,3 +539,20 @@ def test_hmac_verify_returns_false_for_malformed_peer_input() -> None:
     assert not verify_challenge(secret, nonce, "1", sig)  # type: ignore[arg-type]
     assert not verify_challenge(secret, nonce, True, sig)  # type: ignore[arg-type]
     assert not verify_challenge(secret, nonce, 2**80, sig)
+
+
+def test_a_socket_closed_by_another_thread_reads_as_closed_not_as_a_crash() -> None:
+    """The syncer's reader found a socket closed under it (fileno() -1) between two frames: FIONREAD must not
+    raise ValueError out of the reader thread; the next recv reports the closed socket as an OSError."""
+    import socket as socket_mod
+
+    from harness.wire import _readable_bytes
+
+    a, b = socket_mod.socketpair()
+    try:
+        a.close()
+        assert _readable_bytes(a) == 0
+        with pytest.raises(OSError):
+            a.recv(1)
+    finally:
+        b.close()
