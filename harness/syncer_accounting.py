@@ -18,7 +18,7 @@ import torch
 
 from harness.fragment_checkpoint import FragmentCheckpoints
 from harness.rundir import atomic_torch_save
-from trainers.decoupled_syncer import MergeRecord
+from trainers.decoupled_records import MergeRecord
 from trainers.syncer_core import SyncerCore
 
 STATE_DIR = "syncer_state"

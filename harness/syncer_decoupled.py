@@ -19,7 +19,8 @@ from harness.scenario import Scenario
 from harness.syncer_accounting import Accounting, fragment_digest
 from harness.syncer_transport import Conn, Transport
 from harness.wire import Message, MsgType
-from trainers.decoupled_syncer import DecoupledSyncer, MergeRecord, Pull, PushOutcome, SupersededCause
+from trainers.decoupled_records import MergeRecord, Pull, PushOutcome, SupersededCause
+from trainers.decoupled_syncer import DecoupledSyncer
 
 REJOIN_DROP = ("dropped on rejoin: carried from before it rejoined, where it is sent the current value (its "
                "counters reset)")
