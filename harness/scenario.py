@@ -303,8 +303,9 @@ def _check_link_backend(sc: Scenario) -> None:
         kind = faults.get(f.action)
         if backend.family not in kind.backends:
             raise ScenarioError(
-                f"faults[{i}].action = {f.action!r}: not supported by the {backend.family} backend ({backend.why}); "
-                f"{f.action} needs a {' or '.join(sorted(kind.backends))} server: set links.proxy = 'embedded'")
+                f"faults[{i}].action = {f.action!r}: not supported by the {backend.family} backend "
+                f"({backend.why}); {f.action} runs on: {', '.join(sorted(kind.backends))}"
+                + (" (links.proxy = 'embedded' picks the embedded server)" if "embedded" in kind.backends else ""))
 
 
 def validate(sc: Scenario) -> None:
