@@ -17,7 +17,8 @@ import chaos.faults
 from chaos import faults
 from chaos.faults.base import FaultKind
 from chaos.schedule import ACTION_PARAMS, ACTIONS, KILL_ACTIONS, LINK_ACTIONS, PROCESS_ACTIONS, parse_fault
-from harness.scenario import from_dict
+from harness import cli
+from harness.scenario import ScenarioError, from_dict
 
 BUILTIN = ("degrade", "partition", "flap", "reset_peer", "slice", "limit_data", "kill_chip", "kill_learner",
            "crash_host", "freeze", "slow", "kill_syncer")
@@ -140,3 +141,46 @@ def test_a_scenario_keeps_its_flat_fault_tables_through_to_dict() -> None:
     assert sc.faults[1].repair_s == 1.5 and sc.faults[1].latency_ms is None and sc.faults[0].latency_ms == 40.0
     with pytest.raises(AttributeError):
         sc.faults[0].latencyms  # noqa: B018 - a typo is no parameter
+
+
+CORRUPT = {"action": "corrupt", "learner": 1, "probability": 0.001}
+
+
+def test_corrupt_is_refused_where_the_run_would_use_a_real_toxiproxy(monkeypatch: pytest.MonkeyPatch,
+                                                                    tmp_path: Path) -> None:
+    """corrupt is an extension of the embedded server: with links.proxy = auto and a real server about (the
+    environment the supervisor will read), validation refuses it, naming the fault, the backend and why."""
+    table = {"topology": {"learners": 2}, "faults": [CORRUPT]}
+    monkeypatch.delenv("TOXIPROXY_URL", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert from_dict(table).faults[0].probability == 0.001  # auto finds no real server: embedded
+    monkeypatch.setenv("TOXIPROXY_URL", "http://127.0.0.1:9")
+    with pytest.raises(ScenarioError) as e:
+        from_dict(table)
+    assert "faults[0].action = 'corrupt': not supported by the toxiproxy backend" in str(e.value)
+    assert "TOXIPROXY_URL" in str(e.value) and "runs on: embedded" in str(e.value)
+    assert from_dict({**table, "links": {"proxy": "embedded"}}).faults[0].action == "corrupt"
+    monkeypatch.delenv("TOXIPROXY_URL")
+    exe = tmp_path / "toxiproxy-server"
+    exe.write_text("#!/bin/sh\nexit 1\n")
+    exe.chmod(0o755)
+    with pytest.raises(ScenarioError, match=r"faults\[0\]\.action = 'corrupt'.*toxiproxy-server is on PATH"):
+        from_dict(table)
+    # the other link kinds run on any server
+    assert from_dict({**table, "faults": [{"action": "partition", "learner": 1}]}).faults[0].action == "partition"
+
+
+def test_the_cli_refuses_corrupt_for_a_real_server_before_running(monkeypatch: pytest.MonkeyPatch,
+                                                                  tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "corrupt.toml"
+    path.write_text('[[faults]]\naction = "corrupt"\nlearner = 1\nprobability = 0.001\n')
+    monkeypatch.setenv("TOXIPROXY_URL", "http://127.0.0.1:9")
+    assert cli.main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "faults[0].action = 'corrupt'" in err and "toxiproxy backend" in err and "Traceback" not in err
+
+
+def test_corrupt_needs_a_probability_in_range() -> None:
+    assert "corrupt needs probability" in _error({"action": "corrupt", "learner": 0})
+    assert "faults[3].probability = 0.5: must be in [1e-09, 0.1]" in _error({**CORRUPT, "probability": 0.5})

@@ -18,6 +18,7 @@ from chaos.faults import crash_host  # noqa: F401
 from chaos.faults import freeze  # noqa: F401
 from chaos.faults import slow  # noqa: F401
 from chaos.faults import kill_syncer  # noqa: F401
+from chaos.faults import corrupt  # noqa: F401
 from chaos.faults.base import FaultContext, FaultKind, ScheduleError, find, get, kinds, names, register
 
 __all__ = ["FaultContext", "FaultKind", "ScheduleError", "find", "get", "kinds", "names", "register"]
