@@ -30,7 +30,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from chaos.schedule import LINK_ACTIONS, FaultSpec
+from chaos import faults
+from chaos.schedule import FaultSpec
 from chaos.toxiproxy_client import ToxiproxyClient, ToxiproxyError
 from chaos.wan_profiles import WAN_PROFILES
 
@@ -180,26 +181,24 @@ class LinkChaos:
             fault.toxics.append(self._add(learner, "limit_data", "upstream", bytes=nbytes))
         return self._register(fault, bytes=nbytes)
 
+    def add_toxics(self, learner: int, kind: str, toxics: list[tuple[str, str, dict[str, float]]],
+                   **params: Any) -> LinkFault:
+        """A fault made of plain toxics, `(type, stream, attributes)` each, added all or nothing; `params` go in
+        its `link_fault_on` event. For kinds that need no more than that (chaos/faults/corrupt.py)."""
+        fault = self._new(kind, learner)
+        with self._building(fault):
+            for type_, stream, attributes in toxics:
+                fault.toxics.append(self._add(learner, type_, stream, **attributes))
+        return self._register(fault, **params)
+
     def apply(self, spec: FaultSpec) -> LinkFault:
-        """Start the fault a schedule entry describes."""
-        if spec.action not in LINK_ACTIONS:
+        """Start the fault a schedule entry describes, through its kind's module (chaos/faults/)."""
+        kind = faults.find(spec.action)
+        if kind is None or kind.target != "link":
             raise ValueError(f"not a link action: {spec.action}")
-        assert spec.learner is not None, "validated: link actions have a learner"
-        p = spec.params()
-        if spec.action == "degrade":
-            return self.degrade(spec.learner, latency_ms=p.get("latency_ms", 0.0), jitter_ms=p.get("jitter_ms", 0.0),
-                                bandwidth_kbps=p.get("bandwidth_kbps"), profile=p.get("profile"))
-        if spec.action == "partition":
-            return self.partition(spec.learner, p.get("mode", "blackhole"))
-        if spec.action == "flap":
-            return self.flap(spec.learner, p["period_s"], p["duty"])
-        if spec.action == "reset_peer":
-            return self.reset_peer(spec.learner, p.get("timeout_ms", 0))
-        if spec.action == "slice":
-            return self.corrupt_by_slicing(spec.learner, **{k: v for k, v in p.items()})
-        if spec.action == "limit_data":
-            return self.limit_data(spec.learner, p["bytes"])
-        raise ValueError(f"not a link action: {spec.action}")
+        fault = kind.apply(faults.FaultContext(links=self), spec)
+        assert isinstance(fault, LinkFault)
+        return fault
 
     def active(self) -> list[LinkFault]:
         with self._lock:
@@ -242,7 +241,7 @@ class LinkChaos:
                       **{k: v for k, v in params.items() if v is not None})
         return fault
 
-    def _add(self, learner: int, type_: str, stream: str, **attributes: int) -> tuple[str, str]:
+    def _add(self, learner: int, type_: str, stream: str, **attributes: float) -> tuple[str, str]:
         """Add one toxic. Callers build a fault's toxics in `_building`, which removes them if one fails."""
         name = f"{type_}-{stream}-{next(self._ids)}"
         self.client.add_toxic(proxy_name(learner), name, type_, stream=stream, toxicity=1.0, **attributes)

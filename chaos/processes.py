@@ -39,7 +39,8 @@ from typing import Any
 
 import psutil
 
-from chaos.schedule import PROCESS_ACTIONS, FaultSpec
+from chaos import faults
+from chaos.schedule import FaultSpec
 
 CONTROL_TICK_S = 0.02
 """How often the `slow` controller compares progress (at most `period_s / 4`): a learner at full speed does
@@ -223,22 +224,13 @@ class ProcessChaos:
                 pass
 
     def apply(self, spec: FaultSpec) -> ProcessFault:
-        if spec.action not in PROCESS_ACTIONS:
+        """Start the fault a schedule entry describes, through its kind's module (chaos/faults/)."""
+        kind = faults.find(spec.action)
+        if kind is None or kind.target == "link":
             raise ValueError(f"not a process action: {spec.action}")
-        if spec.action == "kill_syncer":
-            return self.kill_syncer(spec.repair_s)
-        assert spec.learner is not None, "validated: every action but kill_syncer has a learner"
-        if spec.repair_s is not None:
-            self.repair_s[spec.learner] = spec.repair_s
-        if spec.action == "kill_chip":
-            return self.kill_chip(spec.learner, spec.chip or 0)
-        if spec.action == "crash_host":
-            return self.crash_host(spec.learner)
-        if spec.action == "kill_learner":
-            return self.kill_learner(spec.learner)
-        if spec.action == "slow":
-            return self.slow(spec.learner, spec.speed or 0.5, spec.period_s or 0.2, spec.jitter or 0.0)
-        return self.freeze(spec.learner, spec.chip)
+        fault = kind.apply(faults.FaultContext(processes=self), spec)
+        assert isinstance(fault, ProcessFault)
+        return fault
 
     # -- internals -------------------------------------------------------------------------------
     def _pids(self, learner: int) -> list[int]:

@@ -28,39 +28,33 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from chaos import faults as _faults
+from chaos.faults.base import RepairParams, ScheduleError
 from trainers.config import did_you_mean
 
-LINK_ACTIONS = ("degrade", "partition", "flap", "reset_peer", "slice", "limit_data")
+LINK_ACTIONS = _faults.names(lambda k: k.target == "link")
 """Actions on one learner's link, carried out through its Toxiproxy proxy (chaos/links.py)."""
 
-PROCESS_ACTIONS = ("kill_chip", "kill_learner", "crash_host", "freeze", "slow", "kill_syncer")
+PROCESS_ACTIONS = _faults.names(lambda k: k.target != "link")
 """Actions on a run's processes, by pid (chaos/processes.py). Kills are one shot; a freeze lasts to `until`.
 `kill_syncer` hits the synchronizer and is the only action without a `learner`."""
 
-KILL_ACTIONS = ("kill_chip", "kill_learner", "crash_host", "kill_syncer")
+KILL_ACTIONS = _faults.names(lambda k: k.target != "link" and issubclass(k.params, RepairParams))
 """One-shot SIGKILLs; the supervisor restarts what they killed after `repair_s` (or recovery's default)."""
 
-ACTIONS = LINK_ACTIONS + PROCESS_ACTIONS
+ACTIONS = _faults.names()
+"""Every registered fault kind (chaos/faults/), in registration order."""
 
-# action -> the parameter fields it accepts (all others must stay unset)
-ACTION_PARAMS: dict[str, tuple[str, ...]] = {
-    "degrade": ("profile", "latency_ms", "jitter_ms", "bandwidth_kbps"),
-    "partition": ("mode",),
-    "flap": ("period_s", "duty"),
-    "reset_peer": ("timeout_ms",),
-    "slice": ("average_size", "size_variation", "delay_us"),
-    "limit_data": ("bytes",),
-    "kill_chip": ("chip", "repair_s"),
-    "kill_learner": ("repair_s",),
-    "crash_host": ("repair_s",),
-    "kill_syncer": ("repair_s",),
-    "freeze": ("chip",),
-    "slow": ("speed", "period_s", "jitter"),
-}
+ACTION_PARAMS: dict[str, tuple[str, ...]] = {n: k.param_names() for n, k in _faults.kinds().items()}
+"""action -> the parameter keys it accepts (derived from each kind's params dataclass)."""
 
+PARAM_KEYS: tuple[str, ...] = tuple(dict.fromkeys(p for ps in ACTION_PARAMS.values() for p in ps))
+"""Every parameter key of any kind: the flat keys a `[[faults]]` table may hold besides action, learner, at,
+until."""
 
-class ScheduleError(ValueError):
-    """A fault entry is invalid; the message names the key (faults[i].key) and what is allowed."""
+__all__ = ["ACTIONS", "ACTION_PARAMS", "KILL_ACTIONS", "LINK_ACTIONS", "PARAM_KEYS", "PROCESS_ACTIONS",
+           "FaultSchedule", "FaultSpec", "Progress", "ScheduleError", "Transition", "Trigger", "config_table",
+           "never_fires", "parse_fault", "reached"]
 
 
 @dataclass(frozen=True)
@@ -89,80 +83,62 @@ class Trigger:
         return f"{self.after_s:g} s after the fault started"
 
 
+_SPEC_KEYS = ("action", "learner", "at", "until")
+
+
 @dataclass(frozen=True)
 class FaultSpec:
-    """One scheduled fault. `action` decides which of the parameter fields apply."""
+    """One scheduled fault: its kind (`action`), whom it hits, when, and the kind's parameters (`options`).
+
+    A scenario writes the parameters as flat keys of the `[[faults]]` table (`latency_ms = 50`); `to_table`
+    gives that form back. Reading a parameter by name (`spec.latency_ms`) gives its value, or None where it is
+    unset or not a parameter of this kind."""
 
     action: str
-    """One of ACTIONS: degrade, partition, flap, reset_peer, slice, limit_data, kill_chip, kill_learner,
-    crash_host, freeze, slow, kill_syncer."""
+    """A registered fault kind (chaos/faults/): degrade, partition, flap, reset_peer, slice, limit_data,
+    kill_chip, kill_learner, crash_host, freeze, slow, kill_syncer, ..."""
     learner: int | None = None
-    """The learner whose link (or process, for process actions) the fault hits; unset only for kill_syncer."""
+    """The learner whose link (or process, for process actions) the fault hits; unset only for syncer kinds."""
     at: Trigger = field(default_factory=lambda: Trigger(time_s=0.0))
     """When the fault starts (default: at run start)."""
     until: Trigger | None = None
     """When it ends; unset means it lasts to the end of the run (and is removed then)."""
-    profile: str | None = None
-    """degrade: a named WAN profile (chaos/links.py WAN_PROFILES); explicit fields override it."""
-    latency_ms: float | None = None
-    """degrade: added round-trip time in ms (half on each direction)."""
-    jitter_ms: float | None = None
-    """degrade: +- this much (round trip) drawn by the harness from the run's seed."""
-    bandwidth_kbps: float | None = None
-    """degrade: link rate in kilobits/s, each direction (Toxiproxy's `rate` is KB/s: kbps / 8)."""
-    mode: str | None = None
-    """partition: 'blackhole' (connections open, nothing passes; default) or 'refuse' (proxy disabled)."""
-    period_s: float | None = None
-    """flap: seconds of one down+up cycle; slow: seconds of one run+stop cycle (default 0.2)."""
-    duty: float | None = None
-    """flap: fraction of each period the link is down, in (0, 1)."""
-    timeout_ms: int | None = None
-    """reset_peer: connections are reset this many ms after data arrives (0 = at once)."""
-    average_size: int | None = None
-    """slice: average bytes per slice."""
-    size_variation: int | None = None
-    """slice: +- bytes of slice size variation."""
-    delay_us: int | None = None
-    """slice: microseconds between slices."""
-    bytes: int | None = None
-    """limit_data: connections are closed after this many bytes (per direction)."""
-    chip: int | None = None
-    """kill_chip, freeze: which chip (rank) of the learner; freeze without it stops all the learner's chips."""
-    speed: float | None = None
-    """slow: fraction of full speed the learner may run at (an older chip generation, or a straggler)."""
-    jitter: float | None = None
-    """slow: the target speed varies per period, uniformly in speed x (1 +- jitter), seeded (default 0)."""
-    repair_s: float | None = None
-    """kill_chip, kill_learner, crash_host, kill_syncer: seconds until the supervisor restarts what was killed
-    (unset: recovery.repair_s, or recovery.syncer_repair_s for the syncer)."""
+    options: Any = None
+    """The kind's params dataclass (chaos/faults/<action>.py), each unset parameter None."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "options":
+            raise AttributeError(name)
+        if name in PARAM_KEYS:
+            return getattr(self.options, name, None)
+        raise AttributeError(f"{type(self).__name__} has no attribute or fault parameter {name!r}")
+
+    @property
+    def target_learner(self) -> int:
+        """The learner a link or process fault hits (validated: set for every kind but the syncer's)."""
+        if self.learner is None:
+            raise ValueError(f"{self.action}: has no learner")
+        return self.learner
 
     def params(self) -> dict[str, Any]:
         """The action's parameters that are set."""
-        return {k: getattr(self, k) for k in ACTION_PARAMS[self.action] if getattr(self, k) is not None}
+        if self.options is None:
+            return {}
+        return {f.name: getattr(self.options, f.name) for f in dataclasses.fields(self.options)
+                if getattr(self.options, f.name) is not None}
+
+    def to_table(self) -> dict[str, Any]:
+        """The flat `[[faults]]` table this spec was parsed from (unset entries left out); parse_fault reads it."""
+        out: dict[str, Any] = {"action": self.action}
+        if self.learner is not None:
+            out["learner"] = self.learner
+        out["at"] = {k: v for k, v in dataclasses.asdict(self.at).items() if v is not None}
+        if self.until is not None:
+            out["until"] = {k: v for k, v in dataclasses.asdict(self.until).items() if v is not None}
+        return {**out, **self.params()}
 
     def describe(self) -> str:
-        ps = ", ".join(f"{k}={v}" for k, v in self.params().items())
-        who = "syncer" if self.learner is None else f"learner {self.learner}"
-        return f"{self.action}({who}{', ' + ps if ps else ''})"
-
-
-_RANGES: dict[str, tuple[float, float]] = {
-    "latency_ms": (0.0, 60_000.0),
-    "jitter_ms": (0.0, 60_000.0),
-    "bandwidth_kbps": (8.0, 100_000_000.0),
-    "period_s": (0.05, 3600.0),
-    "duty": (0.01, 0.99),
-    "timeout_ms": (0, 3_600_000),
-    "average_size": (1, 1 << 24),
-    "size_variation": (0, 1 << 24),
-    "delay_us": (0, 10_000_000),
-    "bytes": (0, 1 << 40),
-    "chip": (0, 1023),
-    "speed": (0.05, 0.95),
-    "repair_s": (0.0, 3600.0),
-    "jitter": (0.0, 0.9),
-}
-_MODES = ("blackhole", "refuse")
+        return _faults.get(self.action).label(self)
 
 
 def _trigger(raw: Any, key: str, learners: int, is_until: bool) -> Trigger:
@@ -209,59 +185,38 @@ def config_table(raw: Any, key: str, cls: type) -> dict[str, Any]:
 
 
 def parse_fault(raw: Any, key: str, learners: int) -> FaultSpec:
-    """Validate one `[[faults]]` table (as parsed from TOML or JSON) into a FaultSpec."""
-    raw = config_table(raw, key, FaultSpec)
+    """Validate one `[[faults]]` table (as parsed from TOML or JSON, or a FaultSpec) into a FaultSpec: the keys
+    common to every fault here, the parameters by the kind's module (chaos/faults/<action>.py)."""
+    if isinstance(raw, FaultSpec):
+        raw = raw.to_table()
+    elif isinstance(raw, dict) and isinstance(raw.get("options"), dict):  # dataclasses.asdict of a FaultSpec
+        raw = {**{k: v for k, v in raw.items() if k != "options"}, **raw["options"]}
+    if not isinstance(raw, dict):
+        raise ScheduleError(f"{key}: must be a table")
+    raw = {k: v for k, v in raw.items() if v is not None}
+    allowed = _SPEC_KEYS + PARAM_KEYS
+    unknown = sorted(set(raw) - set(allowed))
+    if unknown:
+        raise ScheduleError(f"unknown key {key}.{unknown[0]}{did_you_mean(unknown[0], allowed)}; "
+                            f"allowed: {', '.join(allowed)}")
     action = raw.get("action")
-    if action not in ACTIONS:
-        raise ScheduleError(f"{key}.action = {action!r}: must be one of {', '.join(ACTIONS)}")
+    kind = _faults.get(action, f"{key}.action")
     learner = raw.get("learner")
-    if action == "kill_syncer":
+    if kind.target == "syncer":
         if learner is not None:
-            raise ScheduleError(f"{key}.learner: kill_syncer hits the syncer; leave learner unset")
+            raise ScheduleError(f"{key}.learner: {action} hits the syncer; leave learner unset")
     elif isinstance(learner, bool) or not isinstance(learner, int) or not 0 <= learner < learners:
         raise ScheduleError(f"{key}.learner = {learner!r}: must be in [0, {learners - 1}]")
-    allowed = ACTION_PARAMS[action]
-    kwargs: dict[str, Any] = {"action": action, "learner": learner}
-    for k, v in raw.items():
-        if k in ("action", "learner"):
-            continue
-        if k == "at":
-            kwargs["at"] = _trigger(v, f"{key}.at", learners, is_until=False)
-            continue
-        if k == "until":
-            kwargs["until"] = _trigger(v, f"{key}.until", learners, is_until=True)
-            continue
-        if k not in allowed:
-            raise ScheduleError(f"{key}.{k}: not a parameter of {action}{did_you_mean(k, allowed)}; "
-                                f"it takes {', '.join(allowed)}")
-        if k == "mode":
-            if v not in _MODES:
-                raise ScheduleError(f"{key}.mode = {v!r}: must be one of {', '.join(_MODES)}")
-        elif k == "profile":
-            from chaos.wan_profiles import WAN_PROFILES
-
-            if v not in WAN_PROFILES:
-                raise ScheduleError(f"{key}.profile = {v!r}: must be one of {', '.join(WAN_PROFILES)}")
-        else:
-            lo, hi = _RANGES[k]
-            integral = isinstance(lo, int)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or (integral and not isinstance(v, int)):
-                raise ScheduleError(f"{key}.{k} = {v!r}: must be {'an integer' if integral else 'a number'}")
-            if not (lo <= v <= hi):
-                raise ScheduleError(f"{key}.{k} = {v!r}: must be in [{lo}, {hi}]")
-            v = v if integral else float(v)
-        kwargs[k] = v
-    spec = FaultSpec(**kwargs)
-    if action == "degrade" and not spec.params():
-        raise ScheduleError(f"{key}: degrade needs profile, latency_ms, jitter_ms or bandwidth_kbps")
-    if action == "slow" and spec.speed is None:
-        raise ScheduleError(f"{key}: slow needs speed")
-    if action == "flap" and (spec.period_s is None or spec.duty is None):
-        raise ScheduleError(f"{key}: flap needs period_s and duty")
-    if action == "freeze" and spec.until is None:
-        raise ScheduleError(f"{key}: freeze needs until (a process frozen to the end of the run never finishes)")
-    if action == "limit_data" and spec.bytes is None:
-        raise ScheduleError(f"{key}: limit_data needs bytes")
+    takes = kind.param_names()
+    for k in raw:
+        if k not in _SPEC_KEYS and k not in takes:
+            raise ScheduleError(f"{key}.{k}: not a parameter of {action}{did_you_mean(k, takes)}; "
+                                f"it takes {', '.join(takes) or 'no parameters'}")
+    at = _trigger(raw["at"], f"{key}.at", learners, is_until=False) if "at" in raw else Trigger(time_s=0.0)
+    until = _trigger(raw["until"], f"{key}.until", learners, is_until=True) if "until" in raw else None
+    options = kind.parse_params({k: v for k, v in raw.items() if k in takes}, key)
+    spec = FaultSpec(action=action, learner=learner, at=at, until=until, options=options)
+    kind.validate(spec, key)
     return spec
 
 

@@ -9,7 +9,7 @@ own process, so that proxying never competes with the supervisor for a GIL.
 A server we start is in its own session (a terminal's Ctrl-C goes to the
 supervisor, which stops it in order) and dies with the supervisor even if the
 supervisor is SIGKILLed (PR_SET_PDEATHSIG). The HTTP client is imported only
-when a server is started: scenario validation needs PROXY_MODES alone.
+when a server is started: scenario validation needs PROXY_MODES and resolve_backend alone.
 """
 
 from __future__ import annotations
@@ -87,28 +87,59 @@ def _spawn(cmd: list[str], url: str, kind: str, ready_s: float, http_timeout_s: 
     return ToxiproxyBackend(url, kind, version, proc)
 
 
+@dataclass(frozen=True)
+class BackendChoice:
+    """Which server a run's links will use, decided from links.proxy and the environment before anything
+    starts (start_backend follows the same decision)."""
+
+    family: str | None
+    """"toxiproxy" (a real, upstream server), "embedded" (ours), or None (links.proxy = off)."""
+    why: str
+    """What decided it, for error messages: e.g. "TOXIPROXY_URL is set"."""
+    url: str | None = None
+    """TOXIPROXY_URL, when that decided it."""
+    exe: str | None = None
+    """The toxiproxy-server executable found on PATH, when that decided it."""
+
+
+def resolve_backend(mode: str) -> BackendChoice:
+    """The server links.proxy = `mode` leads to here and now: auto takes TOXIPROXY_URL, then toxiproxy-server on
+    PATH, then the embedded server; embedded always takes ours; off none. Starts nothing."""
+    if mode == "off":
+        return BackendChoice(None, "links.proxy = 'off'")
+    if mode == "auto":
+        url = os.environ.get("TOXIPROXY_URL")
+        if url:
+            return BackendChoice("toxiproxy", f"links.proxy = 'auto' and TOXIPROXY_URL is set ({url})", url=url)
+        exe = shutil.which("toxiproxy-server")
+        if exe:
+            return BackendChoice("toxiproxy", f"links.proxy = 'auto' and toxiproxy-server is on PATH ({exe})",
+                                 exe=exe)
+        return BackendChoice("embedded", "links.proxy = 'auto' and no real server was found")
+    return BackendChoice("embedded", f"links.proxy = {mode!r}")
+
+
 def start_backend(mode: str, seed: int, ready_s: float, http_timeout_s: float) -> ToxiproxyBackend:
     """Find or start the Toxiproxy server for one run. Raises ToxiproxyError if none comes up."""
     from chaos.toxiproxy_client import ToxiproxyClient, ToxiproxyError
 
     if mode not in PROXY_MODES or mode == "off":
         raise ValueError(f"links.proxy = {mode!r}: start_backend needs one of auto, embedded")
-    if mode == "auto":
-        url = os.environ.get("TOXIPROXY_URL")
-        if url:
-            version = ToxiproxyClient(url, timeout_s=http_timeout_s).wait_ready(ready_s)
-            return ToxiproxyBackend(url.rstrip("/"), "external", version)
-        exe = shutil.which("toxiproxy-server")
-        if exe:
-            last: Exception | None = None
-            for _ in range(_START_TRIES):  # a free port can be taken between our probe and its bind
-                port = free_port()
-                try:
-                    return _spawn([exe, "-host", "127.0.0.1", "-port", str(port)], f"http://127.0.0.1:{port}",
-                                  "toxiproxy-server", ready_s, http_timeout_s)
-                except ToxiproxyError as e:
-                    last = e
-            raise ToxiproxyError(f"toxiproxy-server at {exe} failed to start: {last}")
+    choice = resolve_backend(mode)
+    url, exe = choice.url, choice.exe
+    if url:
+        version = ToxiproxyClient(url, timeout_s=http_timeout_s).wait_ready(ready_s)
+        return ToxiproxyBackend(url.rstrip("/"), "external", version)
+    if exe:
+        last: Exception | None = None
+        for _ in range(_START_TRIES):  # a free port can be taken between our probe and its bind
+            port = free_port()
+            try:
+                return _spawn([exe, "-host", "127.0.0.1", "-port", str(port)], f"http://127.0.0.1:{port}",
+                              "toxiproxy-server", ready_s, http_timeout_s)
+            except ToxiproxyError as e:
+                last = e
+        raise ToxiproxyError(f"toxiproxy-server at {exe} failed to start: {last}")
     last = None
     for _ in range(_START_TRIES):
         port = free_port()

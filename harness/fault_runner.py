@@ -2,7 +2,7 @@
 
 The supervisor calls `tick` with the events it has just read; the schedule
 updates its view of training progress and says which faults start or end,
-and the runner applies them through the link chaos API, logging
+and the runner applies them through each kind's module (chaos/faults/), logging
 `fault_start` / `fault_end` with the fault's index, description, the reason
 (the trigger reached) and the progress at that moment. `stop_all` ends every
 active fault; the supervisor calls it on every way out of a run. Process faults go to
@@ -14,9 +14,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from chaos.links import LinkChaos, LinkFault
-from chaos.processes import ProcessChaos, ProcessFault
-from chaos.schedule import LINK_ACTIONS, FaultSchedule, FaultSpec, Transition
+from chaos import faults
+from chaos.faults.base import FaultHandle
+from chaos.links import LinkChaos
+from chaos.processes import ProcessChaos
+from chaos.schedule import FaultSchedule, FaultSpec, Transition
 from harness.events import EventLog
 
 log = logging.getLogger(__name__)
@@ -31,7 +33,7 @@ class FaultRunner:
         self.chaos = chaos
         self.processes = processes
         self.events = events
-        self.handles: dict[int, LinkFault | ProcessFault] = {}
+        self.handles: dict[int, FaultHandle] = {}
 
     def never_fired(self) -> list[str]:
         """Faults whose trigger was never reached: a schedule that did not happen is a failed run."""
@@ -62,15 +64,11 @@ class FaultRunner:
         fields = {"index": tr.index, "action": spec.action, "learner": spec.learner, "describe": spec.describe(),
                   "reason": tr.reason, "elapsed_s": round(elapsed_s, 3), "progress": self.schedule.progress.as_dict()}
         if tr.start:
-            if spec.action in LINK_ACTIONS:
-                assert self.chaos is not None, "link faults need proxies (validated before the run)"
-                self.handles[tr.index] = self.chaos.apply(spec)
-            else:
-                assert self.processes is not None
-                try:
-                    self.handles[tr.index] = self.processes.apply(spec)
-                except ProcessLookupError as e:  # the learner is down already: the fault hit nothing
-                    fields["missed"] = str(e)
+            kind = faults.get(spec.action)
+            try:
+                self.handles[tr.index] = kind.apply(faults.FaultContext(self.chaos, self.processes), spec)
+            except ProcessLookupError as e:  # the learner (or syncer) is down already: the fault hit nothing
+                fields["missed"] = str(e)
             self.events.log("fault_start", **fields)
         else:
             handle = self.handles.pop(tr.index, None)

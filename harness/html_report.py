@@ -38,6 +38,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from chaos import faults
 from harness.events import EVENTS_FILE, read_events
 from harness.run_timeline import (
     STATE_COLORS,
@@ -61,6 +62,7 @@ TIMELINE_PNG = "timeline.png"
 DPI = 100
 
 FAULT_COLORS = ("#e377c2", "#8c564b", "#7f7f7f", "#1f77b4", "#ff7f0e", "#9467bd", "#17becf", "#bcbd22")
+"""Colors for faults whose action is no registered kind (an old run directory); a kind has its own `colour`."""
 
 
 # -- plots --------------------------------------------------------------------------------------------------
@@ -74,14 +76,16 @@ def _png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def _fault_color(k: int) -> str:
-    return FAULT_COLORS[k % len(FAULT_COLORS)]
+def _fault_color(k: int, band: dict[str, Any]) -> str:
+    """The fault kind's colour (chaos/faults/<action>.py), else one by position."""
+    kind = faults.find(band.get("action"))
+    return kind.colour if kind is not None else FAULT_COLORS[k % len(FAULT_COLORS)]
 
 
 def _draw_bands(ax: Any, bands: list[dict[str, Any]]) -> list[Patch]:
     handles = []
     for k, b in enumerate(bands):
-        color = _fault_color(k)
+        color = _fault_color(k, b)
         ax.axvspan(b["start_s"], max(b["end_s"], b["start_s"] + 0.05), color=color, alpha=0.22, lw=0)
         ax.text(b["start_s"], 0.98 - 0.07 * (k % 4), f" F{b['index']}", transform=ax.get_xaxis_transform(),
                 va="top", ha="left", fontsize=8, color=color, fontweight="bold")
@@ -135,9 +139,9 @@ def timeline_png(learners: dict[int, list[Segment]], syncer: list[Segment], band
     present = {state for _, segs in rows for state, _, _ in segs}
     end = max((b for _, segs in rows for _, _, b in segs), default=1.0)
     for k, band in enumerate(bands):
-        ax.axvline(band["start_s"], color=_fault_color(k), ls="--", lw=1)
+        ax.axvline(band["start_s"], color=_fault_color(k, band), ls="--", lw=1)
         ax.text(band["start_s"], 1.0, f"F{band['index']}", transform=ax.get_xaxis_transform(), va="bottom",
-                ha="center", fontsize=8, color=_fault_color(k), fontweight="bold")
+                ha="center", fontsize=8, color=_fault_color(k, band), fontweight="bold")
     ax.set_yticks(range(len(rows)), [name for name, _ in reversed(rows)])
     ax.set_ylim(-0.6, len(rows) - 0.4)
     ax.set_xlim(0, end or 1.0)
@@ -238,7 +242,7 @@ def _table(sections: list[tuple[str, list[tuple[str, str]]]]) -> str:
 
 def _faults_list(bands: list[dict[str, Any]]) -> str:
     items = [f'<li id="fault-{b["index"]}" class="fault"><span class="swatch" style="background:'
-             f'{_fault_color(k)}"></span>{html.escape(_fault_text(b))}</li>' for k, b in enumerate(bands)]
+             f'{_fault_color(k, b)}"></span>{html.escape(_fault_text(b))}</li>' for k, b in enumerate(bands)]
     empty = "" if bands else '<p class="none">No faults were injected.</p>'
     return "\n".join(['<ul id="faults">', *items, "</ul>", empty])
 

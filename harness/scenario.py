@@ -19,8 +19,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from chaos.schedule import LINK_ACTIONS, FaultSpec, ScheduleError, never_fires, parse_fault
-from chaos.toxiproxy_backend import PROXY_MODES
+from chaos import faults
+from chaos.schedule import KILL_ACTIONS, FaultSpec, ScheduleError, never_fires, parse_fault
+from chaos.toxiproxy_backend import PROXY_MODES, resolve_backend
 from trainers.config import ALGORITHMS, DilocoConfig, TrainConfig, bounded, choice, did_you_mean
 from trainers.data import CORPUS_NAMES, DataConfig
 from trainers.model import ModelConfig
@@ -205,7 +206,10 @@ class Scenario:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The scenario as tables, each fault in its flat `[[faults]]` form (from_dict reads it back)."""
+        out = dataclasses.asdict(self)
+        out["faults"] = [f.to_table() for f in self.faults]
+        return out
 
 
 def _check_value(key: str, f: dataclasses.Field, value: Any, default: Any) -> Any:
@@ -289,6 +293,25 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 '-', at most 64 characters (no '/', no '..' path, nothing a shell or a file system would read otherwise)."""
 
 
+def _check_link_backend(sc: Scenario) -> None:
+    """Every link fault must be one the run's Toxiproxy server implements (e.g. corrupt is an extension of the
+    embedded server): decided from links.proxy and the environment (TOXIPROXY_URL, toxiproxy-server on PATH)
+    the way the supervisor will decide it, before any process starts."""
+    link_faults = [(i, f) for i, f in enumerate(sc.faults) if faults.get(f.action).target == "link"]
+    if not link_faults:
+        return
+    backend = resolve_backend(sc.links.proxy)
+    if backend.family is None:
+        raise ScenarioError("links.proxy = 'off': link faults need proxies; use auto or embedded")
+    for i, f in link_faults:
+        kind = faults.get(f.action)
+        if backend.family not in kind.backends:
+            raise ScenarioError(
+                f"faults[{i}].action = {f.action!r}: not supported by the {backend.family} backend "
+                f"({backend.why}); {f.action} runs on: {', '.join(sorted(kind.backends))}"
+                + (" (links.proxy = 'embedded' picks the embedded server)" if "embedded" in kind.backends else ""))
+
+
 def validate(sc: Scenario) -> None:
     """Check ranges and the rules that tie fields together. Raises ScenarioError."""
     if not isinstance(sc.name, str) or not NAME_PATTERN.fullmatch(sc.name):
@@ -311,22 +334,22 @@ def validate(sc: Scenario) -> None:
         if f.chip is not None and f.chip >= sc.topology.chips_per_learner:
             raise ScenarioError(f"faults[{i}].chip = {f.chip}: must be in [0, {sc.topology.chips_per_learner - 1}]"
                                 " (topology.chips_per_learner)")
-        if f.action in ("kill_chip", "kill_learner", "crash_host") and sc.recovery.policy == "fail":
+        kind = faults.get(f.action)
+        if kind.target == "process" and f.action in KILL_ACTIONS and sc.recovery.policy == "fail":
             raise ScenarioError(f"faults[{i}].action = {f.action!r}: needs recovery.policy = 'restart' "
                                 "(with 'fail' the first lost chip ends the run)")
-        if f.action == "kill_syncer":
+        if kind.target == "syncer":
             if sc.algorithm != "decoupled":
-                raise ScenarioError(f"faults[{i}].action = 'kill_syncer': supported for algorithm = 'decoupled' "
+                raise ScenarioError(f"faults[{i}].action = {f.action!r}: supported for algorithm = 'decoupled' "
                                     f"only, not {sc.algorithm!r} (its syncer keeps no checkpoint to restore)")
             if sc.recovery.syncer_policy != "restart" or sc.recovery.syncer_checkpoint != "every_merge":
-                raise ScenarioError(f"faults[{i}].action = 'kill_syncer': needs recovery.syncer_policy = 'restart' "
+                raise ScenarioError(f"faults[{i}].action = {f.action!r}: needs recovery.syncer_policy = 'restart' "
                                     "and recovery.syncer_checkpoint = 'every_merge'")
     if sc.recovery.policy == "shrink" and sc.algorithm not in ELASTIC_ALGORITHMS:
         raise ScenarioError(f"recovery.policy = 'shrink': supported for algorithm in {ELASTIC_ALGORITHMS} "
                             f"only, not {sc.algorithm!r}; use 'restart', or 'elastic' (shrink where the "
                             "algorithm has it, restart elsewhere)")
-    if sc.links.proxy == "off" and any(f.action in LINK_ACTIONS for f in sc.faults):
-        raise ScenarioError("links.proxy = 'off': link faults need proxies; use auto or embedded")
+    _check_link_backend(sc)
     if sc.diloco.min_quorum > m:
         raise ScenarioError(
             f"diloco.min_quorum = {sc.diloco.min_quorum}: must be in [1, topology.learners = {m}]"

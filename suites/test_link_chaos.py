@@ -218,3 +218,41 @@ def test_sliced_and_truncated_frames_never_reach_a_merge(run_scenario, mode):
     assert all(d["steps"] == 100 for d in rep["per_learner"].values())
     check_decoupled_invariants(res, REFERENCES["frames"])  # model_finite: no partial tensor made it non-finite
     res.check("updates_accounted")  # every push that reached the syncer whole was merged or superseded, once
+
+
+CORRUPT_PROBABILITY = 1e-5
+"""Fraction of learner 1's bytes (each way) with one bit flipped: most ~137 KB pushes and fragments that cross are
+damaged (1 - (1 - p)^137000 = 75%), small frames (pings, acks, the handshake) mostly are not, so the link keeps
+reconnecting and training goes on."""
+DAMAGE_KINDS = {"bad_magic", "bad_checksum", "bad_flags", "bad_mac", "frame_too_large", "truncated"}
+"""How a frame with a flipped bit is rejected: by its magic, CRC, flags, announced length or tag (a length made
+longer leaves the frame short when its connection drops); never as a decoded frame with bad content."""
+
+
+def test_corrupted_frames_are_rejected_and_never_merged(run_scenario):
+    """The embedded server's corrupt toxic flips bits in learner 1's bytes, both ways, for the middle of learner 0's
+    run: every damaged frame is rejected by the wire and its connection dropped, nothing damaged reaches a merge
+    (finite model, every accepted push and token accounted for), learner 1 reconnects and the run converges."""
+    fault = {"action": "corrupt", "learner": 1, "probability": CORRUPT_PROBABILITY,
+             "at": {"step": 20, "learner": 0}, "until": {"step": 60, "learner": 0}}
+    sc = scenario("decoupled", learners=2, steps=100, faults=[fault], links={"proxy": "embedded"})
+    res = run_scenario(sc)
+    rep, evs = res.report, res.events
+    t0, t1 = window(evs, 0)
+    rejected = [e for e in evs if e["ev"] == "frame_rejected"]
+    kinds = {e["kind"] for e in rejected}
+    merged = [e for e in evs if e["ev"] == "merge" and t0 < e["t"] < t1 and 1 in e["participants"]]
+    res.figures(probability=CORRUPT_PROBABILITY, fault_s=round(t1 - t0, 3), frames_rejected=len(rejected),
+                kinds=sorted(kinds), sides=sorted({e["side"] for e in rejected}),
+                merges_with_learner_1_in_fault=len(merged), reconnects=rep["per_learner"]["1"]["link"]["reconnects"],
+                final_eval=rep["final_eval_loss"])
+    assert rep["links"]["backend"] == "embedded"
+    assert rep["frames_rejected"] == len(rejected) > 0
+    assert kinds <= DAMAGE_KINDS and "bad_checksum" in kinds, sorted(kinds)
+    assert all(e.get("learner") in (1, None) for e in rejected), "only learner 1's link is damaged"
+    assert any(e["side"] == "syncer" and e.get("learner") == 1 for e in rejected), "the syncer caught its pushes"
+    assert rep["per_learner"]["1"]["link"]["reconnects"] >= 1
+    assert all(d["steps"] == 100 for d in rep["per_learner"].values())
+    check_decoupled_invariants(res, REFERENCES["frames"])  # converged, and model_finite: nothing damaged merged
+    res.check("updates_accounted")
+    res.check("token_accounting")

@@ -558,6 +558,18 @@ def test_apply_dispatches_to_the_right_toxics(rig: Rig, raw: dict[str, Any], kin
     assert rig.client.get_proxy("learner-1").enabled is True
 
 
+def test_apply_corrupt_adds_the_embedded_corrupt_toxic_both_ways(rig: Rig) -> None:
+    """corrupt (an extension of the embedded server) is two plain toxics, one per direction, removed by clear()."""
+    fault = rig.chaos.apply(parse_fault({"action": "corrupt", "learner": 1, "probability": 0.002}, "faults[0]",
+                                        learners=2))
+    assert fault.kind == "corrupt" and fault.learner == 1
+    assert [(ty, stream, attrs) for ty, stream, _, attrs in _shape(rig.client, 1)] == [
+        ("corrupt", s, {"probability": 0.002}) for s in _BOTH]
+    assert ("link_fault_on", {"learner": 1, "kind": "corrupt", "probability": 0.002}) in rig.rec.calls
+    fault.clear()
+    assert _toxics(rig.client, 1) == {} and rig.chaos.active() == []
+
+
 def test_apply_flap_and_jittered_profile_start_threads(rig: Rig) -> None:
     flap = rig.chaos.apply(parse_fault({"action": "flap", "learner": 0, "period_s": 0.2, "duty": 0.5},
                                        "faults[0]", learners=2))

@@ -26,8 +26,8 @@ def bounded(default: Any, lo: float, hi: float) -> Any:
     return field(default=default, metadata={"range": (lo, hi)})
 
 
-def choice(default: str, choices: tuple[str, ...]) -> Any:
-    """A dataclass field whose value must be one of `choices`."""
+def choice(default: str | None, choices: tuple[str, ...]) -> Any:
+    """A dataclass field whose value must be one of `choices` (a default of None: unset, for optional fields)."""
     return field(default=default, metadata={"choices": choices})
 
 

@@ -1,0 +1,24 @@
+"""Fault kinds: one module per kind, each registered by name (chaos/faults/base.py says what a kind defines).
+
+Importing this package registers every kind, in the order of the imports below: the order of ACTIONS in
+chaos/schedule.py and of the names listed in error messages. Adding a kind is one module and one import line
+here (docs/link-chaos.md, "Adding a fault kind").
+"""
+# isort: skip_file
+
+from chaos.faults import degrade  # noqa: F401  (each import registers its kind)
+from chaos.faults import partition  # noqa: F401
+from chaos.faults import flap  # noqa: F401
+from chaos.faults import reset_peer  # noqa: F401
+from chaos.faults import slice  # noqa: F401
+from chaos.faults import limit_data  # noqa: F401
+from chaos.faults import kill_chip  # noqa: F401
+from chaos.faults import kill_learner  # noqa: F401
+from chaos.faults import crash_host  # noqa: F401
+from chaos.faults import freeze  # noqa: F401
+from chaos.faults import slow  # noqa: F401
+from chaos.faults import kill_syncer  # noqa: F401
+from chaos.faults import corrupt  # noqa: F401
+from chaos.faults.base import FaultContext, FaultKind, ScheduleError, find, get, kinds, names, register
+
+__all__ = ["FaultContext", "FaultKind", "ScheduleError", "find", "get", "kinds", "names", "register"]

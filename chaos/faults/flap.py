@@ -1,0 +1,39 @@
+"""`flap`: partition and heal one learner's link periodically."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from chaos.faults.base import LINK_BACKENDS, FaultContext, FaultHandle, FaultKind, ScheduleError, register
+from trainers.config import bounded
+
+if TYPE_CHECKING:
+    from chaos.schedule import FaultSpec
+
+
+@dataclass(frozen=True)
+class FlapParams:
+    """The flapping cycle (both required)."""
+
+    period_s: float | None = bounded(None, 0.05, 3600.0)
+    """Seconds of one down+up cycle."""
+    duty: float | None = bounded(None, 0.01, 0.99)
+    """Fraction of each period the link is down."""
+
+
+@register
+class Flap(FaultKind):
+    name = "flap"
+    target = "link"
+    params = FlapParams
+    backends = LINK_BACKENDS
+    colour = "#e377c2"
+    summary = "one learner's link down for duty x period_s of every period_s"
+
+    def validate(self, spec: FaultSpec, key: str) -> None:
+        if spec.options.period_s is None or spec.options.duty is None:
+            raise ScheduleError(f"{key}: flap needs period_s and duty")
+
+    def apply(self, ctx: FaultContext, spec: FaultSpec) -> FaultHandle:
+        return ctx.link().flap(spec.target_learner, spec.options.period_s, spec.options.duty)

@@ -1,0 +1,37 @@
+"""`limit_data`: each of one learner's connections is closed after some bytes (a frame cut short)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from chaos.faults.base import LINK_BACKENDS, FaultContext, FaultHandle, FaultKind, ScheduleError, register
+from trainers.config import bounded
+
+if TYPE_CHECKING:
+    from chaos.schedule import FaultSpec
+
+
+@dataclass(frozen=True)
+class LimitDataParams:
+    """Where connections are cut (required)."""
+
+    bytes: int | None = bounded(None, 0, 1 << 40)
+    """Connections are closed after this many bytes from the learner."""
+
+
+@register
+class LimitData(FaultKind):
+    name = "limit_data"
+    target = "link"
+    params = LimitDataParams
+    backends = LINK_BACKENDS
+    colour = "#9467bd"
+    summary = "each of one learner's connections closed after `bytes` from it"
+
+    def validate(self, spec: FaultSpec, key: str) -> None:
+        if spec.options.bytes is None:
+            raise ScheduleError(f"{key}: limit_data needs bytes")
+
+    def apply(self, ctx: FaultContext, spec: FaultSpec) -> FaultHandle:
+        return ctx.link().limit_data(spec.target_learner, spec.options.bytes)
