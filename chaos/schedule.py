@@ -189,8 +189,6 @@ def parse_fault(raw: Any, key: str, learners: int) -> FaultSpec:
     common to every fault here, the parameters by the kind's module (chaos/faults/<action>.py)."""
     if isinstance(raw, FaultSpec):
         raw = raw.to_table()
-    elif isinstance(raw, dict) and isinstance(raw.get("options"), dict):  # dataclasses.asdict of a FaultSpec
-        raw = {**{k: v for k, v in raw.items() if k != "options"}, **raw["options"]}
     if not isinstance(raw, dict):
         raise ScheduleError(f"{key}: must be a table")
     raw = {k: v for k, v in raw.items() if v is not None}

@@ -111,11 +111,11 @@ def test_bad_entries_name_the_key(raw: dict, needle: str) -> None:
     assert needle in str(e.value)
 
 
-def test_round_trip_through_asdict() -> None:
-    import dataclasses
-
+def test_round_trip_through_its_table_and_options_is_no_document_key() -> None:
     f = parse_fault({"action": "degrade", "learner": 2, "latency_ms": 40, "bandwidth_kbps": 800,
                      "at": {"merges": 3}, "until": {"after_s": 1.5}}, "faults[0]", 4)
-    assert parse_fault(dataclasses.asdict(f), "faults[0]", 4) == f
+    assert parse_fault(f.to_table(), "faults[0]", 4) == f == parse_fault(f, "faults[0]", 4)
+    with pytest.raises(ScheduleError, match="unknown key faults.0..options"):
+        parse_fault({"action": "degrade", "learner": 2, "options": {"latency_ms": 40}}, "faults[0]", 4)
     assert f.params() == {"latency_ms": 40.0, "bandwidth_kbps": 800.0}
     assert f.describe() == "degrade(learner 2, latency_ms=40.0, bandwidth_kbps=800.0)"
