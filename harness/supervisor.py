@@ -189,12 +189,12 @@ class Supervisor:
         """One `errors_labelled` event: each error the run's processes logged, expected (with the injected
         fault that explains it) or not, so the event log itself says which errors were the scenario's doing."""
         from harness.events import EVENTS_FILE, read_events
-        from harness.run_errors import classify_errors
+        from harness.run_errors import classify_errors, records
 
         t = self.sc.timeouts
         evs = read_events(self.run_dir / EVENTS_FILE)
         start = next((e["t"] for e in evs if e["ev"] == "run_start"), t0)
-        errors = classify_errors(evs, start, t.gloo_s + t.liveness_s)
+        errors = classify_errors(records(evs), start, t.gloo_s + t.liveness_s)
         self.events.log("errors_labelled", expected=sum(e.expected for e in errors),
                         unexpected=sum(not e.expected for e in errors), errors=[e.as_dict() for e in errors])
 

@@ -110,7 +110,7 @@ def test_build_report_on_handmade_run(tmp_path: Path) -> None:
 def test_build_report_without_merges_or_evals(tmp_path: Path) -> None:
     evs = [ev(10.0, "run_start")]
     evs += [ev(10.0 + s, "step", proc="learner0.chip0", learner=0, step=s, tokens=8) for s in (1, 2, 3)]
-    evs += [ev(14.0, "chip_error", proc="learner0.chip0", error="boom"), ev(15.0, "run_end")]
+    evs += [ev(14.0, "chip_error", proc="learner0.chip0", learner=0, rank=0, error="boom"), ev(15.0, "run_end")]
     write_run(tmp_path / "run", evs)
     r = build_report(tmp_path / "run")
     assert r["merge_count"] == 0 and r["tokens_merged"] == 0
