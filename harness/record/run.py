@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.record.base import Event, event
+from harness.scenario import LearnerPolicy
 
 SUPERVISOR = "supervisor (harness/supervisor.py)"
 
@@ -25,8 +26,8 @@ class RunStart(Event):
     """Chips (processes) per learner."""
     seed: int
     """The scenario's seed."""
-    learner_policy: str
-    """The recovery policy a failed learner gets: fail, restart or shrink."""
+    learner_policy: LearnerPolicy
+    """The recovery policy a failed learner gets (harness/scenario.py learner_policy)."""
     learner_policy_why: str
     """Why that policy (the scenario's recovery.policy as resolved for the algorithm)."""
     schema_version: int | None = None
