@@ -6,6 +6,9 @@ interleave. Every event carries `t` (CLOCK_MONOTONIC, comparable across the
 processes of one machine), `wall` (epoch seconds), `pid`, `proc` (who wrote
 it, e.g. "learner2.chip0") and `ev` (the kind). The metrics and the report are
 computed from this file alone, so any recorded run can be re-analysed.
+
+Its schema is harness/record (docs/events.md). With DILOCO_CHAOS_STRICT_EVENTS=1 (set by the tests) every event
+is also parsed into its record as it is written, so an emitter that drifts from the schema fails where it writes.
 """
 
 from __future__ import annotations
@@ -14,26 +17,38 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 EVENTS_FILE = "events.jsonl"
+STRICT_ENV = "DILOCO_CHAOS_STRICT_EVENTS"
+"""Set to 1: `EventLog.log` checks each event against its record (harness/record) and raises EventSchemaError
+on a mismatch, before writing it."""
 
 
 class EventLog:
     """Writer side: `log(kind, **fields)` appends one line. Safe across threads and processes."""
 
-    def __init__(self, path: str | os.PathLike[str], proc: str) -> None:
+    def __init__(self, path: str | os.PathLike[str], proc: str, strict: bool | None = None) -> None:
+        """`strict`: check each event against its record before writing it (None: when STRICT_ENV is 1)."""
         self.path = str(path)
         self.proc = proc
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._lock = threading.Lock()
+        self._check: Callable[[dict[str, Any]], object] | None = None
+        if strict if strict is not None else os.environ.get(STRICT_ENV) == "1":
+            from harness.record import parse  # only here: the schema imports the trainers' enums
+
+            self._check = parse
 
     def log(self, kind: str, /, **fields: Any) -> None:
         rec = {"t": time.monotonic(), "wall": time.time(), "pid": os.getpid(), "proc": self.proc, "ev": kind}
         rec.update(fields)
-        line = (json.dumps(rec, separators=(",", ":"), default=_jsonable) + "\n").encode()
+        text = json.dumps(rec, separators=(",", ":"), default=_jsonable)
+        if self._check is not None:
+            self._check(json.loads(text))
+        line = (text + "\n").encode()
         with self._lock:
             if self._fd >= 0:
                 os.write(self._fd, line)

@@ -22,7 +22,7 @@ import torch
 
 from harness.events import EVENTS_FILE, EventLog, read_events
 from harness.metrics import achieved_speeds, downtime, fault_response, goodput, learner_availability, merge_stats
-from harness.run_errors import classify_errors
+from harness.run_errors import classify_errors, records
 from harness.rundir import CHECKPOINT_FILE, CONFIG_FILE, read_json
 from harness.scenario import Scenario, from_dict
 from trainers.data import eval_batches, make_splits
@@ -100,7 +100,7 @@ def build_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     chip_starts = [e for e in evs if e["ev"] == "chip_start"]
     groups = {e["group"] for e in evs if e["ev"] == "gloo_group"}
     pushes = [e for e in evs if e["ev"] == "push"]
-    errors = classify_errors(evs, start, sc.timeouts.gloo_s + sc.timeouts.liveness_s)
+    errors = classify_errors(records(evs), start, sc.timeouts.gloo_s + sc.timeouts.liveness_s)
     return {
         "name": sc.name,
         "algorithm": sc.algorithm,

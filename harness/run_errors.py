@@ -10,11 +10,21 @@ longest a consequence of a fault may take to surface. Everything else is unexpec
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from harness.record import Event, parse
+from harness.record.learner import ChipError, LinkFatal
+from harness.record.run import FaultEnd, FaultStart
+from harness.record.syncer import SyncerError
+
 ERROR_EVENTS = ("chip_error", "syncer_error", "link_fatal")
 """Event kinds that report an error of a run process."""
+READS = ("fault_start", "fault_end", *ERROR_EVENTS)
+"""The event kinds classify_errors reads: a caller holding decoded dicts parses only these (`records`)."""
+
+ErrorEvent = ChipError | SyncerError | LinkFatal
 
 
 @dataclass(frozen=True)
@@ -38,30 +48,36 @@ class RunError:
         return asdict(self)
 
 
-def _window(start: dict[str, Any], end: dict[str, Any] | None, settle_s: float) -> tuple[float, float]:
-    last = end["t"] if end is not None else float("inf")
-    return start["t"], max(last, start["t"]) + settle_s
+def records(evs: Iterable[Mapping[str, Any]]) -> list[Event]:
+    """The events classify_errors reads, parsed into their records (the others are left alone)."""
+    return [parse(e) for e in evs if e.get("ev") in READS]
 
 
-def _explains(fault: dict[str, Any], e: dict[str, Any]) -> bool:
-    if e["ev"] == "syncer_error":
-        return bool(fault["action"] == "kill_syncer")
-    target = fault.get("learner")
-    return target is None or target == e.get("learner")
+def _window(start: FaultStart, end: FaultEnd | None, settle_s: float) -> tuple[float, float]:
+    last = end.t if end is not None else float("inf")
+    return start.t, max(last, start.t) + settle_s
 
 
-def classify_errors(evs: list[dict[str, Any]], start: float, settle_s: float) -> list[RunError]:
-    """Every error event of `evs` in time order, labelled with the fault that explains it, if any."""
-    starts = [e for e in evs if e["ev"] == "fault_start" and not e.get("missed")]
-    ends = {e["index"]: e for e in evs if e["ev"] == "fault_end"}
+def _explains(fault: FaultStart, e: ErrorEvent) -> bool:
+    if isinstance(e, SyncerError):
+        return fault.action == "kill_syncer"
+    return fault.learner is None or fault.learner == e.learner
+
+
+def classify_errors(evs: Iterable[Event], start: float, settle_s: float) -> list[RunError]:
+    """Every error record of `evs` in time order, labelled with the fault that explains it, if any."""
+    evs = list(evs)
+    starts = [e for e in evs if isinstance(e, FaultStart) and not e.missed]
+    ends = {e.index: e for e in evs if isinstance(e, FaultEnd)}
+    errors: list[ErrorEvent] = [e for e in evs if isinstance(e, ChipError | SyncerError | LinkFatal)]
     out = []
-    for e in sorted((e for e in evs if e["ev"] in ERROR_EVENTS), key=lambda e: e["t"]):
+    for e in sorted(errors, key=lambda e: e.t):
         cause = None
         for f in starts:
-            lo, hi = _window(f, ends.get(f["index"]), settle_s)
-            if lo <= e["t"] <= hi and _explains(f, e):
-                cause = f"fault {f['index']}: {f['describe']}"
+            lo, hi = _window(f, ends.get(f.index), settle_s)
+            if lo <= e.t <= hi and _explains(f, e):
+                cause = f"fault {f.index}: {f.describe}"
                 break
-        out.append(RunError(proc=e["proc"], ev=e["ev"], error=e.get("error"), t_s=round(e["t"] - start, 3),
+        out.append(RunError(proc=e.proc, ev=e.ev, error=e.error, t_s=round(e.t - start, 3),
                             expected=cause is not None, cause=cause))
     return out

@@ -31,6 +31,7 @@ from harness.chip import ChipSpec, chip_main, members_key
 from harness.events import EVENTS_FILE, EventLog, EventTail
 from harness.fault_runner import FaultRunner
 from harness.handshake import new_secret
+from harness.record.base import SCHEMA_VERSION
 from harness.rundir import CONFIG_FILE, PROCESSES_FILE, REPORT_FILE, make_run_dir, write_json
 from harness.scenario import Scenario, learner_policy, validate
 from harness.syncer_service import SyncerSpec, syncer_main
@@ -138,7 +139,7 @@ class Supervisor:
         policy, why = learner_policy(sc.recovery.policy, sc.algorithm)
         self.events.log("run_start", algorithm=sc.algorithm, learners=sc.topology.learners,
                         chips_per_learner=sc.topology.chips_per_learner, seed=sc.seed, learner_policy=policy,
-                        learner_policy_why=why)
+                        learner_policy_why=why, schema_version=SCHEMA_VERSION)
         try:
             self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                                        timeout=datetime.timedelta(seconds=t.startup_s))
@@ -188,12 +189,12 @@ class Supervisor:
         """One `errors_labelled` event: each error the run's processes logged, expected (with the injected
         fault that explains it) or not, so the event log itself says which errors were the scenario's doing."""
         from harness.events import EVENTS_FILE, read_events
-        from harness.run_errors import classify_errors
+        from harness.run_errors import classify_errors, records
 
         t = self.sc.timeouts
         evs = read_events(self.run_dir / EVENTS_FILE)
         start = next((e["t"] for e in evs if e["ev"] == "run_start"), t0)
-        errors = classify_errors(evs, start, t.gloo_s + t.liveness_s)
+        errors = classify_errors(records(evs), start, t.gloo_s + t.liveness_s)
         self.events.log("errors_labelled", expected=sum(e.expected for e in errors),
                         unexpected=sum(not e.expected for e in errors), errors=[e.as_dict() for e in errors])
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socketserver
 import threading
 from collections.abc import Iterator
@@ -9,7 +10,12 @@ from typing import Any
 
 import pytest
 
+from harness.events import STRICT_ENV
 from harness.scenario import Scenario, from_dict
+
+os.environ.setdefault(STRICT_ENV, "1")
+"""Every event a test's runs write is checked against its record (harness/record) as it is written, so each test
+that runs the real processes also checks that the emitters match the schema (docs/events.md)."""
 
 
 def tiny_table(algorithm: str = "decoupled", learners: int = 2, chips: int = 2, steps: int = 60,

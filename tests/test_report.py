@@ -110,7 +110,7 @@ def test_build_report_on_handmade_run(tmp_path: Path) -> None:
 def test_build_report_without_merges_or_evals(tmp_path: Path) -> None:
     evs = [ev(10.0, "run_start")]
     evs += [ev(10.0 + s, "step", proc="learner0.chip0", learner=0, step=s, tokens=8) for s in (1, 2, 3)]
-    evs += [ev(14.0, "chip_error", proc="learner0.chip0", error="boom"), ev(15.0, "run_end")]
+    evs += [ev(14.0, "chip_error", proc="learner0.chip0", learner=0, rank=0, error="boom"), ev(15.0, "run_end")]
     write_run(tmp_path / "run", evs)
     r = build_report(tmp_path / "run")
     assert r["merge_count"] == 0 and r["tokens_merged"] == 0
@@ -127,7 +127,7 @@ def test_build_report_without_merges_or_evals(tmp_path: Path) -> None:
 
 def test_two_event_logs_on_one_file_all_parse(tmp_path: Path) -> None:
     path = tmp_path / EVENTS_FILE
-    a, b = EventLog(path, "learner0.chip0"), EventLog(path, "syncer")
+    a, b = EventLog(path, "learner0.chip0", strict=False), EventLog(path, "syncer", strict=False)  # made-up fields
     try:
         for i in range(50):
             a.log("step", learner=0, step=i, extra={1, 3, 2})
@@ -148,7 +148,7 @@ def test_two_event_logs_on_one_file_all_parse(tmp_path: Path) -> None:
 
 def test_torn_last_line_is_skipped(tmp_path: Path) -> None:
     path = tmp_path / EVENTS_FILE
-    log = EventLog(path, "p")
+    log = EventLog(path, "p", strict=False)  # made-up kinds
     log.log("one")
     log.log("two")
     log.close()
@@ -167,7 +167,7 @@ def test_event_tail_returns_only_new_lines(tmp_path: Path) -> None:
     path = tmp_path / EVENTS_FILE
     tail = EventTail(path)
     assert tail.poll() == []  # no file yet
-    log = EventLog(path, "p")
+    log = EventLog(path, "p", strict=False)  # made-up kinds
     log.log("a")
     log.log("b")
     assert [e["ev"] for e in tail.poll()] == ["a", "b"]

@@ -2,24 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from harness.record import Event
+from harness.record.learner import ChipError
+from harness.record.run import FaultEnd, FaultStart
+from harness.record.syncer import SyncerError
 from harness.run_errors import classify_errors
 
 
-def ev(t: float, kind: str, **kw: Any) -> dict[str, Any]:
-    return {"t": t, "ev": kind, "proc": kw.pop("proc", "supervisor"), **kw}
+def base(t: float, kind: str, proc: str = "supervisor") -> dict:
+    return {"t": t, "wall": 1e9 + t, "pid": 1, "proc": proc, "ev": kind}
 
 
-def fault(t: float, index: int, action: str, learner: int | None, end: float | None = None) -> list[dict]:
-    out = [ev(t, "fault_start", index=index, action=action, learner=learner, describe=f"{action} {learner}")]
+def fault(t: float, index: int, action: str, learner: int | None, end: float | None = None,
+          missed: str | None = None) -> list[Event]:
+    what = {"index": index, "action": action, "learner": learner, "describe": f"{action} {learner}",
+            "reason": "test", "elapsed_s": t, "progress": {}}
+    out: list[Event] = [FaultStart(**base(t, "fault_start"), **what, missed=missed)]
     if end is not None:
-        out.append(ev(end, "fault_end", index=index, action=action, learner=learner))
+        out.append(FaultEnd(**base(end, "fault_end"), **what))
     return out
 
 
-def chip_error(t: float, learner: int) -> dict[str, Any]:
-    return ev(t, "chip_error", proc=f"learner{learner}.chip1", learner=learner, error="CollectiveFailed: reset")
+def chip_error(t: float, learner: int) -> ChipError:
+    return ChipError(**base(t, "chip_error", f"learner{learner}.chip1"), learner=learner, rank=1,
+                     error="CollectiveFailed: reset")
 
 
 def test_an_error_of_the_killed_learner_within_the_settle_window_is_expected() -> None:
@@ -39,11 +45,11 @@ def test_an_error_of_another_learner_or_after_the_settle_window_is_unexpected() 
 def test_a_fault_on_every_learner_explains_any_learners_error_and_a_fault_that_missed_explains_none() -> None:
     evs = fault(10.0, 0, "partition", None) + [chip_error(50.0, 3)]
     assert classify_errors(evs, 0.0, 13.0)[0].expected  # never ended: in effect until the run's end
-    missed = [dict(fault(10.0, 0, "kill_learner", 3)[0], missed="learner 3 is down")] + [chip_error(11.0, 3)]
+    missed = fault(10.0, 0, "kill_learner", 3, missed="learner 3 is down") + [chip_error(11.0, 3)]
     assert not classify_errors(missed, 0.0, 13.0)[0].expected
 
 
 def test_a_syncer_error_is_expected_only_around_a_syncer_crash() -> None:
-    err = ev(11.0, "syncer_error", proc="syncer", error="OSError")
+    err = SyncerError(**base(11.0, "syncer_error", "syncer"), error="OSError")
     assert not classify_errors(fault(10.0, 0, "partition", None) + [err], 0.0, 5.0)[0].expected
     assert classify_errors(fault(10.0, 0, "kill_syncer", None) + [err], 0.0, 5.0)[0].expected

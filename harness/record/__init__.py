@@ -1,0 +1,68 @@
+"""Typed event records: the run directory's events.jsonl as one frozen dataclass per event kind.
+
+Every process of a run appends JSON lines through harness/events.py `EventLog.log(kind, **fields)`; this package
+is the schema of those lines. `parse(dict)` turns one decoded line into its record (checking that every required
+field is present and typed, rejecting unknown kinds and fields with `EventSchemaError`), `read_records(path)`
+reads a whole log, and `RunEvents` is the parsed log with typed look-ups by kind. docs/events.md, generated from
+these classes by `python -m harness.record.doc`, is the stable contract for users' own tools; SCHEMA_VERSION
+(carried by `run_start`) says which version of it a run directory was written with.
+
+Modules: base (the common fields, registry, parse), run (supervisor and fault events), learner (chip and link
+process events), syncer (syncer events).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TypeVar
+
+from harness.record import learner, run, syncer
+from harness.record.base import REGISTRY, SCHEMA_VERSION, Event, EventSchemaError, parse
+
+__all__ = ["REGISTRY", "SCHEMA_VERSION", "Event", "EventSchemaError", "RunEvents", "learner", "parse",
+           "read_records", "run", "syncer"]
+
+R = TypeVar("R", bound=Event)
+
+
+def iter_records(path: str | os.PathLike[str]) -> Iterator[Event]:
+    """Each complete line of an events.jsonl, parsed. A torn last line (a killed writer) is skipped; any other
+    line that is not JSON or not a valid event raises EventSchemaError naming its line number."""
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, start=1):
+            if not raw.endswith(b"\n"):
+                return
+            try:
+                obj = json.loads(raw)
+            except json.JSONDecodeError as e:
+                raise EventSchemaError(f"not JSON: {e}", line=n) from None
+            if not isinstance(obj, dict):
+                raise EventSchemaError(f"not a JSON object: {type(obj).__name__}", line=n)
+            yield parse(obj, line=n)
+
+
+def read_records(path: str | os.PathLike[str]) -> list[Event]:
+    """All events of a log as records, in file order (see iter_records)."""
+    return list(iter_records(path))
+
+
+@dataclass(frozen=True)
+class RunEvents:
+    """A run's parsed event log: all records in file order, and typed look-ups by record class."""
+
+    records: list[Event]
+
+    @classmethod
+    def read(cls, path: str | os.PathLike[str]) -> RunEvents:
+        return cls(read_records(path))
+
+    def of(self, kind: type[R]) -> list[R]:
+        """Every record of one kind, in file order (typed: `run.of(Step)` is a list[Step])."""
+        return [r for r in self.records if type(r) is kind]  # type: ignore[misc]
+
+    def first(self, kind: type[R]) -> R | None:
+        """The first record of one kind, or None."""
+        return next((r for r in self.records if type(r) is kind), None)  # type: ignore[misc]

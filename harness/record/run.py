@@ -1,0 +1,369 @@
+"""Records of the events the supervisor writes: the run's lifecycle, its processes' failures and repairs, and
+the faults it injects (harness/supervisor.py, harness/fault_runner.py, harness/link_proxies.py, and
+chaos/processes.py / chaos/links.py through the `on_event` callback they are given)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from harness.record.base import Event, event
+from harness.scenario import LearnerPolicy
+
+SUPERVISOR = "supervisor (harness/supervisor.py)"
+
+
+@event("run_start", SUPERVISOR)
+@dataclass(frozen=True, kw_only=True)
+class RunStart(Event):
+    """The run began; its scenario is in config.json."""
+
+    algorithm: str
+    """decoupled, diloco, ddp or elastic_ddp."""
+    learners: int
+    """Number of learners (M)."""
+    chips_per_learner: int
+    """Chips (processes) per learner."""
+    seed: int
+    """The scenario's seed."""
+    learner_policy: LearnerPolicy
+    """The recovery policy a failed learner gets (harness/scenario.py learner_policy)."""
+    learner_policy_why: str
+    """Why that policy (the scenario's recovery.policy as resolved for the algorithm)."""
+    schema_version: int | None = None
+    """Version of this event schema (harness.record.SCHEMA_VERSION); absent in runs written before it existed."""
+
+
+@event("store_ready", SUPERVISOR)
+@dataclass(frozen=True, kw_only=True)
+class StoreReady(Event):
+    """The run's TCPStore (Gloo rendezvous) is listening."""
+
+    port: int
+    """Its TCP port on 127.0.0.1."""
+
+
+@event("process_start", SUPERVISOR + ", harness/link_proxies.py")
+@dataclass(frozen=True, kw_only=True)
+class ProcessStart(Event):
+    """A child process of the run started."""
+
+    name: str
+    """`syncer`, `learner<m>.chip<r>` or `toxiproxy`."""
+    child_pid: int
+    """Its pid."""
+
+
+@event("run_end", SUPERVISOR)
+@dataclass(frozen=True, kw_only=True)
+class RunEnd(Event):
+    """Every process of the run has stopped (written whether it succeeded or failed)."""
+
+    wall_s: float
+    """Seconds from run start."""
+
+
+@event("run_interrupted", SUPERVISOR)
+@dataclass(frozen=True, kw_only=True)
+class RunInterrupted(Event):
+    """The run was interrupted (Ctrl-C or SIGTERM)."""
+
+    reason: str
+    """The exception's class name: KeyboardInterrupt or _Terminate."""
+
+
+@event("errors_labelled", SUPERVISOR)
+@dataclass(frozen=True, kw_only=True)
+class ErrorsLabelled(Event):
+    """After the run: each error its processes logged, expected (an injected fault explains it) or not."""
+
+    expected: int
+    """Errors an injected fault explains."""
+    unexpected: int
+    """Errors none explains."""
+    errors: list[dict[str, Any]]
+    """Each error (harness/run_errors.py RunError.as_dict): proc, ev, error, t_s, expected, cause."""
+
+
+@event("syncer_down", SUPERVISOR)
+@dataclass(frozen=True, kw_only=True)
+class SyncerDown(Event):
+    """The syncer exited with an error; it is restarted after `repair_s`."""
+
+    exitcode: int
+    """Its exit code (negative: killed by that signal)."""
+    repair_s: float
+    """Seconds until the restart."""
+
+
+@event("syncer_restart", SUPERVISOR)
+@dataclass(frozen=True, kw_only=True)
+class SyncerRestart(Event):
+    """A new syncer started, restoring from the checkpoint."""
+
+    restarts: int
+    """Syncer restarts so far in the run."""
+    port: int
+    """Port it listens on (the same as before)."""
+    child_pid: int
+    """Its pid."""
+
+
+@event("learner_shrink", SUPERVISOR)
+@dataclass(frozen=True, kw_only=True)
+class LearnerShrink(Event):
+    """Policy shrink: non-host chips of a learner died; the survivors go on as a smaller group."""
+
+    learner: int
+    """The learner."""
+    lost: list[int]
+    """Ranks of the chips lost."""
+    members: list[int]
+    """Chip ranks of the new, smaller group."""
+    generation: int
+    """The group's new generation."""
+    step: int
+    """The learner's step when it was noticed."""
+    repair_s: float
+    """Seconds until the lost chips are restarted (then `learner_grow`)."""
+
+
+@event("learner_grow", SUPERVISOR)
+@dataclass(frozen=True, kw_only=True)
+class LearnerGrow(Event):
+    """A repaired chip started and is joining its learner's group."""
+
+    learner: int
+    """The learner."""
+    chip: int
+    """The chip's rank."""
+    members: list[int]
+    """Chip ranks of the grown group."""
+    generation: int
+    """The group's new generation."""
+    step: int
+    """The learner's step when the chip started."""
+
+
+@event("chip_join_abandoned", SUPERVISOR)
+@dataclass(frozen=True, kw_only=True)
+class ChipJoinAbandoned(Event):
+    """The learner finished before a repaired chip joined: the chip is stopped."""
+
+    learner: int
+    """The learner."""
+    chip: int
+    """The chip's rank."""
+
+
+@event("chip_repair_skipped", SUPERVISOR)
+@dataclass(frozen=True, kw_only=True)
+class ChipRepairSkipped(Event):
+    """A lost chip is not restarted (too near the end of training)."""
+
+    learner: int
+    """The learner."""
+    chip: int
+    """The chip's rank."""
+    step: int
+    """The learner's step."""
+    reason: str
+    """Why."""
+
+
+@event("learner_down", SUPERVISOR)
+@dataclass(frozen=True, kw_only=True)
+class LearnerDown(Event):
+    """A learner failed (a chip died and the group cannot go on); its survivors were stopped."""
+
+    learner: int
+    """The learner."""
+    exitcodes: dict[str, int | None]
+    """Exit code of each of its chip processes by name (None: was still running)."""
+    step: int
+    """Its last reported step."""
+    repair_s: float
+    """Seconds until it is restarted (`learner_restart`)."""
+
+
+@event("learner_restart", SUPERVISOR)
+@dataclass(frozen=True, kw_only=True)
+class LearnerRestart(Event):
+    """A failed learner was started again as a new Gloo group."""
+
+    learner: int
+    """The learner."""
+    generation: int
+    """Its group's generation."""
+    start_step: int
+    """The step it resumes from."""
+    restarts: int
+    """Its restarts so far."""
+
+
+FAULTS = "supervisor (harness/fault_runner.py)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class _FaultTransition(Event):
+    index: int
+    """The fault's index in the scenario's `faults`."""
+    action: str
+    """Its action (chaos/schedule.py ACTIONS): degrade, partition, flap, reset_peer, slice, limit_data,
+    kill_chip, kill_learner, crash_host, freeze, slow, kill_syncer."""
+    learner: int | None
+    """The learner it hits (None: kill_syncer)."""
+    describe: str
+    """One-line description, e.g. "kill_chip learner 1 chip 0"."""
+    reason: str
+    """Which trigger fired, e.g. "learner 0 reached step 20" or "end of run"."""
+    elapsed_s: float
+    """Seconds since run start."""
+    progress: dict[str, Any]
+    """Training progress then: {"steps": {learner: step}, "merges": n}."""
+
+
+@event("fault_start", FAULTS)
+@dataclass(frozen=True, kw_only=True)
+class FaultStart(_FaultTransition):
+    """A scheduled fault started."""
+
+    missed: str | None = None
+    """Set when the fault hit nothing (its learner was already down): why."""
+
+
+@event("fault_end", FAULTS)
+@dataclass(frozen=True, kw_only=True)
+class FaultEnd(_FaultTransition):
+    """A scheduled fault ended (cleared)."""
+
+
+PROCESSES = "supervisor (chaos/processes.py)"
+
+
+@event("process_fault", PROCESSES)
+@dataclass(frozen=True, kw_only=True)
+class ProcessFault(Event):
+    """A process fault acted: signals sent (kill_*, freeze) or a slow-down started."""
+
+    kind: str
+    """kill_chip, kill_learner, crash_host, freeze, kill_syncer or slow."""
+    learner: int | None
+    """The learner hit (None: kill_syncer)."""
+    pids: list[int] | None = None
+    """Processes signalled (absent for slow)."""
+    signal: str | None = None
+    """Signal name, e.g. SIGKILL, SIGSTOP (absent for slow)."""
+    chip: int | None = None
+    """kill_chip, freeze: the chip rank hit (absent: all the learner's chips)."""
+    speed: float | None = None
+    """slow: target fraction of full speed."""
+    period_s: float | None = None
+    """slow: seconds of one run+stop cycle."""
+    jitter: float | None = None
+    """slow: relative variation of the target speed per period."""
+    mode: str | None = None
+    """slow: "progress" (paced on the other learners' steps) or "duty" (a fixed duty cycle)."""
+
+
+@event("process_fault_off", PROCESSES)
+@dataclass(frozen=True, kw_only=True)
+class ProcessFaultOff(Event):
+    """A freeze or slow-down ended (SIGCONT sent)."""
+
+    kind: str
+    """freeze or slow."""
+    learner: int | None
+    """The learner."""
+    pids: list[int] | None = None
+    """freeze: processes resumed."""
+    cycles: int | None = None
+    """slow: stop/continue cycles made."""
+    stopped_s: float | None = None
+    """slow: seconds the learner was held stopped in all."""
+
+
+LINKS = "supervisor (chaos/links.py)"
+
+
+@event("links_ready", "supervisor (harness/link_proxies.py)")
+@dataclass(frozen=True, kw_only=True)
+class LinksReady(Event):
+    """The learners' links run through Toxiproxy proxies."""
+
+    backend: str
+    """Which Toxiproxy: "builtin" (chaos/toxiproxy_server) or "external"."""
+    url: str
+    """Its HTTP API."""
+    version: str | None
+    """The server's version string."""
+    proxies: dict[str, int]
+    """Learner -> the proxy port its link connects to."""
+
+
+@event("link_fault_on", LINKS)
+@dataclass(frozen=True, kw_only=True)
+class LinkFaultOn(Event):
+    """A link fault's toxics are in place (only the parameters that are set are written)."""
+
+    learner: int
+    """The learner whose link it hits."""
+    kind: str
+    """degrade, partition, flap, reset_peer, slice or limit_data."""
+    latency_ms: float | None = None
+    """degrade: added round-trip time."""
+    jitter_ms: float | None = None
+    """degrade: +- round-trip jitter."""
+    bandwidth_kbps: float | None = None
+    """degrade: link rate in kilobits/s."""
+    mode: str | None = None
+    """partition, flap: blackhole or refuse."""
+    period_s: float | None = None
+    """flap: seconds of one down+up cycle."""
+    duty: float | None = None
+    """flap: fraction of each period down."""
+    timeout_ms: int | None = None
+    """reset_peer: reset after this many ms."""
+    average_size: int | None = None
+    """slice: average bytes per slice."""
+    size_variation: int | None = None
+    """slice: +- bytes of slice size."""
+    delay_us: int | None = None
+    """slice: microseconds between slices."""
+    limit_bytes: int | None = None
+    """slice: connections are cut after this many bytes."""
+    bytes: int | None = None
+    """limit_data: connections are closed after this many bytes."""
+
+
+@event("link_fault_off", LINKS)
+@dataclass(frozen=True, kw_only=True)
+class LinkFaultOff(Event):
+    """A link fault's toxics were removed."""
+
+    learner: int
+    """The learner."""
+    kind: str
+    """The fault's kind (as in link_fault_on)."""
+
+
+@event("link_flap", LINKS)
+@dataclass(frozen=True, kw_only=True)
+class LinkFlap(Event):
+    """A flapping link went down or came back up."""
+
+    learner: int
+    """The learner."""
+    down: bool
+    """True: it went down; False: it came back."""
+
+
+@event("link_connections_dropped", LINKS)
+@dataclass(frozen=True, kw_only=True)
+class LinkConnectionsDropped(Event):
+    """reset_connections: the link's live connections were dropped once."""
+
+    learner: int
+    """The learner."""
+    already_refused: bool
+    """True when a refuse partition already held the link down (nothing to drop)."""
