@@ -446,8 +446,10 @@ class Eval(Event):
     """Tokens merged into it."""
     loss: float
     """Mean held-out loss, nats per byte."""
-    trigger: str | None = None
-    """periodic: why it was due (start, time, a progress milestone)."""
+    trigger: Literal["start", "progress", "time"] | None = None
+    """periodic: why it was due: the run's start, a progress milestone (eval.points) or eval.every_s."""
+    cpu_s: float | None = None
+    """periodic: CPU seconds the evaluation took (eval.max_share bounds the progress-triggered ones)."""
     finite: bool | None = None
     """final: whether the global model is all finite."""
 
