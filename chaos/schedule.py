@@ -214,6 +214,7 @@ def parse_fault(raw: Any, key: str, learners: int) -> FaultSpec:
     until = _trigger(raw["until"], f"{key}.until", learners, is_until=True) if "until" in raw else None
     options = kind.parse_params({k: v for k, v in raw.items() if k in takes}, key)
     spec = FaultSpec(action=action, learner=learner, at=at, until=until, options=options)
+    kind.check_required(spec, key)
     kind.validate(spec, key)
     return spec
 

@@ -88,12 +88,20 @@ class FaultKind:
     colour: ClassVar[str] = "#7f7f7f"
     summary: ClassVar[str] = ""
     """One line for docs and error messages."""
+    required: ClassVar[tuple[str, ...]] = ()
+    """Parameters a fault of this kind must set (checked before `validate`)."""
 
     def param_names(self) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(self.params))
 
+    def check_required(self, spec: FaultSpec, key: str) -> None:
+        """ScheduleError naming `key` when a `required` parameter is unset."""
+        if any(getattr(spec.options, name) is None for name in self.required):
+            raise ScheduleError(f"{key}: {self.name} needs {' and '.join(self.required)}")
+
     def validate(self, spec: FaultSpec, key: str) -> None:
-        """Rules between fields, after each value passed its range; raise ScheduleError naming `key`."""
+        """Rules between fields, after each value passed its range and `required` is set; raise ScheduleError
+        naming `key`."""
 
     def apply(self, ctx: FaultContext, spec: FaultSpec) -> FaultHandle:
         raise NotImplementedError

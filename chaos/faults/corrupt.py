@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from chaos.faults.base import FaultContext, FaultHandle, FaultKind, ScheduleError, register
+from chaos.faults.base import FaultContext, FaultHandle, FaultKind, register
 from trainers.config import bounded
 
 if TYPE_CHECKING:
@@ -34,10 +34,7 @@ class Corrupt(FaultKind):
     backends = frozenset({"embedded"})
     colour = "#7f7f7f"
     summary = "one bit flipped in a `probability` fraction of one learner's bytes (embedded server only)"
-
-    def validate(self, spec: FaultSpec, key: str) -> None:
-        if spec.options.probability is None:
-            raise ScheduleError(f"{key}: corrupt needs probability")
+    required = ("probability",)
 
     def apply(self, ctx: FaultContext, spec: FaultSpec) -> FaultHandle:
         p = spec.options.probability

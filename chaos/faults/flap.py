@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from chaos.faults.base import LINK_BACKENDS, FaultContext, FaultHandle, FaultKind, ScheduleError, register
+from chaos.faults.base import LINK_BACKENDS, FaultContext, FaultHandle, FaultKind, register
 from trainers.config import bounded
 
 if TYPE_CHECKING:
@@ -30,10 +30,7 @@ class Flap(FaultKind):
     backends = LINK_BACKENDS
     colour = "#e377c2"
     summary = "one learner's link down for duty x period_s of every period_s"
-
-    def validate(self, spec: FaultSpec, key: str) -> None:
-        if spec.options.period_s is None or spec.options.duty is None:
-            raise ScheduleError(f"{key}: flap needs period_s and duty")
+    required = ("period_s", "duty")
 
     def apply(self, ctx: FaultContext, spec: FaultSpec) -> FaultHandle:
         return ctx.link().flap(spec.target_learner, spec.options.period_s, spec.options.duty)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from chaos.faults.base import LINK_BACKENDS, FaultContext, FaultHandle, FaultKind, ScheduleError, register
+from chaos.faults.base import LINK_BACKENDS, FaultContext, FaultHandle, FaultKind, register
 from trainers.config import bounded
 
 if TYPE_CHECKING:
@@ -28,10 +28,7 @@ class LimitData(FaultKind):
     backends = LINK_BACKENDS
     colour = "#9467bd"
     summary = "each of one learner's connections closed after `bytes` from it"
-
-    def validate(self, spec: FaultSpec, key: str) -> None:
-        if spec.options.bytes is None:
-            raise ScheduleError(f"{key}: limit_data needs bytes")
+    required = ("bytes",)
 
     def apply(self, ctx: FaultContext, spec: FaultSpec) -> FaultHandle:
         return ctx.link().limit_data(spec.target_learner, spec.options.bytes)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from chaos.faults.base import FaultContext, FaultHandle, FaultKind, ScheduleError, register
+from chaos.faults.base import FaultContext, FaultHandle, FaultKind, register
 from trainers.config import bounded
 
 if TYPE_CHECKING:
@@ -31,10 +31,7 @@ class Slow(FaultKind):
     params = SlowParams
     colour = "#c49c94"
     summary = "a learner held to `speed` of the others' progress"
-
-    def validate(self, spec: FaultSpec, key: str) -> None:
-        if spec.options.speed is None:
-            raise ScheduleError(f"{key}: slow needs speed")
+    required = ("speed",)
 
     def apply(self, ctx: FaultContext, spec: FaultSpec) -> FaultHandle:
         p = spec.options

@@ -6,11 +6,11 @@ doc cannot drift from the code; tests/test_invariant_registry.py asserts the com
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from pathlib import Path
 
+from harness import generated_doc
 from harness.invariants.registry import REQUIRED, Bound, discover
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "invariants.md"
@@ -50,18 +50,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--check", action="store_true", help="exit 1 if the committed doc differs, write nothing")
-    args = ap.parse_args(argv)
-    text = render()
-    if args.check:
-        same = DOC.exists() and DOC.read_text() == text
-        if not same:
-            log.error("%s is out of date: run python -m harness.invariants.doc", DOC)
-        return 0 if same else 1
-    DOC.write_text(text)
-    log.info("wrote %s", DOC)
-    return 0
+    return generated_doc.main(DOC, render, "python -m harness.invariants.doc", __doc__, argv)
 
 
 if __name__ == "__main__":
