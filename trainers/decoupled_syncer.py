@@ -94,6 +94,8 @@ class PushOutcome(enum.Enum):
     DECLINED = "declined"
     REJECTED_NONFINITE = "rejected_nonfinite"
     REJECTED_SHAPE = "rejected_shape"
+    """The push's tensors are not the fragment's: other names, another shape, or another dtype (a float16 or
+    integer copy would be merged cast to float32, its values rounded or truncated)."""
     REJECTED_FRAGMENT = "rejected_fragment"
     STALE = "stale"
     """The learner's copy still carries work already merged: it has not applied the version that merge made
@@ -367,7 +369,8 @@ class DecoupledSyncer:
                 rnd.repull[push.learner] = self.reported_step.get(push.learner, push.last_step)
             return declined, None
         expected = self.fragment(p)
-        if set(push.tensors) != set(expected) or any(push.tensors[n].shape != t.shape for n, t in expected.items()):
+        if set(push.tensors) != set(expected) or any(
+                push.tensors[n].shape != t.shape or push.tensors[n].dtype != t.dtype for n, t in expected.items()):
             return PushOutcome.REJECTED_SHAPE, None
         if not all_finite(push.tensors.values()):
             return PushOutcome.REJECTED_NONFINITE, None
