@@ -92,6 +92,7 @@ class Transport:
         self.max_frame = max_frame_bytes(sc)
         self.inbox: queue.Queue[InboxItem] = queue.Queue()
         self.conns: dict[int, Conn] = {}
+        """Open connections by id (a closed one is removed: `close`)."""
         self.by_learner: dict[int, Conn] = {}
         self.finished: set[int] = set()
         self.lock = threading.Lock()
@@ -200,7 +201,8 @@ class Transport:
                 msg = recv_message(conn.sock, self.max_frame, self.t.liveness_s, timing, conn.auth)
             except FrameError as e:
                 self.frames_rejected += 1
-                self.events.log("frame_rejected", learner=learner, side="syncer", kind=e.kind, error=str(e))
+                self.events.log("frame_rejected", learner=learner, side="syncer", peer=conn.peer, kind=e.kind,
+                                error=str(e))
                 self.close(conn, f"rejected frame: {e.kind}")
                 break
             except (OSError, ConnectionClosed) as e:
@@ -260,9 +262,12 @@ class Transport:
             wsock.close()
 
     def close(self, conn: Conn, reason: str) -> None:
-        if conn.closed.is_set():
-            return
-        conn.closed.set()
+        with self.lock:  # once, whichever thread closes it first (its reader, its writer, the main loop)
+            if conn.closed.is_set():
+                return
+            conn.closed.set()
+            # forgotten once closed: a long run's hostile or flapping peers must not pile up here, each with the
+            self.conns.pop(conn.cid, None)  # frames (model-sized tensors) it never sent
         try:
             conn.sock.shutdown(socket.SHUT_RDWR)
         except OSError:

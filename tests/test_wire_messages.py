@@ -241,8 +241,8 @@ def test_hostile_hello_closes_only_its_connection(syncer: tuple[SyncerService, _
         finally:
             hostile.close()
         closed = events.wait_for(lambda e: e["ev"] == "conn_closed" and e["reason"] == "handshake failed")
-        conn = next(c for c in svc.conns.values() if c.peer == closed["peer"])
-        assert conn.closed.is_set() and conn.sock.fileno() == -1  # closed, not leaked
+        # closed and forgotten; the connections the syncer still holds are all open
+        assert all(c.peer != closed["peer"] and c.sock.fileno() != -1 for c in list(svc.conns.values()))
         _pong(good, 1)  # the other connection is still served
         _join(svc, 1).close()  # and the syncer still accepts new ones
     finally:
