@@ -15,15 +15,19 @@ Two families of attack, one connection each (`KINDS`):
 * authenticated (with the secret): the handshake passes as learner `HostileConfig.learner`, then a frame
   with flipped bits (CRC left, or made right again), a wrong key, no tag, an unknown flag, an unknown type,
   a missing or ill-typed field, tensor sizes that do not add up, a replay of the frame before, and
-  well-formed PUSHes that must not be merged: NaN values, wrong shapes, wrong dtype, another learner's id.
+  well-formed PUSHes that must not be merged (NaN values, wrong shapes, wrong dtype, a tensor missing, another
+  learner's id), and a WELCOME, which only the syncer sends.
 
 A peer holding the secret is trusted as the learner it names, and the syncer keeps one connection per
 learner: each authenticated attack *replaces* that real learner's connection (its link reconnects at once,
-and the syncer forgets its pending pushes, as for any reconnect). Aim them at one learner to spare the others.
+and the syncer forgets its pending pushes, as for any reconnect). Aim them at one learner to spare the others;
+`attack` spreads them between the unauthenticated ones, so that the learner is mostly back before the next,
+and makes an attempt again when the learner's reconnect replaced it before its frame went.
 
-Frames the wire accepts but the algorithm refuses (the PUSHes above) leave the connection open; the peer then
-half-closes it, and the syncer ends it on the clean close. Every attempt ends with a half-close and a read
-until the syncer's close (EOF or reset): `Attempt.closed_by_syncer`.
+Frames the wire accepts but the algorithm refuses (the PUSHes: `push_rejected` or `push_superseded`) or ignores
+(the WELCOME: `unexpected_message`) leave the connection open; the peer then half-closes it, and the syncer
+ends it on the clean close. Every attempt ends with a half-close and a read until the syncer's close (EOF or
+reset): `Attempt.closed_by_syncer`.
 """
 
 from __future__ import annotations
@@ -101,8 +105,11 @@ class Attempt:
 class _Peer:
     """The attacker's end of one connection: its socket, keys after the handshake, and a random source."""
 
-    def __init__(self, sock: socket.socket, cfg: HostileConfig, rng: random.Random) -> None:
+    def __init__(self, sock: socket.socket, cfg: HostileConfig, rng: random.Random,
+                 known: dict[str, Message] | None = None) -> None:
         self.sock, self.cfg, self.rng = sock, cfg, rng
+        self.known: dict[str, Message] = {} if known is None else known
+        """What earlier connections of the same attack learnt: the newest FRAGMENT seen ("fragment")."""
         self.auth: FrameAuth | None = None
         self.frames = 0
 
@@ -309,11 +316,16 @@ def _replay(p: _Peer) -> None:
 
 def _push(p: _Peer, tensors: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]],
           learner: int | None = None) -> None:
-    frag = p.fragment()
+    frag = p.known.get("fragment")
+    fresh = frag is None
+    if frag is None:  # the first PUSH of an attack waits for the syncer's pull to learn a fragment's layout
+        frag = p.known["fragment"] = p.fragment()
     meta = {"learner": p.cfg.learner if learner is None else learner, "fragment": frag.meta["fragment"],
             "base_version": frag.meta["version"], "c_steps": 1, "c_tokens": PUSH_TOKENS, "first_step": 1,
             "last_step": 1, "step_time_s": 0.01, "final": False, "round": None}
     p.send(encode(Message(MsgType.PUSH, meta, tensors(frag.tensors)), p.auth))
+    if not fresh:  # the later ones send at once, on the version seen last, and then read the current one: the
+        p.known["fragment"] = p.fragment()  # real learner, reconnecting, soon replaces this connection
 
 
 def _push_nan(p: _Peer) -> None:
@@ -352,6 +364,12 @@ KINDS: dict[str, tuple[bool, Callable[[_Peer], None]]] = {
     "learner out of range": (False, _learner_out_of_range),
     "wrong answer": (False, _wrong_answer),
     "auth other learner": (False, _auth_other_learner),
+    "push nan": (True, _push_nan),
+    "push wrong shape": (True, _push_wrong_shape),
+    "push wrong dtype": (True, _push_wrong_dtype),
+    "push missing tensor": (True, _push_missing_tensor),
+    "push other learner": (True, _push_other_learner),
+    "wrong direction": (True, _wrong_direction),
     "flipped bits": (True, _flipped_bits),
     "forged bits": (True, _forged_bits),
     "mutated": (True, _mutated),
@@ -364,12 +382,6 @@ KINDS: dict[str, tuple[bool, Callable[[_Peer], None]]] = {
     "meta not object": (True, _meta_not_object),
     "sizes do not add up": (True, _sizes_do_not_add_up),
     "replay": (True, _replay),
-    "push nan": (True, _push_nan),
-    "push wrong shape": (True, _push_wrong_shape),
-    "push wrong dtype": (True, _push_wrong_dtype),
-    "push missing tensor": (True, _push_missing_tensor),
-    "push other learner": (True, _push_other_learner),
-    "wrong direction": (True, _wrong_direction),
 }
 """Attack name -> (needs the secret and a passed handshake, what it sends after connecting)."""
 
@@ -386,19 +398,20 @@ def _wait_closed(sock: socket.socket, timeout_s: float) -> bool:
         try:
             if not sock.recv(1 << 16):
                 return True
-        except (ConnectionResetError, BrokenPipeError):
-            return True
         except TimeoutError:
             return False
+        except OSError:  # reset, or any other end of the connection
+            return True
     return False
 
 
-def one(cfg: HostileConfig, kind: str, rng: random.Random) -> Attempt:
-    """Open one connection, make the attack `kind`, and wait for the syncer to close it."""
+def one(cfg: HostileConfig, kind: str, rng: random.Random, known: dict[str, Message] | None = None) -> Attempt:
+    """Open one connection, make the attack `kind`, and wait for the syncer to close it. `known` carries what
+    one attempt learnt (a fragment's layout and version) to the next."""
     authenticated, body = KINDS[kind]
     sock = socket.create_connection((cfg.host, cfg.port), timeout=cfg.timeout_s)
     host, port = sock.getsockname()[:2]
-    p = _Peer(sock, cfg, rng)
+    p = _Peer(sock, cfg, rng, known)
     detail = ""
     try:
         try:
@@ -422,14 +435,19 @@ def attack(cfg: HostileConfig, frames: int, seed: int = 0, kinds: Iterable[str] 
     attempts) or `stop()` is true.
     Each attempt is appended to `into` (returned; a new list by default) as it ends, so an error (the syncer
     refusing connections) leaves the attempts made before it there."""
-    names = [k for k in (kinds or KINDS) if cfg.secret is not None or not KINDS[k][0]]
+    wanted = [k for k in (kinds or KINDS) if cfg.secret is not None or not KINDS[k][0]]
+    # authenticated attacks spread between the others: each one replaces the real learner's connection, which
+    # then reconnects; one right after another would mostly be replaced in turn before its frame is read
+    plain, auth = [k for k in wanted if not KINDS[k][0]], [k for k in wanted if KINDS[k][0]]
+    names = [k for i in range(max(len(plain), len(auth))) for k in (plain[i:i + 1] + auth[i:i + 1])]
     rng = random.Random(seed)
     out: list[Attempt] = [] if into is None else into
+    known: dict[str, Message] = {}
     sent = 0
     i = 0
-    while sent < frames and i < 2 * frames + 10 and not (stop is not None and stop()):
-        got = one(cfg, names[i % len(names)], rng)  # an attempt cut off before its frame went sends none
+    while sent < frames and len(out) < 2 * frames + 10 and not (stop is not None and stop()):
+        got = one(cfg, names[i % len(names)], rng, known)
         out.append(got)
         sent += got.frames
-        i += 1
+        i += got.frames > 0  # an attempt cut off before its frame went (replaced by the real learner) is made again
     return out

@@ -109,9 +109,9 @@ class LiveAttack:
     """Monotonic time the attack began (comparable with the events' `t`); 0 if it never did."""
     ended: float = 0.0
     leaked: set[str] = field(default_factory=set)
-    """Hostile peers the syncer process still held a socket to, `leak_wait_s` after the attack ended."""
+    """Hostile peers the syncer process still held a socket to, up to `leak_wait_s` after the attack ended."""
     peers_after: int = -1
-    """The syncer's open connections on its port then (the learners' own)."""
+    """The syncer's open connections on its port then (the learners' own: at most one each once settled)."""
     error: str = ""
     """Why the attack stopped early, if it did."""
 
@@ -157,12 +157,17 @@ class _Watch:
             self.ready.set()
 
 
-def _still_held(pid: int, port: int, peers: set[str], timeout_s: float) -> set[str]:
-    """Of `peers`, those the syncer still holds a socket to after waiting up to `timeout_s` for none."""
+def _settle(pid: int, port: int, hostile: set[str], learners: int, timeout_s: float) -> tuple[set[str], int]:
+    """Wait up to `timeout_s` for the syncer to hold no socket of a `hostile` peer and at most one connection per
+    learner (a learner reconnecting holds two for a moment: its new one, and the old one about to be replaced);
+    returns the hostile peers still held and the syncer's connections on its port, then."""
     deadline = time.monotonic() + timeout_s
-    while (held := syncer_peers(pid, port) & peers) and time.monotonic() < deadline:
+    while True:
+        peers = syncer_peers(pid, port)
+        held = peers & hostile
+        if (not held and len(peers) <= learners) or time.monotonic() >= deadline:
+            return held, len(peers)
         time.sleep(0.05)  # polling the process's sockets until the condition holds or the bound passes
-    return held
 
 
 def run_under_attack(sc: Scenario, run_root: str | Path, frames: int, seed: int = 0, learner: int | None = None,
@@ -186,8 +191,8 @@ def run_under_attack(sc: Scenario, run_root: str | Path, frames: int, seed: int 
             out["started"] = time.monotonic()
             attack(cfg, frames, seed=seed, stop=run_over.is_set, into=attempts)
             out["ended"] = time.monotonic()
-            out["leaked"] = _still_held(watch.pid, watch.port, {a.peer for a in attempts}, leak_wait_s)
-            out["peers_after"] = len(syncer_peers(watch.pid, watch.port))
+            out["leaked"], out["peers_after"] = _settle(watch.pid, watch.port, {a.peer for a in attempts}, learners,
+                                                        leak_wait_s)
         except Exception as e:  # noqa: BLE001 - reported in LiveAttack.error; the run goes on regardless
             out["error"] = f"{type(e).__name__}: {e}"
 
