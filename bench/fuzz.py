@@ -215,7 +215,7 @@ def main() -> None:
         live_row, kind_rows = fuzz_live(args.live, args.live_steps, args.seed)
         print(f"a live run's syncer sent {args.live} hostile frames (2 learners x 1 chip, {args.live_steps} steps)")
         emit(LIVE_COLUMNS, [live_row], None)
-        print("by attack (one connection each; '-': accepted by the wire, refused by the algorithm or ignored)")
+        print("by attack (one connection each; '-': accepted by the wire, refused by the algorithm)")
         emit(KIND_COLUMNS, kind_rows, None)
 
 

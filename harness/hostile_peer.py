@@ -24,9 +24,10 @@ and the syncer forgets its pending pushes, as for any reconnect). Aim them at on
 `attack` spreads them between the unauthenticated ones, so that the learner is mostly back before the next,
 and makes an attempt again when the learner's reconnect replaced it before its frame went.
 
-Frames the wire accepts but the algorithm refuses (the PUSHes: `push_rejected` or `push_superseded`) or ignores
-(the WELCOME: `unexpected_message`) leave the connection open; the peer then half-closes it, and the syncer
-ends it on the clean close. Every attempt ends with a half-close and a read until the syncer's close (EOF or
+A WELCOME is refused by the syncer's reader (a type learners never send: `wrong_direction`). Frames the wire
+accepts but the algorithm refuses (the PUSHes: `push_rejected` or `push_superseded`) leave the connection
+open, as a learner's push based on an old version does; the peer then half-closes it, and the syncer ends it
+on the clean close. Every attempt ends with a half-close and a read until the syncer's close (EOF or
 reset): `Attempt.closed_by_syncer`.
 """
 

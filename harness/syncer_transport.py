@@ -36,6 +36,10 @@ from trainers.model import build_model
 
 OUTQ_MAX = 256
 DATA_FRAMES = frozenset({MsgType.PUSH, MsgType.GRADS, MsgType.PARAMS})
+FROM_LEARNERS = DATA_FRAMES | {MsgType.META, MsgType.PING, MsgType.HEARTBEAT, MsgType.BYE}
+"""What a learner's link sends after the handshake (harness/link.py). Any other type (a WELCOME, a FRAGMENT, a
+second HELLO) is only ever sent the other way or before: a peer sending it is broken or hostile, and is cut
+off like one whose frame fails a check (kind "wrong_direction")."""
 
 
 @dataclass
@@ -209,6 +213,12 @@ class Transport:
                 self.close(conn, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
                 break
             conn.bytes_in += int(timing["bytes"])
+            if msg.type not in FROM_LEARNERS:
+                self.frames_rejected += 1
+                self.events.log("frame_rejected", learner=learner, side="syncer", peer=conn.peer,
+                                kind="wrong_direction", error=f"a {msg.type.name}, which learners never send")
+                self.close(conn, "rejected frame: wrong_direction")
+                break
             if msg.type is MsgType.PING:
                 self.send(conn, Message(MsgType.PONG, msg.meta))
                 continue

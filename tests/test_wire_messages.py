@@ -250,6 +250,29 @@ def test_hostile_hello_closes_only_its_connection(syncer: tuple[SyncerService, _
     assert not any(e["ev"] == "syncer_error" for e in events.events)
 
 
+def test_authenticated_peer_sending_what_only_the_syncer_sends_is_cut_off(
+        syncer: tuple[SyncerService, _WatchedLog]) -> None:
+    """A signed, well-formed WELCOME from a learner: it used to be logged as unexpected and the connection kept.
+    Learners never send it, so the reader refuses it (`wrong_direction`) and closes that connection alone."""
+    svc, events = syncer
+    good = _join(svc, 0)
+    try:
+        hostile = _join(svc, 1)
+        try:
+            send_message(hostile, Message(MsgType.WELCOME, {"algorithm": "decoupled"}), WAIT_S, _KEYS[hostile])
+            rejected = events.wait_for(lambda e: e["ev"] == "frame_rejected")
+            assert rejected["learner"] == 1 and rejected["kind"] == "wrong_direction", rejected
+            assert rejected["peer"] == f"127.0.0.1:{hostile.getsockname()[1]}"
+            _expect_closed(hostile)
+        finally:
+            hostile.close()
+        events.wait_for(lambda e: e["ev"] == "conn_closed" and e["reason"] == "rejected frame: wrong_direction")
+        _pong(good, 3)
+    finally:
+        good.close()
+    assert not any(e["ev"] in ("syncer_error", "unexpected_message") for e in events.events)
+
+
 def test_authenticated_peer_with_a_malformed_meta_is_cut_off(syncer: tuple[SyncerService, _WatchedLog]) -> None:
     """A META without its step, from a learner that passed the handshake: once, this stopped the syncer's main
     loop with a KeyError. Now the reader refuses the frame and closes that connection alone."""
