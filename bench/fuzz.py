@@ -162,7 +162,7 @@ def fuzz_live(frames: int, steps: int, seed: int) -> tuple[dict[str, object], li
 
     from harness import scenario
     from harness.hostile_peer import KINDS
-    from harness.hostile_run import refusal, run_under_attack
+    from harness.hostile_run import outcomes, run_under_attack
     from tests.conftest import tiny_table
 
     sc = scenario.from_dict(tiny_table("decoupled", learners=2, chips=1, steps=steps))
@@ -181,12 +181,10 @@ def fuzz_live(frames: int, steps: int, seed: int) -> tuple[dict[str, object], li
            "reasons": ", ".join(f"{k} {v}" for k, v in t.reasons.most_common())}
     refused: dict[str, Counter[str]] = {}
     closed: Counter[str] = Counter()
-    closed_peers = {e["peer"] for e in live.events if e["ev"] == "conn_closed" and e.get("peer")}
-    by_peer = {e["peer"]: refusal(e) for e in live.events
-               if e["ev"] in ("frame_rejected", "auth_failed") and e.get("peer")}
-    for a in live.attempts:
-        refused.setdefault(a.kind, Counter())[by_peer.get(a.peer, "-")] += 1
-        closed[a.kind] += a.peer in closed_peers
+    for o in outcomes(live.attempts, live.events):
+        cut = o.closed is not None and o.closed.startswith("replaced")  # the real learner's reconnect came first
+        refused.setdefault(o.attempt.kind, Counter())[o.refused or ("replaced" if cut else "-")] += 1
+        closed[o.attempt.kind] += o.closed is not None
     kinds = [{"kind": k, "auth": "yes" if KINDS[k][0] else "no", "frames": t.by_kind[k], "closed": closed[k],
               "refused": ", ".join(f"{r} {n}" for r, n in refused[k].most_common())} for k in refused]
     return row, kinds
@@ -215,7 +213,8 @@ def main() -> None:
         live_row, kind_rows = fuzz_live(args.live, args.live_steps, args.seed)
         print(f"a live run's syncer sent {args.live} hostile frames (2 learners x 1 chip, {args.live_steps} steps)")
         emit(LIVE_COLUMNS, [live_row], None)
-        print("by attack (one connection each; '-': accepted by the wire, refused by the algorithm)")
+        print("by attack (one connection each; '-': accepted by the wire, refused by the algorithm; "
+              "'replaced': closed when the real learner reconnected, before its frame was read)")
         emit(KIND_COLUMNS, kind_rows, None)
 
 

@@ -101,6 +101,11 @@ class Attempt:
     """The syncer closed the connection (EOF or reset) within `timeout_s` of the attacker's half-close."""
     detail: str = ""
     """What went wrong on the attacker's side, if anything (the handshake refused, a send failed)."""
+    opened: float = 0.0
+    """Monotonic time before connecting (the clock of the run's events)."""
+    ended: float = 0.0
+    """Monotonic time the attacker saw the close (or gave up waiting). Between the two, this peer address is
+    this attempt's: the kernel reuses client ports, so a later connection may log the same one."""
 
 
 class _Peer:
@@ -410,6 +415,7 @@ def one(cfg: HostileConfig, kind: str, rng: random.Random, known: dict[str, Mess
     """Open one connection, make the attack `kind`, and wait for the syncer to close it. `known` carries what
     one attempt learnt (a fragment's layout and version) to the next."""
     authenticated, body = KINDS[kind]
+    opened = time.monotonic()
     sock = socket.create_connection((cfg.host, cfg.port), timeout=cfg.timeout_s)
     host, port = sock.getsockname()[:2]
     p = _Peer(sock, cfg, rng, known)
@@ -426,7 +432,7 @@ def one(cfg: HostileConfig, kind: str, rng: random.Random, known: dict[str, Mess
         closed = _wait_closed(sock, cfg.timeout_s)
     finally:
         sock.close()
-    return Attempt(kind, authenticated, f"{host}:{port}", p.frames, closed, detail)
+    return Attempt(kind, authenticated, f"{host}:{port}", p.frames, closed, detail, opened, time.monotonic())
 
 
 def attack(cfg: HostileConfig, frames: int, seed: int = 0, kinds: Iterable[str] | None = None,

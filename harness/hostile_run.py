@@ -29,7 +29,11 @@ from harness.hostile_peer import Attempt, HostileConfig, attack
 from harness.scenario import Scenario
 from harness.supervisor import Supervisor
 
-__all__ = ["HostileTally", "LiveAttack", "refusal", "run_under_attack", "syncer_peers", "tally"]
+__all__ = ["ACCEPTED", "HostileTally", "LiveAttack", "Outcome", "outcomes", "refusal", "run_under_attack",
+           "syncer_peers", "tally"]
+
+ACCEPTED = "(accepted by the wire)"
+"""`HostileTally.refused_by`'s key for attempts no frame check refused (the algorithm refused their PUSH)."""
 
 
 @dataclass
@@ -60,26 +64,52 @@ def refusal(event: dict[str, Any]) -> str:
     return str(event.get("kind") or str(event.get("error", "")).split(":")[0] or event.get("ev"))
 
 
-def tally(attempts: list[Attempt], events: Iterable[dict[str, Any]]) -> HostileTally:
-    """Match each attempt's peer with the syncer's `conn_closed`, `frame_rejected` and `auth_failed` events."""
-    reason: dict[str, str] = {}
-    refused: dict[str, str] = {}
+LOG_GRACE_S = 1.0
+"""How long after the attacker saw its close the syncer's events for that connection may still be written
+(the syncer logs `conn_closed` just after closing)."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One attempt with what the syncer logged about its connection."""
+
+    attempt: Attempt
+    closed: str | None
+    """The syncer's `conn_closed` reason; None: no such event (a defect)."""
+    refused: str | None
+    """What refused it (`refusal` of its `frame_rejected` / `auth_failed` event); None: the wire accepted it."""
+
+
+def outcomes(attempts: list[Attempt], events: Iterable[dict[str, Any]]) -> list[Outcome]:
+    """Each attempt with the syncer's events about its connection: those naming its peer address, logged
+    between its connect and `LOG_GRACE_S` after the attacker saw the close (client ports are reused, so the
+    address alone does not identify a connection over a long attack)."""
+    by_peer: dict[str, list[dict[str, Any]]] = {}
     for e in events:
-        peer = e.get("peer")
-        if e.get("ev") == "conn_closed" and peer:
-            reason[peer] = str(e.get("reason"))
-        elif e.get("ev") in ("frame_rejected", "auth_failed") and peer:
-            refused[peer] = refusal(e)
-    t = HostileTally(attempts=len(attempts))
+        if e.get("peer") and e.get("ev") in ("conn_closed", "frame_rejected", "auth_failed"):
+            by_peer.setdefault(str(e["peer"]), []).append(e)
+    out = []
     for a in attempts:
+        mine = [e for e in by_peer.get(a.peer, []) if a.opened <= e["t"] <= a.ended + LOG_GRACE_S]
+        closed = next((str(e.get("reason")) for e in mine if e["ev"] == "conn_closed"), None)
+        refused = next((refusal(e) for e in mine if e["ev"] != "conn_closed"), None)
+        out.append(Outcome(a, closed, refused))
+    return out
+
+
+def tally(attempts: list[Attempt], events: Iterable[dict[str, Any]]) -> HostileTally:
+    """Count the attempts' `outcomes`."""
+    t = HostileTally(attempts=len(attempts))
+    for o in outcomes(attempts, events):
+        a = o.attempt
         t.frames += a.frames
         t.by_kind[a.kind] += a.frames
         t.authenticated += a.frames if a.authenticated else 0
         t.closed_seen += a.closed_by_syncer
-        t.refused_by[refused.get(a.peer, "(accepted by the wire)")] += 1
-        if a.peer in reason:
+        t.refused_by[o.refused or ACCEPTED] += 1
+        if o.closed is not None:
             t.closed_logged += 1
-            t.reasons[reason[a.peer].split(":")[0]] += 1
+            t.reasons[o.closed.split(":")[0]] += 1
         else:
             t.unlogged.append(a.peer)
     return t

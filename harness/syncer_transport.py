@@ -182,6 +182,8 @@ class Transport:
         try:
             self._read(conn)
         except BaseException as e:
+            # logged even when the connection was closed already (replaced, or the run ending): a bug all the same
+            self.events.log("reader_error", learner=conn.learner, peer=conn.peer, error=f"{type(e).__name__}: {e}")
             self.close(conn, f"reader failed: {type(e).__name__}: {e}")
             if conn.learner is not None:
                 self.log_link_stats(conn)

@@ -361,10 +361,12 @@ def send_message(sock: socket.socket, msg: Message, timeout_s: float, auth: Fram
 
 
 def _readable_bytes(sock: socket.socket) -> int:
-    """Bytes waiting in the socket's receive buffer (Linux FIONREAD); 0 where unsupported."""
+    """Bytes waiting in the socket's receive buffer (Linux FIONREAD); 0 where unsupported, and for a socket
+    another thread closed meanwhile (its fileno is -1: the ioctl raises ValueError; the next read reports the
+    close as the OSError a receiver handles)."""
     try:
         buf = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
-    except OSError:
+    except (OSError, ValueError):
         return 0
     return int(struct.unpack("i", buf)[0])
 

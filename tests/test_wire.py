@@ -539,3 +539,22 @@ def test_hmac_verify_returns_false_for_malformed_peer_input() -> None:
     assert not verify_challenge(secret, nonce, "1", sig)  # type: ignore[arg-type]
     assert not verify_challenge(secret, nonce, True, sig)  # type: ignore[arg-type]
     assert not verify_challenge(secret, nonce, 2**80, sig)
+
+
+def test_waiting_bytes_of_a_socket_closed_by_another_thread_is_zero() -> None:
+    """The syncer's main loop closes a replaced connection while its reader may be between a frame's header and
+    its payload, where recv_message asks how many bytes are waiting: that raised ValueError (fileno -1), which
+    killed the reader thread. Now it reads 0, and the next read reports the close as an OSError."""
+    from harness.wire import _readable_bytes
+
+    a, b = socket.socketpair()
+    try:
+        a.sendall(b"x" * 10)
+        assert _readable_bytes(b) == 10
+        b.close()
+        assert _readable_bytes(b) == 0
+        with pytest.raises(OSError):
+            b.recv_into(bytearray(4), 4)
+    finally:
+        a.close()
+        b.close()
