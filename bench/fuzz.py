@@ -161,7 +161,7 @@ def fuzz_live(frames: int, steps: int, seed: int) -> tuple[dict[str, object], li
     import tempfile
 
     from harness import scenario
-    from harness.hostile_peer import KINDS
+    from harness.hostile_peer import KINDS, PUSH_TOKENS
     from harness.hostile_run import outcomes, run_under_attack
     from tests.conftest import tiny_table
 
@@ -185,6 +185,10 @@ def fuzz_live(frames: int, steps: int, seed: int) -> tuple[dict[str, object], li
         cut = o.closed is not None and o.closed.startswith("replaced")  # the real learner's reconnect came first
         refused.setdefault(o.attempt.kind, Counter())[o.refused or ("replaced" if cut else "-")] += 1
         closed[o.attempt.kind] += o.closed is not None
+    pushes = Counter(str(e["outcome"]) for e in live.events if e["ev"] == "push" and e["c_tokens"] == PUSH_TOKENS)
+    pushes["other learner's id"] = sum(1 for e in live.events if e["ev"] == "push_rejected"
+                                       and e.get("reason") == "learner id does not match the connection")
+    row["pushes"] = ", ".join(f"{k} {v}" for k, v in pushes.most_common())
     kinds = [{"kind": k, "auth": "yes" if KINDS[k][0] else "no", "frames": t.by_kind[k], "closed": closed[k],
               "refused": ", ".join(f"{r} {n}" for r, n in refused[k].most_common())} for k in refused]
     return row, kinds
@@ -213,6 +217,7 @@ def main() -> None:
         live_row, kind_rows = fuzz_live(args.live, args.live_steps, args.seed)
         print(f"a live run's syncer sent {args.live} hostile frames (2 learners x 1 chip, {args.live_steps} steps)")
         emit(LIVE_COLUMNS, [live_row], None)
+        print(f"hostile PUSHes read by the syncer, by the algorithm's outcome: {live_row['pushes']}")
         print("by attack (one connection each; '-': accepted by the wire, refused by the algorithm; "
               "'replaced': closed when the real learner reconnected, before its frame was read)")
         emit(KIND_COLUMNS, kind_rows, None)

@@ -206,6 +206,8 @@ class Transport:
             try:
                 msg = recv_message(conn.sock, self.max_frame, self.t.liveness_s, timing, conn.auth)
             except FrameError as e:
+                if conn.closed.is_set():  # closed under the read (replaced, or the run ending): cut short, not bad
+                    break
                 self.frames_rejected += 1
                 self.events.log("frame_rejected", learner=learner, side="syncer", peer=conn.peer, kind=e.kind,
                                 error=str(e))
