@@ -83,6 +83,7 @@ class HostileConfig:
     learner: int = 0
     """The learner id the authenticated attacks claim (its real connection is replaced by each)."""
     host: str = "127.0.0.1"
+    """The syncer's address (runs bind loopback)."""
     timeout_s: float = 5.0
     """Bound on every connect, send and receive, and on waiting for the syncer's close."""
 
@@ -92,7 +93,9 @@ class Attempt:
     """One hostile connection and how it ended, as the attacker saw it."""
 
     kind: str
+    """The attack (a `KINDS` key)."""
     authenticated: bool
+    """Whether it passed the handshake with the run's secret first."""
     peer: str
     """The attacker's end, "host:port", as the syncer logs the connection."""
     frames: int

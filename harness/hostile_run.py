@@ -41,7 +41,9 @@ class HostileTally:
     """What the syncer's event log says about a list of attempts."""
 
     attempts: int = 0
+    """Hostile connections opened."""
     frames: int = 0
+    """Hostile frames sent on them."""
     by_kind: Counter[str] = field(default_factory=Counter)
     """Hostile frames sent, by attack."""
     authenticated: int = 0
@@ -130,10 +132,13 @@ class LiveAttack:
 
     run_dir: Path
     report: dict[str, Any]
+    """The run's report.json content."""
     events: list[dict[str, Any]]
+    """The run's whole event log."""
     pids: list[int]
     """Every process of the run (for a no-survivors check)."""
     attempts: list[Attempt]
+    """Every hostile connection, in order."""
     tally: HostileTally
     started: float = 0.0
     """Monotonic time the attack began (comparable with the events' `t`); 0 if it never did."""

@@ -4,8 +4,9 @@ Readers put `InboxItem`s ("join", "msg", "leave") into one inbox queue that only
 takes from; writers drain their connection's bounded queue (heartbeats when idle). Nothing the main loop
 does waits on a socket: a slow or dead link only fills its own queue (the oldest frames are dropped first;
 a fragment's newest value replaces an older one still waiting) and is cut after `timeouts.liveness_s` of
-silence. Every frame that fails its checks is counted, logged and ends that connection. Kept apart from
-the algorithms (harness/syncer_decoupled.py, harness/syncer_barrier.py) so they only ever see typed frames.
+silence. Every frame that fails its checks, or whose type learners never send, is counted, logged and ends
+that connection; a closed connection is forgotten. Kept apart from the algorithms
+(harness/syncer_decoupled.py, harness/syncer_barrier.py) so they only ever see typed frames.
 """
 
 from __future__ import annotations
