@@ -20,7 +20,15 @@ sent), or an unexpected exception (anything but the wire's documented errors). T
 except "accepted changed" for forged plain frames: a CRC is not a signature, which is why frames after
 the handshake are signed.
 
-    python bench/fuzz.py [--documents 10000] [--frames 10000] [--seed 0]
+Live (`--live N`): a real tiny decoupled run (2 learners x 1 chip) whose syncer is sent N hostile frames
+from authenticated and unauthenticated peers while the learners train (`harness/hostile_run.py`, the attacks
+of `harness/hostile_peer.py`, one connection each, the authenticated ones as learner 1). One row: frames
+sent (authenticated among them), connections the syncer closed with a logged reason, whether it stayed up,
+merges during the attack, hostile sockets the syncer still held afterwards, learner steps completed, how
+often the attacked learner's link reconnected (each authenticated attack replaces its connection); then
+the frames by attack with the check that refused them.
+
+    python bench/fuzz.py [--documents 10000] [--frames 10000] [--live 1000] [--live-steps 600] [--seed 0]
 """
 
 from __future__ import annotations
@@ -28,10 +36,8 @@ from __future__ import annotations
 import random
 import resource
 import socket
-import struct
 import sys
 import time
-import zlib
 from collections import Counter
 from pathlib import Path
 
@@ -40,7 +46,8 @@ from table import Column, emit, parser  # bench/ is the script's directory: on s
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/ holds the project's message corpus
 from harness.frame_auth import FrameAuth  # noqa: E402
-from harness.wire import HEADER, ConnectionClosed, FrameError, Message, decode_frame, encode, recv_message  # noqa: E402
+from harness.hostile_peer import mutate  # noqa: E402
+from harness.wire import ConnectionClosed, FrameError, Message, decode_frame, encode, recv_message  # noqa: E402
 from tests.test_wire_messages import _sent_by_the_project  # noqa: E402
 
 MAX = 1 << 20
@@ -54,26 +61,6 @@ COLUMNS = (Column("case", "case", 18, left=True), Column("frames", "frames", 8),
 def same(a: Message, b: Message) -> bool:
     return (a.type is b.type and a.meta == b.meta and list(a.tensors) == list(b.tensors)
             and all(torch.equal(a.tensors[k], b.tensors[k]) for k in a.tensors))
-
-
-def mutate(frame: bytes, rng: random.Random, forge: bool) -> bytes:
-    out = bytearray(frame)
-    how = rng.randrange(4)
-    if how == 0:
-        for _ in range(rng.randint(1, 8)):
-            out[rng.randrange(len(out))] ^= 1 << rng.randrange(8)
-    elif how == 1:
-        at = rng.randrange(len(out))
-        out[at:at + rng.randint(1, 16)] = bytes(rng.randrange(256) for _ in range(16))[: len(out[at:at + 16])]
-    elif how == 2:
-        del out[rng.randrange(len(out)):]
-    else:
-        out += bytes(rng.randrange(256) for _ in range(rng.randint(1, 32)))
-    if forge and len(out) >= HEADER.size:
-        body_end = HEADER.size + struct.unpack_from(">I", out, 8)[0]
-        crc = zlib.crc32(out[HEADER.size:body_end], zlib.crc32(out[:HEADER.size - 4]))
-        struct.pack_into(">I", out, HEADER.size - 4, crc)
-    return bytes(out)
 
 
 def receive_signed(frame: bytes, learner: int) -> Message:
@@ -158,10 +145,61 @@ DOC_COLUMNS = (Column("documents", "documents", 10), Column("accepted", "accepte
                Column("rules", "rejected by (first key of the message)", 70, left=True))
 
 
+LIVE_COLUMNS = (Column("frames", "frames sent", 12), Column("authenticated", "authenticated", 14),
+                Column("attempts", "connections", 12), Column("closed", "closed+logged", 14),
+                Column("up", "syncer up", 10), Column("merges", "merges during", 14),
+                Column("merges_after", "merges after", 13), Column("leaked", "leaked conns", 13),
+                Column("steps", "learner steps", 14), Column("reconnects", "l1 reconnects", 14),
+                Column("attack_s", "attack s", 9, ".1f"),
+                Column("reasons", "syncer's close reasons", 60, left=True))
+KIND_COLUMNS = (Column("kind", "attack", 24, left=True), Column("auth", "auth", 5), Column("frames", "frames", 7),
+                Column("closed", "closed", 7), Column("refused", "refused by (syncer's event kind)", 60, left=True))
+
+
+def fuzz_live(frames: int, steps: int, seed: int) -> tuple[dict[str, object], list[dict[str, object]]]:
+    """A real run attacked with `frames` hostile frames: its row, and one row per attack kind."""
+    import tempfile
+
+    from harness import scenario
+    from harness.hostile_peer import KINDS, PUSH_TOKENS
+    from harness.hostile_run import outcomes, run_under_attack
+    from tests.conftest import tiny_table
+
+    sc = scenario.from_dict(tiny_table("decoupled", learners=2, chips=1, steps=steps))
+    with tempfile.TemporaryDirectory() as root:
+        live = run_under_attack(sc, root, frames, seed=seed)
+    if live.error:
+        print(f"attack stopped early: {live.error}")
+    t = live.tally
+    steps_done = live.steps
+    row = {"frames": t.frames, "authenticated": t.authenticated, "attempts": t.attempts,
+           "closed": t.closed_logged, "up": "yes" if live.syncer_up else "NO",
+           "merges": live.merges(live.started, live.ended), "merges_after": live.merges(live.ended),
+           "leaked": len(live.leaked), "steps": f"{sum(steps_done.values())}/{steps * len(steps_done)}",
+           "reconnects": live.reconnects(),
+           "attack_s": live.ended - live.started,
+           "reasons": ", ".join(f"{k} {v}" for k, v in t.reasons.most_common())}
+    refused: dict[str, Counter[str]] = {}
+    closed: Counter[str] = Counter()
+    for o in outcomes(live.attempts, live.events):
+        cut = o.closed is not None and o.closed.startswith("replaced")  # the real learner's reconnect came first
+        refused.setdefault(o.attempt.kind, Counter())[o.refused or ("replaced" if cut else "-")] += 1
+        closed[o.attempt.kind] += o.closed is not None
+    pushes = Counter(str(e["outcome"]) for e in live.events if e["ev"] == "push" and e["c_tokens"] == PUSH_TOKENS)
+    pushes["other learner's id"] = sum(1 for e in live.events if e["ev"] == "push_rejected"
+                                       and e.get("reason") == "learner id does not match the connection")
+    row["pushes"] = ", ".join(f"{k} {v}" for k, v in pushes.most_common())
+    kinds = [{"kind": k, "auth": "yes" if KINDS[k][0] else "no", "frames": t.by_kind[k], "closed": closed[k],
+              "refused": ", ".join(f"{r} {n}" for r, n in refused[k].most_common())} for k in refused]
+    return row, kinds
+
+
 def main() -> None:
     ap = parser(__doc__)
     ap.add_argument("--documents", type=int, default=10_000, help="scenario documents (0: skip)")
     ap.add_argument("--frames", type=int, default=10_000, help="mutated frames per case (0: skip)")
+    ap.add_argument("--live", type=int, default=1000, help="hostile frames sent to a live run's syncer (0: skip)")
+    ap.add_argument("--live-steps", type=int, default=600, help="steps of each learner of that run")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -175,6 +213,14 @@ def main() -> None:
                                                           "signed forgery")]
         print("mutated frames")
         emit(COLUMNS, rows, args.json)
+    if args.live:
+        live_row, kind_rows = fuzz_live(args.live, args.live_steps, args.seed)
+        print(f"a live run's syncer sent {args.live} hostile frames (2 learners x 1 chip, {args.live_steps} steps)")
+        emit(LIVE_COLUMNS, [live_row], None)
+        print(f"hostile PUSHes read by the syncer, by the algorithm's outcome: {live_row['pushes']}")
+        print("by attack (one connection each; '-': accepted by the wire, refused by the algorithm; "
+              "'replaced': closed when the real learner reconnected, before its frame was read)")
+        emit(KIND_COLUMNS, kind_rows, None)
 
 
 if __name__ == "__main__":

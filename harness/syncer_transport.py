@@ -4,8 +4,9 @@ Readers put `InboxItem`s ("join", "msg", "leave") into one inbox queue that only
 takes from; writers drain their connection's bounded queue (heartbeats when idle). Nothing the main loop
 does waits on a socket: a slow or dead link only fills its own queue (the oldest frames are dropped first;
 a fragment's newest value replaces an older one still waiting) and is cut after `timeouts.liveness_s` of
-silence. Every frame that fails its checks is counted, logged and ends that connection. Kept apart from
-the algorithms (harness/syncer_decoupled.py, harness/syncer_barrier.py) so they only ever see typed frames.
+silence. Every frame that fails its checks, or whose type learners never send, is counted, logged and ends
+that connection; a closed connection is forgotten. Kept apart from the algorithms
+(harness/syncer_decoupled.py, harness/syncer_barrier.py) so they only ever see typed frames.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ from trainers.model import build_model
 
 OUTQ_MAX = 256
 DATA_FRAMES = frozenset({MsgType.PUSH, MsgType.GRADS, MsgType.PARAMS})
+FROM_LEARNERS = DATA_FRAMES | {MsgType.META, MsgType.PING, MsgType.HEARTBEAT, MsgType.BYE}
+"""What a learner's link sends after the handshake (harness/link.py). Any other type (a WELCOME, a FRAGMENT, a
+second HELLO) is only ever sent the other way or before: a peer sending it is broken or hostile, and is cut
+off like one whose frame fails a check (kind "wrong_direction")."""
 
 
 @dataclass
@@ -92,6 +97,7 @@ class Transport:
         self.max_frame = max_frame_bytes(sc)
         self.inbox: queue.Queue[InboxItem] = queue.Queue()
         self.conns: dict[int, Conn] = {}
+        """Open connections by id (a closed one is removed: `close`)."""
         self.by_learner: dict[int, Conn] = {}
         self.finished: set[int] = set()
         self.lock = threading.Lock()
@@ -177,6 +183,8 @@ class Transport:
         try:
             self._read(conn)
         except BaseException as e:
+            # logged even when the connection was closed already (replaced, or the run ending): a bug all the same
+            self.events.log("reader_error", learner=conn.learner, peer=conn.peer, error=f"{type(e).__name__}: {e}")
             self.close(conn, f"reader failed: {type(e).__name__}: {e}")
             if conn.learner is not None:
                 self.log_link_stats(conn)
@@ -199,14 +207,23 @@ class Transport:
             try:
                 msg = recv_message(conn.sock, self.max_frame, self.t.liveness_s, timing, conn.auth)
             except FrameError as e:
+                if conn.closed.is_set():  # closed under the read (replaced, or the run ending): cut short, not bad
+                    break
                 self.frames_rejected += 1
-                self.events.log("frame_rejected", learner=learner, side="syncer", kind=e.kind, error=str(e))
+                self.events.log("frame_rejected", learner=learner, side="syncer", peer=conn.peer, kind=e.kind,
+                                error=str(e))
                 self.close(conn, f"rejected frame: {e.kind}")
                 break
             except (OSError, ConnectionClosed) as e:
                 self.close(conn, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
                 break
             conn.bytes_in += int(timing["bytes"])
+            if msg.type not in FROM_LEARNERS:
+                self.frames_rejected += 1
+                self.events.log("frame_rejected", learner=learner, side="syncer", peer=conn.peer,
+                                kind="wrong_direction", error=f"a {msg.type.name}, which learners never send")
+                self.close(conn, "rejected frame: wrong_direction")
+                break
             if msg.type is MsgType.PING:
                 self.send(conn, Message(MsgType.PONG, msg.meta))
                 continue
@@ -260,9 +277,12 @@ class Transport:
             wsock.close()
 
     def close(self, conn: Conn, reason: str) -> None:
-        if conn.closed.is_set():
-            return
-        conn.closed.set()
+        with self.lock:  # once, whichever thread closes it first (its reader, its writer, the main loop)
+            if conn.closed.is_set():
+                return
+            conn.closed.set()
+            # forgotten once closed: a long run's hostile or flapping peers must not pile up here, each with the
+            self.conns.pop(conn.cid, None)  # frames (model-sized tensors) it never sent
         try:
             conn.sock.shutdown(socket.SHUT_RDWR)
         except OSError:

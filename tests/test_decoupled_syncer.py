@@ -264,7 +264,7 @@ def test_nonfinite_push_is_rejected_and_never_merged(bad: float) -> None:
         assert torch.equal(t, before[n]), n
 
 
-def test_wrong_shape_or_names_are_rejected() -> None:
+def test_wrong_shape_names_or_dtype_are_rejected() -> None:
     s = make()
     rid = open_round(s, 1)
     q = push(s, 0, 1)
@@ -280,6 +280,10 @@ def test_wrong_shape_or_names_are_rejected() -> None:
     q = push(s, 0, 1)
     q.tensors = {n: t.clone() for n, t in s.fragment(2).items()}  # another fragment's tensors
     assert s.on_push(q, rid, 10.1) == (PushOutcome.REJECTED_SHAPE, None)
+    for dtype in (torch.float16, torch.int32, torch.uint8):  # right names and shapes, another dtype: once merged
+        q = push(s, 0, 1)                                       # cast to float32 (a hostile peer's PUSH)
+        q.tensors = {n: t.to(dtype) for n, t in q.tensors.items()}
+        assert s.on_push(q, rid, 10.1) == (PushOutcome.REJECTED_SHAPE, None), dtype
     assert s.rounds[1] is not None and s.rounds[1].pushes == {}
 
 

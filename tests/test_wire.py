@@ -541,18 +541,20 @@ def test_hmac_verify_returns_false_for_malformed_peer_input() -> None:
     assert not verify_challenge(secret, nonce, 2**80, sig)
 
 
-def test_a_socket_closed_by_another_thread_reads_as_closed_not_as_a_crash() -> None:
-    """The syncer's reader found a socket closed under it (fileno() -1) between two frames: FIONREAD must not
-    raise ValueError out of the reader thread; the next recv reports the closed socket as an OSError."""
-    import socket as socket_mod
-
+def test_waiting_bytes_of_a_socket_closed_by_another_thread_is_zero() -> None:
+    """The syncer's main loop closes a replaced connection while its reader may be between a frame's header and
+    its payload, where recv_message asks how many bytes are waiting: that raised ValueError (fileno -1), which
+    killed the reader thread. Now it reads 0, and the next read reports the close as an OSError."""
     from harness.wire import _readable_bytes
 
-    a, b = socket_mod.socketpair()
+    a, b = socket.socketpair()
     try:
-        a.close()
-        assert _readable_bytes(a) == 0
+        a.sendall(b"x" * 10)
+        assert _readable_bytes(b) == 10
+        b.close()
+        assert _readable_bytes(b) == 0
         with pytest.raises(OSError):
-            a.recv(1)
+            b.recv_into(bytearray(4), 4)
     finally:
+        a.close()
         b.close()

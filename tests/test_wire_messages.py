@@ -241,13 +241,36 @@ def test_hostile_hello_closes_only_its_connection(syncer: tuple[SyncerService, _
         finally:
             hostile.close()
         closed = events.wait_for(lambda e: e["ev"] == "conn_closed" and e["reason"] == "handshake failed")
-        conn = next(c for c in svc.conns.values() if c.peer == closed["peer"])
-        assert conn.closed.is_set() and conn.sock.fileno() == -1  # closed, not leaked
+        # closed and forgotten; the connections the syncer still holds are all open
+        assert all(c.peer != closed["peer"] and c.sock.fileno() != -1 for c in list(svc.conns.values()))
         _pong(good, 1)  # the other connection is still served
         _join(svc, 1).close()  # and the syncer still accepts new ones
     finally:
         good.close()
     assert not any(e["ev"] == "syncer_error" for e in events.events)
+
+
+def test_authenticated_peer_sending_what_only_the_syncer_sends_is_cut_off(
+        syncer: tuple[SyncerService, _WatchedLog]) -> None:
+    """A signed, well-formed WELCOME from a learner: it used to be logged as unexpected and the connection kept.
+    Learners never send it, so the reader refuses it (`wrong_direction`) and closes that connection alone."""
+    svc, events = syncer
+    good = _join(svc, 0)
+    try:
+        hostile = _join(svc, 1)
+        try:
+            send_message(hostile, Message(MsgType.WELCOME, {"algorithm": "decoupled"}), WAIT_S, _KEYS[hostile])
+            rejected = events.wait_for(lambda e: e["ev"] == "frame_rejected")
+            assert rejected["learner"] == 1 and rejected["kind"] == "wrong_direction", rejected
+            assert rejected["peer"] == f"127.0.0.1:{hostile.getsockname()[1]}"
+            _expect_closed(hostile)
+        finally:
+            hostile.close()
+        events.wait_for(lambda e: e["ev"] == "conn_closed" and e["reason"] == "rejected frame: wrong_direction")
+        _pong(good, 3)
+    finally:
+        good.close()
+    assert not any(e["ev"] in ("syncer_error", "unexpected_message") for e in events.events)
 
 
 def test_authenticated_peer_with_a_malformed_meta_is_cut_off(syncer: tuple[SyncerService, _WatchedLog]) -> None:

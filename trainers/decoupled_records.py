@@ -49,6 +49,8 @@ class PushOutcome(enum.Enum):
     DECLINED = "declined"
     REJECTED_NONFINITE = "rejected_nonfinite"
     REJECTED_SHAPE = "rejected_shape"
+    """The push's tensors are not the fragment's: other names, another shape, or another dtype (a float16 or
+    integer copy would be merged cast to float32, its values rounded or truncated)."""
     REJECTED_FRAGMENT = "rejected_fragment"
     STALE = "stale"
     """The learner's copy still carries work already merged: it has not applied the version that merge made

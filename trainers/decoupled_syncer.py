@@ -267,7 +267,8 @@ class DecoupledSyncer:
                 rnd.repull[push.learner] = self.reported_step.get(push.learner, push.last_step)
             return declined, None
         expected = self.fragment(p)
-        if set(push.tensors) != set(expected) or any(push.tensors[n].shape != t.shape for n, t in expected.items()):
+        if set(push.tensors) != set(expected) or any(
+                push.tensors[n].shape != t.shape or push.tensors[n].dtype != t.dtype for n, t in expected.items()):
             return PushOutcome.REJECTED_SHAPE, None
         if not all_finite(push.tensors.values()):
             return PushOutcome.REJECTED_NONFINITE, None

@@ -334,6 +334,8 @@ class FrameRejected(Event):
     """The FrameError kind (harness/wire.py)."""
     error: str
     """The error."""
+    peer: str | None = None
+    """syncer side: the connection's address (a hostile peer may claim any learner)."""
 
 
 @event("rtt", LINK)

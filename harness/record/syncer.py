@@ -155,6 +155,20 @@ class ConnClosed(Event):
     """Why."""
 
 
+@event("reader_error", TRANSPORT)
+@dataclass(frozen=True, kw_only=True)
+class ReaderError(Event):
+    """A connection's reader thread failed on an error nothing foresaw (a defect): its connection is closed
+    (conn_closed follows) and the error raised on in that thread only."""
+
+    learner: int | None
+    """The learner (None: before its handshake)."""
+    peer: str
+    """Its address."""
+    error: str
+    """The error's type and message."""
+
+
 @event("send_coalesced", TRANSPORT)
 @dataclass(frozen=True, kw_only=True)
 class SendCoalesced(Event):
