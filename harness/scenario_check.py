@@ -18,6 +18,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -54,10 +55,33 @@ class Found:
         """Each error, in the order found."""
         self.bad: set[str] = set()
         """Keys (`topology.learners`, `topology`, `faults[2]`) whose value was reported as wrong."""
+        self.keys: list[str] = []
+        """The key of each error in `errors`."""
 
     def add(self, key: str, message: str) -> None:
         self.errors.append(ScenarioError(message))
+        self.keys.append(key)
         self.bad.add(key)
+
+    def fold_drawn(self, first: int) -> None:
+        """Report the errors of faults drawn by `[random_faults]` (faults[first] on) as the table's: one line
+        per kind of error with how many draws it hit, not one per draw (a draw can hold 10,000 faults)."""
+        kept: list[tuple[str, ScenarioError | str]] = []  # a str: what a drawn fault's error says after its key
+        seen: dict[str, tuple[str, int]] = {}  # that text -> the first drawn key, and how many draws said it
+        for key, e in zip(self.keys, self.errors, strict=True):
+            m = re.fullmatch(r"faults\[(\d+)\]", key)
+            if m is None or int(m.group(1)) < first or not str(e).startswith(key):
+                kept.append((key, e))
+                continue
+            what = str(e)[len(key):]
+            if what not in seen:
+                kept.append(("random_faults", what))
+            first_key, n = seen.get(what, (key, 0))
+            seen[what] = (first_key, n + 1)
+        self.keys = [k for k, _ in kept]
+        self.errors = [e if isinstance(e, ScenarioError) else ScenarioError(
+            f"random_faults: the draw's {seen[e][0]}{e}"
+            + (f" (and {seen[e][1] - 1} more drawn faults alike)" if seen[e][1] > 1 else "")) for _, e in kept]
 
     def ok(self, *keys: str) -> bool:
         """Whether none of `keys`, nor a table holding one, was reported: a rule on them may run."""
@@ -158,6 +182,7 @@ def check(table: Any) -> tuple[Scenario | None, list[ScenarioError]]:
         found.add("faults", f"faults = {raw_faults!r}: must be an array of tables ([[faults]])")
         raw_faults = []
     raw_faults = list(raw_faults)
+    written = len(raw_faults)
     if "random_faults" in table:
         drawn = _draw(table, kwargs, found)
         if drawn is not None:
@@ -175,6 +200,7 @@ def check(table: Any) -> tuple[Scenario | None, list[ScenarioError]]:
             found.add(f"faults[{i}]", str(e))
     sc = Scenario(**kwargs, faults=tuple(s for _, s in specs))
     rules(sc, [k for k, _ in specs], found)
+    found.fold_drawn(written)
     return (None, found.capped()) if found.errors else (sc, [])
 
 

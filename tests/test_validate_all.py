@@ -149,3 +149,19 @@ def test_run_refuses_with_every_error_before_any_process_starts(tmp_path: Path) 
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert len([x for x in res.stderr.splitlines() if x.startswith("diloco-chaos: invalid scenario: ")]) == 5
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_errors_of_drawn_faults_are_reported_once_per_kind_as_the_tables() -> None:
+    """A [random_faults] draw of kills under recovery.policy = 'fail': one line for the table, not one per draw."""
+    doc = {"topology": {"learners": 2, "chips_per_learner": 2}, "train": {"steps": 400},
+           "recovery": {"max_restarts": 50}, "random_faults": {"mtbf_steps": 100, "min_gap_steps": 5},
+           "faults": [{"action": "kill_chip", "learner": 0, "chip": 0}]}
+    _, errors = check(doc)
+    text = [str(e) for e in errors]
+    assert len(text) == 2, text
+    assert text[0].startswith("faults[0].action = 'kill_chip': needs recovery.policy = 'restart'")
+    assert text[1].startswith("random_faults: the draw's faults[1].action = 'kill_chip': needs recovery.policy")
+    assert text[1].endswith("more drawn faults alike)")
+    doc["recovery"] = {"max_restarts": 50, "policy": "restart"}
+    sc, errors = check(doc)
+    assert errors == [] and sc is not None and len(sc.faults) > 2 and sc.random_faults_source
