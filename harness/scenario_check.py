@@ -9,7 +9,8 @@ learner out of range when topology.learners itself was refused) is not reported 
 
 What the size of the work depends on is checked before the work is done: a `[random_faults]` table is drawn
 only once topology and train.steps have passed their range checks, so no input can make validation allocate
-more than the caps allow. At most MAX_REPORTED errors are kept per document.
+more than the caps allow. The errors of faults the draw made are the table's, reported once per kind with a
+count; at most MAX_REPORTED errors are kept per document.
 """
 
 from __future__ import annotations
