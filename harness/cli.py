@@ -14,7 +14,10 @@
     diloco-chaos toxiproxy-server [--host H] [--port P] [--seed N] [--log-level L]
                                   run the embedded Toxiproxy-compatible server until SIGINT/SIGTERM
 
-Bad scenario values are reported (key and allowed range) and exit with code 2
+    diloco-chaos validate FILE... [--incident FILE]
+                                  check files, run nothing: every error of every file, one per line (exit 0 or 2)
+
+Bad scenario values are reported (every one, each with its key and allowed range) and exit with code 2
 before any process starts.
 """
 
@@ -54,23 +57,33 @@ def _port(value: str) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    """Check scenario files (and an incident file on top of each) without running anything: each file's
-    first error, every file at once; 0 if all are valid, else 2."""
+    """Check scenario files (and an incident file on top of each) without running anything: every error of
+    every file, one line each, prefixed with the file; 0 if all are valid, else 2."""
+    from harness.scenario_check import check, incident_problems
+
     bad = 0
     for path in args.files:
         try:
-            sc = scenario_mod.load(path)
-            if args.incident:
-                from harness.replay import load_incident
-
-                load_incident(args.incident, sc)
-        except scenario_mod.ScenarioError as e:
+            sc, errors = check(scenario_mod.read_toml(path, "scenario file"))
+        except scenario_mod.ScenarioError as unreadable:
+            sc, errors = None, [unreadable]
+        if args.incident:
+            errors += incident_problems(args.incident, sc)
+        if errors or sc is None:
             bad += 1
-            print(f"{path}: invalid: {e}", file=sys.stderr)
+            for err in errors:
+                print(f"{path}: invalid: {err}", file=sys.stderr)
             continue
         print(f"{path}: OK ({sc.name}, {sc.algorithm}, {sc.topology.learners}x{sc.topology.chips_per_learner}, "
               f"{len(sc.faults)} faults{' + incident ' + args.incident if args.incident else ''})")
     return EXIT_BAD_CONFIG if bad else 0
+
+
+def _invalid(e: scenario_mod.ScenarioError) -> int:
+    """Print each error of a refused scenario on its own line; the exit code for a bad config."""
+    for p in e.problems:
+        print(f"diloco-chaos: invalid scenario: {p}", file=sys.stderr)
+    return EXIT_BAD_CONFIG
 
 
 def _load(args: argparse.Namespace) -> scenario_mod.Scenario:
@@ -90,8 +103,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         sc = _load(args)
     except scenario_mod.ScenarioError as e:
-        print(f"diloco-chaos: invalid scenario: {e}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
+        return _invalid(e)
     res = _execute(sc, args, "run")
     if isinstance(res, int):
         return res
@@ -189,8 +201,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if args.seed is not None:
             sc = sc.replace(seed=args.seed)
     except scenario_mod.ScenarioError as e:
-        print(f"diloco-chaos: invalid scenario: {e}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
+        return _invalid(e)
     try:
         rows = compare(sc, args.runs_dir, baseline=not args.no_baseline,
                        on_run=lambda r: print(f"{r.label}: final eval {r.final_eval_loss}, goodput {r.goodput}, "

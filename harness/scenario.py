@@ -1,16 +1,16 @@
 """Scenario files: TOML in, one validated, frozen `Scenario` out.
 
-Validation happens here, before any process starts: unknown keys, wrong
-types, values out of range and cross-field rules (K <= M, the timeout
-hierarchy, a corpus that exists) all raise `ScenarioError` naming the key and
-what is allowed. The resolved scenario is written into every run directory,
+Validation happens before any process starts: unknown keys, wrong types,
+values out of range and cross-field rules (K <= M, the timeout hierarchy, a
+corpus that exists) each give a `ScenarioError` naming the key and what is
+allowed; harness/scenario_check.py collects every one of a document, and
+`from_dict` raises them together. The resolved scenario is written into every run directory,
 so a run can be replayed from its directory alone.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import tomllib
@@ -19,11 +19,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from chaos import faults
-from chaos.schedule import KILL_ACTIONS, FaultSpec, ScheduleError, never_fires, parse_fault
-from chaos.toxiproxy_backend import PROXY_MODES, resolve_backend
-from trainers.config import ALGORITHMS, DilocoConfig, TrainConfig, bounded, choice, did_you_mean
-from trainers.data import CORPUS_NAMES, DataConfig
+from chaos.schedule import FaultSpec, ScheduleError, parse_fault
+from chaos.toxiproxy_backend import PROXY_MODES
+from trainers.config import ALGORITHMS, DilocoConfig, TrainConfig, bounded, choice
+from trainers.data import DataConfig
 from trainers.model import ModelConfig
 
 _MODEL_RANGES: dict[str, tuple[float, float]] = {
@@ -37,7 +36,21 @@ _DATA_RANGES: dict[str, tuple[float, float]] = {"holdout_fraction": (0.01, 0.5),
 
 
 class ScenarioError(ValueError):
-    """A scenario value is missing, unknown or out of range; the message names the key."""
+    """A scenario value is missing, unknown or out of range; the message names the key.
+
+    One raised for a whole document holds each of its errors in `problems` (its message: one per line)."""
+
+    def __init__(self, message: str, problems: tuple[ScenarioError, ...] = ()) -> None:
+        super().__init__(message)
+        self.problems: tuple[ScenarioError, ...] = problems or (self,)
+        """Each error on its own, each naming its key (just this one when it is a single error)."""
+
+    @classmethod
+    def of(cls, errors: list[ScenarioError]) -> ScenarioError:
+        """One error for a list of them (non-empty): the error itself when there is one."""
+        if len(errors) == 1:
+            return errors[0]
+        return cls("\n".join(str(e) for e in errors), tuple(errors))
 
 
 @dataclass(frozen=True)
@@ -212,222 +225,29 @@ class Scenario:
         return out
 
 
-def _check_value(key: str, f: dataclasses.Field, value: Any, default: Any) -> Any:
-    if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise ScenarioError(f"{key} = {value!r}: must be true or false")
-        return value
-    if isinstance(default, int):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ScenarioError(f"{key} = {value!r}: must be an integer")
-    elif isinstance(default, float):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ScenarioError(f"{key} = {value!r}: must be a number")
-        value = float(value)
-    elif isinstance(default, str):
-        if not isinstance(value, str):
-            raise ScenarioError(f"{key} = {value!r}: must be a string")
-    elif isinstance(default, tuple):
-        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-            raise ScenarioError(f"{key} = {value!r}: must be a list of strings")
-        value = tuple(value)
-    return value
-
-
-def _build(cls: type, table: Any, prefix: str, ranges: dict[str, tuple[float, float]] | None = None) -> Any:
-    if not isinstance(table, dict):
-        raise ScenarioError(f"{prefix or 'scenario'}: must be a table")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(table) - set(fields))
-    if unknown:
-        where = f"[{prefix}]" if prefix else "the top level"
-        raise ScenarioError(
-            f"unknown key {prefix + '.' if prefix else ''}{unknown[0]}{did_you_mean(unknown[0], fields)} in {where}; "
-            f"allowed: {', '.join(fields)}"
-        )
-    kwargs: dict[str, Any] = {}
-    for name, value in table.items():
-        f = fields[name]
-        key = f"{prefix}.{name}" if prefix else name
-        if cls is Scenario and name == "faults":
-            if not isinstance(value, (list, tuple)):
-                raise ScenarioError(f"faults = {value!r}: must be an array of tables ([[faults]])")
-            kwargs[name] = tuple(_fault(v, i, table) for i, v in enumerate(value))
-            continue
-        if dataclasses.is_dataclass(f.type) or (f.default_factory is not dataclasses.MISSING):  # nested table
-            sub = f.default_factory()  # type: ignore[misc,operator]
-            sub_ranges: dict[str, tuple[float, float]] | None = {"model": _MODEL_RANGES,
-                                                                  "data": _DATA_RANGES}.get(name)
-            kwargs[name] = _build(type(sub), value, key, sub_ranges)
-            continue
-        default = f.default
-        kwargs[name] = _check_value(key, f, value, default)
-    obj = cls(**kwargs)
-    _check_ranges(obj, prefix, ranges or {})
-    return obj
-
-
-def _fault(raw: Any, i: int, table: dict[str, Any]) -> FaultSpec:
-    learners = table.get("topology", {}).get("learners", Topology().learners)
-    learners = learners if isinstance(learners, int) and learners > 0 else Topology().learners
-    try:
-        return parse_fault(raw, f"faults[{i}]", learners)
-    except ScheduleError as e:
-        raise ScenarioError(str(e)) from None
-
-
-def _check_ranges(obj: Any, prefix: str, extra: dict[str, tuple[float, float]]) -> None:
-    for f in dataclasses.fields(obj):
-        key = f"{prefix}.{f.name}" if prefix else f.name
-        value = getattr(obj, f.name)
-        lo_hi = f.metadata.get("range") or extra.get(f.name)
-        if lo_hi is not None and not (lo_hi[0] <= value <= lo_hi[1]):
-            raise ScenarioError(f"{key} = {value!r}: must be in [{lo_hi[0]}, {lo_hi[1]}]")
-        choices = f.metadata.get("choices")
-        if choices is not None and value not in choices:
-            raise ScenarioError(f"{key} = {value!r}: must be one of {', '.join(choices)}")
-
-
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 """A scenario's name is part of its run directory's name: a letter or digit, then letters, digits, '.', '_' or
 '-', at most 64 characters (no '/', no '..' path, nothing a shell or a file system would read otherwise)."""
 
 
-def _check_link_backend(sc: Scenario) -> None:
-    """Every link fault must be one the run's Toxiproxy server implements (e.g. corrupt is an extension of the
-    embedded server): decided from links.proxy and the environment (TOXIPROXY_URL, toxiproxy-server on PATH)
-    the way the supervisor will decide it, before any process starts."""
-    link_faults = [(i, f) for i, f in enumerate(sc.faults) if faults.get(f.action).target == "link"]
-    if not link_faults:
-        return
-    backend = resolve_backend(sc.links.proxy)
-    if backend.family is None:
-        raise ScenarioError("links.proxy = 'off': link faults need proxies; use auto or embedded")
-    for i, f in link_faults:
-        kind = faults.get(f.action)
-        if backend.family not in kind.backends:
-            raise ScenarioError(
-                f"faults[{i}].action = {f.action!r}: not supported by the {backend.family} backend "
-                f"({backend.why}); {f.action} runs on: {', '.join(sorted(kind.backends))}"
-                + (" (links.proxy = 'embedded' picks the embedded server)" if "embedded" in kind.backends else ""))
-
-
 def validate(sc: Scenario) -> None:
-    """Check ranges and the rules that tie fields together. Raises ScenarioError."""
-    if not isinstance(sc.name, str) or not NAME_PATTERN.fullmatch(sc.name):
-        raise ScenarioError(f"name = {sc.name!r}: must be a letter or digit, then letters, digits, '.', '_' or '-', "
-                            "at most 64 characters (it names the run directory)")
-    _check_ranges(sc, "", {})
-    for name, sub_ranges in (("topology", {}), ("model", _MODEL_RANGES), ("data", _DATA_RANGES), ("train", {}),
-                             ("diloco", {}), ("timeouts", {}), ("eval", {}), ("links", {}), ("recovery", {})):
-        _check_ranges(getattr(sc, name), name, sub_ranges)
-    m = sc.topology.learners
-    for i, f in enumerate(sc.faults):
-        try:
-            parse_fault(f, f"faults[{i}]", m)
-        except ScheduleError as e:
-            raise ScenarioError(str(e)) from None
-    for i, f in enumerate(sc.faults):
-        why = never_fires(f, sc.train.steps, sc.timeouts.run_s)
-        if why is not None:
-            raise ScenarioError(f"faults[{i}].{why} (the fault could never fire)")
-        if f.chip is not None and f.chip >= sc.topology.chips_per_learner:
-            raise ScenarioError(f"faults[{i}].chip = {f.chip}: must be in [0, {sc.topology.chips_per_learner - 1}]"
-                                " (topology.chips_per_learner)")
-        kind = faults.get(f.action)
-        if kind.target == "process" and f.action in KILL_ACTIONS and sc.recovery.policy == "fail":
-            raise ScenarioError(f"faults[{i}].action = {f.action!r}: needs recovery.policy = 'restart' "
-                                "(with 'fail' the first lost chip ends the run)")
-        if kind.target == "syncer":
-            if sc.algorithm != "decoupled":
-                raise ScenarioError(f"faults[{i}].action = {f.action!r}: supported for algorithm = 'decoupled' "
-                                    f"only, not {sc.algorithm!r} (its syncer keeps no checkpoint to restore)")
-            if sc.recovery.syncer_policy != "restart" or sc.recovery.syncer_checkpoint != "every_merge":
-                raise ScenarioError(f"faults[{i}].action = {f.action!r}: needs recovery.syncer_policy = 'restart' "
-                                    "and recovery.syncer_checkpoint = 'every_merge'")
-    if sc.recovery.policy == "shrink" and sc.algorithm not in ELASTIC_ALGORITHMS:
-        raise ScenarioError(f"recovery.policy = 'shrink': supported for algorithm in {ELASTIC_ALGORITHMS} "
-                            f"only, not {sc.algorithm!r}; use 'restart', or 'elastic' (shrink where the "
-                            "algorithm has it, restart elsewhere)")
-    _check_link_backend(sc)
-    if sc.diloco.min_quorum > m:
-        raise ScenarioError(
-            f"diloco.min_quorum = {sc.diloco.min_quorum}: must be in [1, topology.learners = {m}]"
-        )
-    if sc.model.d_model % sc.model.n_heads:
-        raise ScenarioError(f"model.n_heads = {sc.model.n_heads}: must divide model.d_model = {sc.model.d_model}")
-    n_tensors = 5 + 12 * sc.model.n_layers  # tensors of TinyGPT; the partition needs one per fragment
-    if sc.diloco.fragments > n_tensors:
-        raise ScenarioError(
-            f"diloco.fragments = {sc.diloco.fragments}: must be in [1, {n_tensors}] (tensors in the model)"
-        )
-    if sc.data.corpus not in CORPUS_NAMES and not os.path.isfile(sc.data.corpus):
-        raise ScenarioError(
-            f"data.corpus = {sc.data.corpus!r}: no such file; use one of {', '.join(CORPUS_NAMES)} or a text file path"
-        )
-    t = sc.timeouts
-    chain = [("timeouts.socket_op_s", t.socket_op_s), ("timeouts.liveness_s", t.liveness_s),
-             ("timeouts.gloo_s", t.gloo_s), ("timeouts.barrier_s", t.barrier_s), ("timeouts.run_s", t.run_s)]
-    for (lo_key, lo), (hi_key, hi) in zip(chain, chain[1:], strict=False):
-        if not lo < hi:
-            raise ScenarioError(f"{lo_key} = {lo}: must be below {hi_key} = {hi} (timeout hierarchy)")
-    if t.barrier_s + t.gloo_s >= t.run_s:
-        raise ScenarioError(f"timeouts.barrier_s = {t.barrier_s}: barrier_s + gloo_s must be below timeouts.run_s = "
-                            f"{t.run_s} (baseline chips wait up to barrier_s + gloo_s)")
-    if t.heartbeat_s * 3 > t.liveness_s:
-        raise ScenarioError(
-            f"timeouts.heartbeat_s = {t.heartbeat_s}: must be at most timeouts.liveness_s / 3 = {t.liveness_s / 3:g}"
-        )
+    """Check ranges and the rules that tie fields together. Raises ScenarioError holding every error found."""
+    from harness.scenario_check import scenario_problems
 
-
-def _int_or(table: dict[str, Any], section: str, key: str, default: int, least: int = 1) -> int:
-    """table[section][key] if it is a usable integer (>= least), else the default (_build reports it later)."""
-    v = table.get(section, {}).get(key, default) if isinstance(table.get(section, {}), dict) else default
-    return v if isinstance(v, int) and not isinstance(v, bool) and v >= least else default
-
-
-def _expand_random_faults(table: dict[str, Any]) -> dict[str, Any]:
-    """Replace a `[random_faults]` table by the explicit `[[faults]]` entries it draws (seeded)."""
-    from chaos.fault_generator import expand
-    from chaos.fault_generator import validate as validate_random
-
-    raw = table["random_faults"]
-    # What the draw's size depends on is checked first: a bad topology must not be expanded into faults.
-    topology = _build(Topology, table.get("topology", {}), "topology")
-    _check_ranges(topology, "topology", {})
-    train = _build(TrainConfig, table.get("train", {}), "train")
-    _check_ranges(train, "train", {})
-    learners, chips, steps = topology.learners, topology.chips_per_learner, train.steps
-    seed = table.get("seed", 0) if isinstance(table.get("seed", 0), int) else 0
-    try:
-        cfg = validate_random(raw, "random_faults", learners, chips, steps)
-    except ValueError as e:
-        raise ScenarioError(str(e)) from None
-    drawn = expand(cfg, learners=learners, chips_per_learner=chips, steps=steps, seed=seed)
-    restarts = _int_or(table, "recovery", "max_restarts", RecoveryConfig().max_restarts, least=0)
-    kills: dict[int, int] = {}
-    for f in drawn:
-        if f["action"] in ("kill_chip", "kill_learner", "crash_host"):
-            kills[f["learner"]] = kills.get(f["learner"], 0) + 1
-    worst = max(kills.items(), key=lambda kv: kv[1], default=None)
-    if worst is not None and worst[1] > restarts:
-        raise ScenarioError(f"random_faults: the draw kills learner {worst[0]} {worst[1]} times, but "
-                            f"recovery.max_restarts = {restarts}; raise it to at least {worst[1]}, "
-                            "or raise random_faults.mtbf_steps")
-    out = {k: v for k, v in table.items() if k != "random_faults"}
-    existing = table.get("faults", [])
-    out["faults"] = [*(existing if isinstance(existing, (list, tuple)) else [existing]), *drawn]
-    out["random_faults_source"] = json.dumps(raw if isinstance(raw, dict) else str(raw), sort_keys=True,
-                                             default=str)
-    return out
+    errors = scenario_problems(sc)
+    if errors:
+        raise ScenarioError.of(errors)
 
 
 def from_dict(table: dict[str, Any]) -> Scenario:
-    """Build and validate a Scenario from a parsed TOML table (a `[random_faults]` table is drawn first)."""
-    if "random_faults" in table:
-        table = _expand_random_faults(table)
-    sc = _build(Scenario, table, "")
-    validate(sc)
+    """Build and validate a Scenario from a parsed TOML table (a `[random_faults]` table is drawn first, once
+    what its size depends on is valid). Raises ScenarioError holding every error of the document
+    (harness/scenario_check.py)."""
+    from harness.scenario_check import check
+
+    sc, errors = check(table)
+    if sc is None:
+        raise ScenarioError.of(errors)
     return sc
 
 

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.scenario import Scenario, ScenarioError, from_dict, load
+from harness.scenario_check import MAX_REPORTED, check
 from tests.scenario_strategies import documents
 
 
@@ -22,6 +23,20 @@ def test_a_document_is_a_scenario_or_a_scenario_error(doc: dict[str, Any]) -> No
         assert str(e)  # says what is wrong
         return
     assert isinstance(sc, Scenario)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(doc=documents())
+def test_every_error_of_a_document_is_a_scenario_error_and_there_is_one_iff_it_is_refused(
+        doc: dict[str, Any]) -> None:
+    sc, errors = check(doc)
+    assert (sc is None) == bool(errors)
+    assert len(errors) <= MAX_REPORTED + 1
+    assert all(isinstance(e, ScenarioError) and str(e) for e in errors)
+    try:
+        from_dict(doc)
+    except ScenarioError as e:
+        assert [str(p) for p in e.problems] == [str(x) for x in errors]
 
 
 @settings(max_examples=100, deadline=None)
