@@ -184,12 +184,13 @@ class LinkChaos:
     def add_toxics(self, learner: int, kind: str, toxics: list[tuple[str, str, dict[str, float]]],
                    **params: Any) -> LinkFault:
         """A fault made of plain toxics, `(type, stream, attributes)` each, added all or nothing; `params` go in
-        its `link_fault_on` event. For kinds that need no more than that (chaos/faults/corrupt.py)."""
+        its `link_fault_on` event as one `params` mapping, so a new kind needs no new event field. For kinds that
+        need no more than that (chaos/faults/corrupt.py)."""
         fault = self._new(kind, learner)
         with self._building(fault):
             for type_, stream, attributes in toxics:
                 fault.toxics.append(self._add(learner, type_, stream, **attributes))
-        return self._register(fault, **params)
+        return self._register(fault, params={k: v for k, v in params.items() if v is not None})
 
     def apply(self, spec: FaultSpec) -> LinkFault:
         """Start the fault a schedule entry describes, through its kind's module (chaos/faults/)."""

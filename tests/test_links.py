@@ -565,7 +565,7 @@ def test_apply_corrupt_adds_the_embedded_corrupt_toxic_both_ways(rig: Rig) -> No
     assert fault.kind == "corrupt" and fault.learner == 1
     assert [(ty, stream, attrs) for ty, stream, _, attrs in _shape(rig.client, 1)] == [
         ("corrupt", s, {"probability": 0.002}) for s in _BOTH]
-    assert ("link_fault_on", {"learner": 1, "kind": "corrupt", "probability": 0.002}) in rig.rec.calls
+    assert ("link_fault_on", {"learner": 1, "kind": "corrupt", "params": {"probability": 0.002}}) in rig.rec.calls
     fault.clear()
     assert _toxics(rig.client, 1) == {} and rig.chaos.active() == []
 

@@ -309,7 +309,7 @@ class LinkFaultOn(Event):
     learner: int
     """The learner whose link it hits."""
     kind: str
-    """degrade, partition, flap, reset_peer, slice or limit_data."""
+    """The fault kind (chaos/faults/): degrade, partition, flap, reset_peer, slice, limit_data, corrupt, ..."""
     latency_ms: float | None = None
     """degrade: added round-trip time."""
     jitter_ms: float | None = None
@@ -334,6 +334,9 @@ class LinkFaultOn(Event):
     """slice: connections are cut after this many bytes."""
     bytes: int | None = None
     """limit_data: connections are closed after this many bytes."""
+    params: dict[str, float | int | str] | None = None
+    """Kinds made of plain toxics (chaos/links.py add_toxics, e.g. corrupt): their set parameters by name, so
+    a fault kind added as one module needs no field here."""
 
 
 @event("link_fault_off", LINKS)
