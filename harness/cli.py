@@ -118,6 +118,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_invariants(args: argparse.Namespace) -> int:
+    from harness.invariants.doc import main as print_table
+
+    return print_table([])
+
+
 def _faults_and_verdicts(run_dir: str | os.PathLike[str]) -> str:
     """What a person wants after a run besides the figures: the faults that fired, and the invariants'
     verdicts (the bound-free ones, harness.results.invariant_figures), and the errors, expected or not."""
@@ -258,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     val.add_argument("files", nargs="+", metavar="FILE", help="scenario TOML files")
     val.add_argument("--incident", help="also check this incident file on top of each scenario")
     val.set_defaults(func=cmd_validate)
+    inv = sub.add_parser("invariants", help="list every invariant with its bounds (a markdown table, from the "
+                         "registry)")
+    inv.set_defaults(func=cmd_invariants)
     sc = sub.add_parser("scenarios", help="list the built-in scenarios")
     sc.set_defaults(func=lambda a: print("\n".join(scenario_mod.builtin_names())) or 0)
     rep = sub.add_parser("report", help="write a run's self-contained HTML report (eval loss, faults, timeline)")

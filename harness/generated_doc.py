@@ -1,4 +1,4 @@
-"""The command line of a generated doc (docs/invariants.md, docs/events.md): write it, or with --check say
+"""The command line of a generated doc (docs/events.md): write it, or with --check say
 whether the committed file is still what its registry renders. One implementation for every generator."""
 
 from __future__ import annotations

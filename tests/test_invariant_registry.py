@@ -25,7 +25,7 @@ from harness.invariants import (
     spec,
     specs,
 )
-from harness.invariants.doc import DOC, render
+from harness.invariants.doc import render
 from harness.invariants.registry import ALL_ALGORITHMS, discover
 from trainers.config import ALGORITHMS
 
@@ -60,8 +60,51 @@ def test_registry_names_are_check_alls_and_the_plugins(tmp_path: Path) -> None:
         assert s.mode == "always" or any(b.triggers for b in s.bounds)
 
 
-def test_docs_invariants_md_is_generated_from_the_registry() -> None:
-    assert DOC.read_text() == render(), "docs/invariants.md is stale: run python -m harness.invariants.doc"
+def test_the_cli_lists_every_invariant_and_bound_from_the_registry(capsys: pytest.CaptureFixture[str]) -> None:
+    from harness.cli import main
+
+    assert main(["invariants"]) == 0
+    out = capsys.readouterr().out
+    assert out == render()
+    for s in specs().values():
+        assert f"| `{s.name}` |" in out and all(f"`{b.name}`" in out for b in s.bounds)
+
+
+NEW_INVARIANT = '''"""Invariant `always_ok`: a test's stand-in, to show that one module is all a new invariant needs."""
+
+from harness.invariants.base import InvariantResult
+from harness.invariants.registry import Bound, register
+
+
+@register(bounds=(Bound("limit", "how much is allowed", default=1.0, low=0.0),), order=999)
+def always_ok(run, limit=1.0):
+    return InvariantResult("always_ok", True, 0.0, limit, "nothing to check")
+'''
+
+
+def test_adding_an_invariant_is_adding_one_module(tmp_path: Path) -> None:
+    """One new file in the checks package: check_all, ChaosRun.check's lookup, bound validation and the CLI's list
+    all have it, with nothing else edited."""
+    from harness.invariants import registry
+
+    extra = tmp_path / "extra_checks"
+    extra.mkdir()
+    (extra / "always_ok.py").write_text(NEW_INVARIANT)
+    checks.__path__.append(str(extra))
+    try:
+        discover()
+        assert "always_ok" in specs() and "| `always_ok` |" in render()
+        run = load_run(write_run(tmp_path, with_protocol_facts(decoupled_log())))
+        assert check_all(run)[-1].name == "always_ok"
+        assert spec("always_ok")(run, limit=2.0).ok
+        with pytest.raises(ValueError, match="limit"):
+            spec("always_ok")(run, limit=-1.0)
+    finally:
+        checks.__path__.remove(str(extra))
+        registry._REGISTRY.pop("always_ok", None)
+        import sys
+
+        sys.modules.pop("harness.invariants.checks.always_ok", None)
 
 
 def test_one_bound_name_everywhere_a_former_name_is_refused_with_the_new_one(tmp_path: Path) -> None:
@@ -146,14 +189,14 @@ def _calls(root: Path, glob: str) -> list[tuple[str, str, list[str]]]:
 
 def test_every_bound_has_one_name_in_the_functions_check_all_the_plugin_the_suites_and_the_docs() -> None:
     names = _bound_names()
-    doc_rows = {ln.split("|")[1].strip().strip("`"): ln.split("|")[3] for ln in DOC.read_text().splitlines()
+    doc_rows = {ln.split("|")[1].strip().strip("`"): ln.split("|")[3] for ln in render().splitlines()
                 if ln.startswith("| `")}
     keywords = check_all_keywords()
     for inv, bounds in names.items():
         params = [p for p in inspect.signature(specs()[inv].fn).parameters][1:]  # after the run
         assert params == bounds, f"{inv}: the function's keywords {params} are not the registry's {bounds}"
         documented = [w.strip().split("`")[1] for w in doc_rows[inv].split("<br>") if w.strip().startswith("`")]
-        assert documented == bounds, f"docs/invariants.md row of {inv}: {documented}"
+        assert documented == bounds, f"the listed row of {inv}: {documented}"
         if specs()[inv].mode == "when_bound":  # check_all takes each of its bounds by the same name
             assert all(keywords[b] == (inv, b) for b in bounds)
     # the plugin (ChaosRun.check / measure) goes through the registry: every name the suites pass is in it

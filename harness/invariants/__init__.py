@@ -3,8 +3,8 @@
 What: the package re-exports the public API (`InvariantResult`, `InvariantViolation`, `RunRecord`, `load_run`,
 `final_loss`, every invariant function and `check_all`); harness/invariants/base.py has the result and run
 records, harness/invariants/registry.py the typed `InvariantSpec` registry, and harness/invariants/checks/ one
-module per invariant, each registering itself. docs/invariants.md lists them, generated from the registry by
-``python -m harness.invariants.doc``.
+module per invariant, each registering itself. `diloco-chaos invariants` lists them, rendered from the registry by
+``harness.invariants.doc``.
 
 Why a registry: check_all, the pytest plugin's `ChaosRun.check` and the docs list the invariants from one
 place, and a bound has one name, validated in one place.

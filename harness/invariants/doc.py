@@ -1,19 +1,18 @@
-"""Generate docs/invariants.md from the invariant registry: ``python -m harness.invariants.doc [--check]``.
+"""The table of every invariant, rendered from the registry: `diloco-chaos invariants` prints it.
 
-Why: the list of invariants, their bounds and the algorithms they apply to is read from the registry, so the
-doc cannot drift from the code; tests/test_invariant_registry.py asserts the committed file equals the output.
+Why: the list of invariants, their bounds and the algorithms they apply to is read from the registry when it is
+asked for, so it cannot drift from the code, and adding an invariant is adding one module of
+harness/invariants/checks/: no table to regenerate or commit beside it (docs/invariants.md says how to read
+the output and how to add an invariant).
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from pathlib import Path
 
-from harness import generated_doc
 from harness.invariants.registry import REQUIRED, Bound, discover
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "invariants.md"
 log = logging.getLogger(__name__)
 
 
@@ -30,16 +29,8 @@ def _bound(b: Bound) -> str:
 
 
 def render() -> str:
-    """The whole of docs/invariants.md."""
+    """A markdown table: each registered invariant, what it checks, its bounds, algorithms and check_all mode."""
     lines = [
-        "# Invariants",
-        "",
-        "Generated from the registry (`harness/invariants/registry.py`) by `python -m harness.invariants.doc`;",
-        "do not edit by hand. Each invariant is one module of `harness/invariants/checks/`. `check_all` runs the",
-        "\"always\" ones on their defaults and each \"when_bound\" one when a bound marked *triggers* is given;",
-        "`ChaosRun.check(name, **bounds)` runs any of them by name. A misspelled bound raises `UnknownBound`",
-        "(naming the allowed ones), an impossible value `ValueError`.",
-        "",
         "| invariant | checks | bounds | algorithms | check_all |",
         "|---|---|---|---|---|",
     ]
@@ -50,7 +41,9 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return generated_doc.main(DOC, render, "python -m harness.invariants.doc", __doc__, argv)
+    """Print the table (`diloco-chaos invariants`, or `python -m harness.invariants.doc`)."""
+    sys.stdout.write(render())
+    return 0
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ What: each module of `harness.invariants.checks` defines one invariant function 
 value must be in, and the older `check_all` keyword it replaced), the algorithms it applies to and
 whether `check_all` runs it on its defaults ("always") or only when the caller gives one of its triggering
 bounds ("when_bound"). `discover()` imports every module of that package, so adding an invariant is adding one
-module: `check_all`, the pytest plugin's `ChaosRun.check` / `measure` and docs/invariants.md all list the
+module: `check_all`, the pytest plugin's `ChaosRun.check` / `measure` and `diloco-chaos invariants` all list the
 registry.
 
 Why: the names of the invariants and of their bounds used to be kept by hand in four places (check_all's

@@ -2,7 +2,7 @@
 or later.
 
 One module per invariant (a protocol invariant of Decoupled DiLoCo, for decoupled runs only): it registers itself with
-`harness.invariants.registry.register`, so check_all, the pytest plugin and docs/invariants.md list it.
+`harness.invariants.registry.register`, so check_all, the pytest plugin and `diloco-chaos invariants` list it.
 """
 
 from __future__ import annotations
