@@ -22,7 +22,8 @@ import torch
 
 from harness.events import EVENTS_FILE, EventLog, read_events
 from harness.metrics import achieved_speeds, downtime, fault_response, goodput, learner_availability, merge_stats
-from harness.run_errors import classify_errors, records
+from harness.record import RunLog
+from harness.run_errors import classify_errors
 from harness.rundir import CHECKPOINT_FILE, CONFIG_FILE, read_json
 from harness.scenario import Scenario, from_dict
 from trainers.data import eval_batches, make_splits
@@ -72,6 +73,7 @@ def build_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     run_dir = Path(run_dir)
     sc = from_dict(read_json(run_dir / CONFIG_FILE))
     evs = read_events(run_dir / EVENTS_FILE)
+    recs = RunLog.load(run_dir).records
     start = next((e["t"] for e in evs if e["ev"] == "run_start"), evs[0]["t"] if evs else 0.0)
     end = next((e["t"] for e in evs if e["ev"] == "run_end"), evs[-1]["t"] if evs else 0.0)
     steps = [e for e in evs if e["ev"] == "step"]
@@ -100,7 +102,7 @@ def build_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     chip_starts = [e for e in evs if e["ev"] == "chip_start"]
     groups = {e["group"] for e in evs if e["ev"] == "gloo_group"}
     pushes = [e for e in evs if e["ev"] == "push"]
-    errors = classify_errors(records(evs), start, sc.timeouts.gloo_s + sc.timeouts.liveness_s)
+    errors = classify_errors(recs, start, sc.timeouts.gloo_s + sc.timeouts.liveness_s)
     return {
         "name": sc.name,
         "algorithm": sc.algorithm,
@@ -129,13 +131,13 @@ def build_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         "links": next(({"backend": e["backend"], "version": e["version"]} for e in evs if e["ev"] == "links_ready"),
                       {"backend": "off"}),
         "faults": fault_timeline(evs, start),
-        "goodput": goodput(evs, sc.algorithm, sc.topology.learners, sc.topology.chips_per_learner,
+        "goodput": goodput(recs, sc.algorithm, sc.topology.learners, sc.topology.chips_per_learner,
                            sc.diloco.fragments, sc.diloco.sync_every).to_dict(),
         "availability": downtime([e["t"] for e in merges], train_start, train_end),
-        "speed_profiles": achieved_speeds(evs, sc.topology.learners),
-        "learner_availability": learner_availability(evs, sc.topology.learners, train_start, train_end),
-        "fault_response": fault_response(evs),
-        "merges": merge_stats(evs, sc.diloco.fragments if sc.algorithm == "decoupled" else 1),
+        "speed_profiles": achieved_speeds(recs, sc.topology.learners),
+        "learner_availability": learner_availability(recs, sc.topology.learners, train_start, train_end),
+        "fault_response": fault_response(recs),
+        "merges": merge_stats(recs, sc.diloco.fragments if sc.algorithm == "decoupled" else 1),
         "syncer_restarts": sum(1 for e in evs if e["ev"] == "syncer_restart"),
     }
 

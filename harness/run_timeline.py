@@ -15,6 +15,7 @@ from typing import Any
 
 from chaos.schedule import KILL_ACTIONS
 from harness.metrics import fault_response
+from harness.record import RunLog
 
 Segment = tuple[str, float, float]
 """(state, t0, t1): a learner (or the syncer) was in `state` from t0 to t1, seconds since run start."""
@@ -190,7 +191,7 @@ def fault_bands(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         return []
     t0, t_end = run_span(evs)
     ends = {e["index"]: e for e in evs if e["ev"] == "fault_end"}
-    responses = {r["index"]: r for r in fault_response(evs)}
+    responses = {r["index"]: r for r in fault_response(RunLog.from_dicts(evs, strict=True).records)}
     out = []
     for f in (e for e in evs if e["ev"] == "fault_start"):
         i = f["index"]
