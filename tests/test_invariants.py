@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import complete
 
 from harness.events import EVENTS_FILE
 from harness.invariants import (
@@ -52,7 +53,8 @@ def write_run(root: Path, events: list[dict[str, Any]], cfg: dict[str, Any] | No
               report: dict[str, Any] | None = None, params: dict[str, torch.Tensor] | None = None,
               name: str = "run") -> Path:
     """A run directory as the supervisor leaves it: events.jsonl (in the given order), config.json, report.json
-    and, with `params`, global.pt."""
+    and, with `params`, global.pt. Each event's required fields the test leaves out are filled with placeholders
+    (conftest.complete), so that it parses into its record."""
     d = root / name
     d.mkdir()
     (d / EVENTS_FILE).write_text("".join(json.dumps(e) + "\n" for e in events))
@@ -290,16 +292,18 @@ def outage(back_step_t: float | None, join: bool = True) -> list[dict[str, Any]]
 
 
 def test_rejoined(tmp_path: Path) -> None:
-    res = holds(rejoined(write_run(tmp_path, outage(3.5), name="a"), within_s=2.0))
+    res = holds(rejoined(write_run(tmp_path, complete(outage(3.5)), name="a"), within_s=2.0))
     assert res.figure == pytest.approx(0.5)
-    holds(rejoined(write_run(tmp_path, decoupled_log(), name="b"), within_s=0.0))  # nobody failed
-    violated(rejoined(write_run(tmp_path, outage(6.25), name="c"), within_s=2.0),
+    holds(rejoined(write_run(tmp_path, complete(decoupled_log()), name="b"), within_s=0.0))  # nobody failed
+    violated(rejoined(write_run(tmp_path, complete(outage(6.25)), name="c"), within_s=2.0),
              "longest rejoin delay 3.25 s > bound 2 s", "learner 1 down at 2.000 s")
-    violated(rejoined(write_run(tmp_path, outage(None), name="d"), within_s=2.0), "inf s > bound 2 s", "never back")
-    violated(rejoined(write_run(tmp_path, outage(3.5, join=False), name="e"), within_s=2.0), "inf s > bound 2 s")
+    violated(rejoined(write_run(tmp_path, complete(outage(None)), name="d"), within_s=2.0), "inf s > bound 2 s",
+             "never back")
+    violated(rejoined(write_run(tmp_path, complete(outage(3.5, join=False)), name="e"), within_s=2.0),
+             "inf s > bound 2 s")
     again = outage(None) + [ev("learner_down", 3.4, "supervisor", learner=1, step=1, repair_s=1.0),
                             ev("step", 3.6, "learner1.chip0", learner=1, step=2, tokens=TOK)]
-    violated(rejoined(write_run(tmp_path, again, name="f"), within_s=2.0), "inf s > bound 2 s")
+    violated(rejoined(write_run(tmp_path, complete(again), name="f"), within_s=2.0), "inf s > bound 2 s")
 
 
 # -- updates_accounted ----------------------------------------------------------------------------------------
