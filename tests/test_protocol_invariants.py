@@ -43,7 +43,7 @@ def with_protocol_facts(evs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if e["ev"] == "push":
             out.append(ev("push_sent", e["t"] - 0.001, f"learner{e['learner']}.link", learner=e["learner"],
                           fragment=e["fragment"], first_step=e["first_step"], last_step=e["last_step"],
-                          c_steps=e["c_steps"], round=e["round"]))
+                          c_steps=e["c_steps"], round=e["round"], bytes=1000, seconds=0.001))
         if e["ev"] == "merge":
             e.update(weights=[round(w, 6) for w in expected_weights(e["c_steps"], e["c_tokens"])], outer_lr=LR,
                      norms={"radial": 0.5, "merged": 0.5, "embedding_radial": 0.2, "embedding_merged": 0.15})
@@ -125,12 +125,12 @@ def test_pushes_received(tmp_path: Path) -> None:
                 del e[key][1]
     violated(pushes_received(write_run(tmp_path, evs, name="b")), "never logged by the syncer 1 > bound 0",
              "learner 1 fragment 0 steps 1-4 (round 1)", "ended in BYE")
-    lost = evs + [ev("learner_down", gone["t"] + 0.01, "supervisor", learner=1, step=4)]
+    lost = evs + complete([ev("learner_down", gone["t"] + 0.01, "supervisor", learner=1, step=4)])
     res = holds(pushes_received(write_run(tmp_path, lost, name="c")))  # lost with its connection
     assert "1 lost with their connection" in res.detail
     bye = first(evs, "learner_bye", learner=1)
     late = good() + [ev("push_sent", bye["t"] + 0.001, "learner1.link", learner=1, fragment=0, first_step=5,
-                     last_step=8, c_steps=4, round=3)]  # an answer to a pull, sent after the BYE
+                     last_step=8, c_steps=4, round=3, bytes=1000, seconds=0.001)]  # sent after the BYE
     assert "1 sent after the learner's BYE" in holds(pushes_received(write_run(tmp_path, late, name="f"))).detail
     closed = evs + [ev("link_down", gone["t"] + 0.01, "learner1.link", learner=1, reason="closed")]
     violated(pushes_received(write_run(tmp_path, closed, name="d")), "1 > bound 0")  # a close is no excuse

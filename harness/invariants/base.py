@@ -89,7 +89,7 @@ class RunRecord:
 
     `log` holds the events as typed records (harness.record.RunLog, lenient for older runs), which the checks
     read through `records(Kind)`; `events` holds them as decoded dicts for the checks not yet moved to records
-    (no_global_downtime, pushes_received, token_accounting, updates_accounted)."""
+    (no_global_downtime, token_accounting, updates_accounted)."""
 
     events: list[dict[str, Any]]
     report: dict[str, Any] = field(default_factory=dict)
@@ -103,6 +103,11 @@ class RunRecord:
             object.__setattr__(self, "log", RunLog.from_dicts(self.events))
         assert self.log is not None
         return self.log
+
+    @property
+    def all_records(self) -> list[Event]:
+        """Every record, in time order."""
+        return self._log().records
 
     def records(self, kind: type[R]) -> list[R]:
         """The records of one kind, in time order (typed: `run.records(Step)` is a list[Step])."""
