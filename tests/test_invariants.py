@@ -451,7 +451,7 @@ def test_updates_accounted_baselines_one_merge_per_round(tmp_path: Path) -> None
 # -- token_accounting -----------------------------------------------------------------------------------------
 
 def test_token_accounting_holds_on_a_healthy_run(tmp_path: Path) -> None:
-    res = holds(token_accounting(write_run(tmp_path, decoupled_log())))
+    res = holds(token_accounting(write_run(tmp_path, complete(decoupled_log()))))
     assert res.figure == 0 and "1600 tokens merged (syncer_done) over 5 merges, P = 2" in res.detail
 
 
@@ -459,7 +459,8 @@ def test_token_accounting_finds_a_syncer_count_off_the_merges(tmp_path: Path) ->
     evs = decoupled_log()
     done = next(e for e in evs if e["ev"] == "syncer_done")
     done["tokens_merged"] += 100
-    violated(token_accounting(write_run(tmp_path, evs)), "tokens-merged discrepancy 100 tokens > bound 0.001 tokens",
+    violated(token_accounting(write_run(tmp_path, complete(evs))),
+             "tokens-merged discrepancy 100 tokens > bound 0.001 tokens",
              "syncer_done says 1700 tokens merged, merges logged 1600")
 
 
@@ -471,7 +472,7 @@ def test_token_accounting_finds_c_tokens_that_are_not_the_steps_tokens(tmp_path:
     for e in evs:
         if e["ev"] in ("merge", "syncer_done") and e["t"] >= m["t"]:
             e["tokens_merged"] += 150
-    violated(token_accounting(write_run(tmp_path, evs)), "discrepancy 150 tokens > bound 0.001",
+    violated(token_accounting(write_run(tmp_path, complete(evs))), "discrepancy 150 tokens > bound 0.001",
              "learner 0 c_tokens 700 but its steps 1-4 logged 400 tokens")
 
 
@@ -481,9 +482,9 @@ def test_token_accounting_restored_count(tmp_path: Path) -> None:
     done = next(e for e in evs if e["ev"] == "syncer_done")
     done["t"], done["tokens_merged"] = 5.0, 1800.0
     unlogged = ev("syncer_restore", 4.0, fragments=[0, 1], versions=[3, 3], merges=6, tokens_merged=1800.0)
-    holds(token_accounting(write_run(tmp_path, [*evs, unlogged], name="a")))
+    holds(token_accounting(write_run(tmp_path, complete([*evs, unlogged]), name="a")))
     none = ev("syncer_restore", 4.0, fragments=[0, 1], versions=[2, 3], merges=5, tokens_merged=1800.0)
-    violated(token_accounting(write_run(tmp_path, [*evs, none], name="b")), "discrepancy 400 tokens",
+    violated(token_accounting(write_run(tmp_path, complete([*evs, none]), name="b")), "discrepancy 400 tokens",
              "restored syncer counts 1800.0 tokens merged, the log 1600")
 
 
@@ -503,17 +504,17 @@ def ddp_log(algorithm: str, steps: int = 3, tokens: int = 100) -> list[dict[str,
 def test_token_accounting_checks_data_parallel_steps_logged_after_their_merge(tmp_path: Path,
                                                                              algorithm: str) -> None:
     cfg = config(algorithm)
-    res = holds(token_accounting(write_run(tmp_path, ddp_log(algorithm), cfg, name="a")))
+    res = holds(token_accounting(write_run(tmp_path, complete(ddp_log(algorithm)), cfg, name="a")))
     assert "not checked" not in res.detail, res.detail  # every contribution was checked against its step
     evs = ddp_log(algorithm)
     next(e for e in evs if e["ev"] == "step" and e["learner"] == 1 and e["step"] == 2)["tokens"] = 50
-    violated(token_accounting(write_run(tmp_path, evs, cfg, name="b")), "discrepancy 50 tokens",
+    violated(token_accounting(write_run(tmp_path, complete(evs), cfg, name="b")), "discrepancy 50 tokens",
              "learner 1 c_tokens 100 but its steps 2-2 logged 50 tokens")
 
 
 def test_token_accounting_is_not_vacuous(tmp_path: Path) -> None:
     evs = [e for e in decoupled_log() if e["ev"] not in ("merge", "syncer_done", "eval")]
-    violated(token_accounting(write_run(tmp_path, evs)), "n/a tokens > bound 0.001", "nothing merged")
+    violated(token_accounting(write_run(tmp_path, complete(evs))), "n/a tokens > bound 0.001", "nothing merged")
 
 
 # -- model_finite ---------------------------------------------------------------------------------------------

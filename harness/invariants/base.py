@@ -89,7 +89,7 @@ class RunRecord:
 
     `log` holds the events as typed records (harness.record.RunLog, lenient for older runs), which the checks
     read through `records(Kind)`; `events` holds them as decoded dicts for the checks not yet moved to records
-    (no_global_downtime, token_accounting, updates_accounted)."""
+    (no_global_downtime, updates_accounted)."""
 
     events: list[dict[str, Any]]
     report: dict[str, Any] = field(default_factory=dict)
