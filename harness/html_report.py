@@ -39,7 +39,10 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from chaos import faults
-from harness.events import EVENTS_FILE, read_events
+from harness.events import EVENTS_FILE
+from harness.record import Event, RunLog
+from harness.record.learner import Step
+from harness.record.syncer import Eval
 from harness.run_timeline import (
     STATE_COLORS,
     Segment,
@@ -93,10 +96,10 @@ def _draw_bands(ax: Any, bands: list[dict[str, Any]]) -> list[Patch]:
     return handles
 
 
-def stalls(report: dict[str, Any], events: list[dict[str, Any]]) -> list[tuple[float, float]]:
+def stalls(report: dict[str, Any], events: list[Event]) -> list[tuple[float, float]]:
     """report.json's downtime intervals moved to seconds since run start (report.json counts them from the
-    first inner step, harness.metrics.downtime's origin)."""
-    steps = [e["t"] for e in events if e["ev"] == "step"]
+    first inner step, harness.metrics.downtime's origin); `events`: the run's records, sorted by time."""
+    steps = [e.t for e in events if isinstance(e, Step)]
     shift = min(steps) - run_span(events)[0] if steps else 0.0
     return [(a + shift, b + shift) for a, b in report.get("availability", {}).get("intervals", [])]
 
@@ -319,9 +322,9 @@ def write_report(run_dir: str | os.PathLike[str]) -> Path:
         raise FileNotFoundError(f"{run_dir} has no {' and no '.join(missing)}: not a finished run directory")
     report = read_json(run_dir / REPORT_FILE)
     config = read_json(run_dir / CONFIG_FILE) if (run_dir / CONFIG_FILE).is_file() else {}
-    events = sorted(read_events(run_dir / EVENTS_FILE), key=lambda e: e["t"])
+    events = RunLog.load(run_dir).records
     bands, timeline, stalled = fault_bands(events), learner_timeline(events), stalls(report, events)
-    final = next((e["t"] for e in events if e["ev"] == "eval" and e.get("kind") == "final"), None)
+    final = next((e.t for e in events if isinstance(e, Eval) and e.kind == "final"), None)
     final_s = final - run_span(events)[0] if final is not None else None
     pngs = {EVAL_PNG: eval_loss_png(report, bands, stalled, final_s),
             TIMELINE_PNG: timeline_png(timeline, syncer_timeline(events), bands)}

@@ -16,6 +16,9 @@ previous definition (time in the link to the syncer excluded).
 uptime: the fraction of the training span in which the global model advanced within `window_s`, i.e. 1 - the
 downtime, where downtime intervals are the gaps between consecutive merges (and the span's ends) longer than
 `window_s`, each counted beyond its first `window_s`.
+
+Every function reads typed event records (harness/record; a run's are `RunLog.load(run_dir).records`), not
+decoded dicts: a field the schema does not guarantee is None on its record, never a missing key.
 """
 
 from __future__ import annotations
@@ -24,10 +27,15 @@ import dataclasses
 import enum
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from chaos.schedule import KILL_ACTIONS
+from harness.record import Event
+from harness.record.learner import Apply, ChipStart, InitialPull, LearnerDone, Resume, Step
+from harness.record.run import FaultEnd, FaultStart, LearnerRestart, ProcessFault, ProcessFaultOff, SyncerDown
+from harness.record.syncer import LearnerBye, LearnerJoin, LearnerLeave, Merge, SyncerStart
 
 DOWNTIME_WINDOW_S = 1.0
 """A gap between merges longer than this is downtime (beyond this allowance)."""
@@ -136,32 +144,35 @@ class Goodput:
         return dataclasses.asdict(self)
 
 
-def _step_spans(evs: list[dict[str, Any]], algorithm: str, sync_every: int) -> dict[int, list[StepSpan]]:
+def _learner(e: Event, default: Any = None) -> Any:
+    """The `learner` field of a record whose kind has one, else `default`."""
+    return getattr(e, "learner", default)
+
+
+def _step_spans(evs: Sequence[Event], algorithm: str, sync_every: int) -> dict[int, list[StepSpan]]:
     """learner -> its logged inner steps in time order. A (re)started learner's first step counts from when it
     was last ready: rank 0's `chip_start`, the supervisor's `learner_restart`, the host's `initial_pull` or
     `resume` (a restarted learner's state from the syncer)."""
-    round_ends = {int(e["step"]) for e in evs if e["ev"] == "merge" and e.get("round") is not None
-                  and e.get("step") is not None}
+    round_ends = {e.step for e in evs if isinstance(e, Merge) and e.round is not None and e.step is not None}
     out: dict[int, list[StepSpan]] = defaultdict(list)
     last: dict[int, float] = {}
     ready: dict[int, float] = {}
-    marks = ("step", "chip_start", "initial_pull", "resume", "learner_restart")
-    for e in sorted((e for e in evs if e["ev"] in marks and e.get("learner") is not None), key=lambda e: e["t"]):
-        m, t = int(e["learner"]), float(e["t"])
-        if e["ev"] != "step":
+    marks = (Step, ChipStart, InitialPull, Resume, LearnerRestart)
+    for e in sorted((e for e in evs if isinstance(e, marks)), key=lambda e: e.t):
+        m, t = e.learner, e.t
+        if not isinstance(e, Step):
             # a chip_start means ready only before the learner steps (a repaired chip joining a running group
             # under the shrink policy starts too); a restart begins with the supervisor's learner_restart
-            if e.get("rank", 0) == 0 and (e["ev"] != "chip_start" or m not in last):
+            if (e.rank if isinstance(e, ChipStart) else 0) == 0 and (not isinstance(e, ChipStart) or m not in last):
                 ready[m] = t
                 last.pop(m, None)
             continue
         first = m not in last
         begin = last.get(m, ready.get(m, t))
-        s = int(e["step"])
+        s = e.step
         kind = (StepKind.ROUND_END if algorithm == "diloco" and (s % sync_every == 0 or s in round_ends)
                 else StepKind.INNER)
-        out[m].append(StepSpan(m, s, t, max(0.0, t - begin), int(e.get("chips", 1)), kind, first,
-                               float(e.get("sync_s", 0.0))))
+        out[m].append(StepSpan(m, s, t, max(0.0, t - begin), e.chips, kind, first, float(e.sync_s)))
         last[m] = t
     return out
 
@@ -196,49 +207,53 @@ def healthy_step_times(spans: dict[int, list[StepSpan]], window: int = HEALTHY_W
     return out
 
 
-def _covered(evs: list[dict[str, Any]], algorithm: str, fragments: int, sync_every: int) -> dict[int, dict[int, float]]:
+def _covered(evs: Sequence[Event], algorithm: str, fragments: int, sync_every: int) -> dict[int, dict[int, float]]:
     """learner -> step -> fraction of the model (fragments) into which that step's work was merged."""
     cover: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     for e in evs:
-        if e["ev"] != "merge" or "participants" not in e:
+        if not isinstance(e, Merge):
             continue
         if algorithm == "decoupled":
-            for m, (a, b) in zip(e["participants"], e.get("step_ranges", []), strict=False):
+            for m, (a, b) in zip(e.participants, e.step_ranges or [], strict=False):
                 for s in range(int(a), int(b) + 1):
                     cover[m][s] += 1.0 / fragments
         elif algorithm in DATA_PARALLEL:
-            for m in e["participants"]:
-                cover[m][int(e["step"])] = 1.0
+            if e.step is None:
+                raise ValueError(f"a {algorithm} merge without its step: {e}")
+            for m in e.participants:
+                cover[m][e.step] = 1.0
         else:
-            r = int(e["round"])
-            for m in e["participants"]:
-                for s in range((r - 1) * sync_every + 1, min(r * sync_every, int(e["step"])) + 1):
+            if e.round is None or e.step is None:
+                raise ValueError(f"a {algorithm} merge without its round and step: {e}")
+            r = e.round
+            for m in e.participants:
+                for s in range((r - 1) * sync_every + 1, min(r * sync_every, e.step) + 1):
                     cover[m][s] = 1.0
     return cover
 
 
-def overwritten_in_overlap(evs: list[dict[str, Any]]) -> dict[int, set[int]]:
+def overwritten_in_overlap(evs: Sequence[Event]) -> dict[int, set[int]]:
     """Decoupled DiLoCo: learner -> steps whose work on some fragment was overwritten by that fragment's merged
     value, which by design arrives tau steps after the pull (steps after the learner's merged range, up to the
     `apply`). Their compute overlapped the exchange: useful work by the algorithm's design, not lost."""
     merged: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)  # (learner, fragment) -> (version, end)
     for e in evs:
-        if e["ev"] == "merge" and e.get("fragment") is not None and "step_ranges" in e:
-            for m, (_, b) in zip(e["participants"], e["step_ranges"], strict=False):
-                merged[(int(m), int(e["fragment"]))].append((int(e["version"]), int(b)))
+        if isinstance(e, Merge) and e.fragment is not None and e.step_ranges is not None:
+            for m, (_, b) in zip(e.participants, e.step_ranges, strict=False):
+                merged[(m, e.fragment)].append((e.version, int(b)))
     out: dict[int, set[int]] = defaultdict(set)
     for e in evs:
-        if e["ev"] != "apply" or "fragments" not in e:
+        if not isinstance(e, Apply) or e.fragments is None:
             continue
-        m, step = int(e["learner"]), int(e["step"])
-        for p, v in zip(e["fragments"], e.get("versions", []), strict=False):
+        m, step = e.learner, e.step
+        for p, v in zip(e.fragments, e.versions or [], strict=False):
             ends = [b for ver, b in merged.get((m, int(p)), []) if ver <= int(v) and b < step]
             if ends:
                 out[m].update(range(max(ends) + 1, step + 1))
     return out
 
 
-def goodput(evs: list[dict[str, Any]], algorithm: str, learners: int, chips: int, fragments: int,
+def goodput(evs: Sequence[Event], algorithm: str, learners: int, chips: int, fragments: int,
             sync_every: int, tolerance: float = STALL_TOLERANCE) -> Goodput:
     """The share of allocated chip-time spent on useful training: every step whose work reached the global
     model counts its chips x its interval, or x its healthy step time if it stalled (`credit_step`). A learner's
@@ -300,36 +315,36 @@ def downtime(merge_times: list[float], start: float, end: float,
             "window_s": window_s, "intervals": [[round(a - start, 3), round(b - start, 3)] for a, b in intervals]}
 
 
-def achieved_speeds(evs: list[dict[str, Any]], learners: int) -> list[dict[str, Any]]:
+def achieved_speeds(evs: Sequence[Event], learners: int) -> list[dict[str, Any]]:
     """For every `slow` fault: the learner's steps over the mean steps of the learners that were not slowed,
     in the window where all of them were training (from the fault's start to its end, or to the first of them
     finishing). That ratio is what a speed profile means: an older chip does `speed` x the steps of a new one."""
-    ons = [e for e in evs if e["ev"] == "process_fault" and e.get("kind") == "slow"]
-    offs = {e["learner"]: e["t"] for e in evs if e["ev"] == "process_fault_off" and e.get("kind") == "slow"}
-    slowed = {e["learner"] for e in ons}
-    steps: dict[int, list[tuple[float, int]]] = defaultdict(list)
-    done: dict[int, float] = {}
+    ons = [e for e in evs if isinstance(e, ProcessFault) and e.kind == "slow"]
+    offs = {e.learner: e.t for e in evs if isinstance(e, ProcessFaultOff) and e.kind == "slow"}
+    slowed = {e.learner for e in ons}
+    steps: dict[int | None, list[tuple[float, int]]] = defaultdict(list)
+    done: dict[int | None, float] = {}
     for e in evs:
-        if e["ev"] == "step":
-            steps[e["learner"]].append((e["t"], int(e["step"])))
-        elif e["ev"] == "learner_done":
-            done[e["learner"]] = e["t"]
-    refs = [m for m in range(learners) if m not in slowed and steps.get(m)]
+        if isinstance(e, Step):
+            steps[e.learner].append((e.t, e.step))
+        elif isinstance(e, LearnerDone):
+            done[e.learner] = e.t
+    refs: list[int | None] = [m for m in range(learners) if m not in slowed and steps.get(m)]
     out = []
     for on in ons:
-        m = on["learner"]
-        t0 = on["t"]
+        m = on.learner
+        t0 = on.t
         t1 = min([offs.get(m, float("inf")), *(done.get(r, float("inf")) for r in [m, *refs])])
         if not refs or t1 == float("inf") or t1 <= t0:
-            out.append({"learner": m, "speed": on["speed"], "achieved": None, "window_s": 0.0})
+            out.append({"learner": m, "speed": on.speed, "achieved": None, "window_s": 0.0})
             continue
 
-        def progress(r: int, a: float = t0, b: float = t1) -> int:
+        def progress(r: int | None, a: float = t0, b: float = t1) -> int:
             inside = [s for t, s in steps[r] if a <= t <= b]
             return max(inside) - min(inside) if len(inside) > 1 else 0
 
         ref = sum(progress(r) for r in refs) / len(refs)
-        out.append({"learner": m, "speed": on["speed"], "achieved": round(progress(m) / ref, 4) if ref else None,
+        out.append({"learner": m, "speed": on.speed, "achieved": round(progress(m) / ref, 4) if ref else None,
                     "window_s": round(t1 - t0, 3), "steps": progress(m), "reference_steps": round(ref, 1)})
     return out
 
@@ -341,39 +356,39 @@ def _summary(xs: list[float]) -> dict[str, Any]:
     return {"n": len(s), "mean": round(sum(s) / len(s), 4), "p50": round(s[len(s) // 2], 4), "max": round(s[-1], 4)}
 
 
-def merge_stats(evs: list[dict[str, Any]], fragments: int) -> dict[str, Any]:
+def merge_stats(evs: Sequence[Event], fragments: int) -> dict[str, Any]:
     """Per merge: quorum size (participants), time waited for the quorum and in the grace window, and the
     staleness of each merged push (the fragment's version before this merge - the version the push was
     based on: 0 = the learner had the latest); tokens merged per learner (its c_tokens / P per merge)."""
-    merges = [e for e in evs if e["ev"] == "merge" and "participants" in e]
+    merges = [e for e in evs if isinstance(e, Merge)]
     staleness: list[float] = []
     tokens: dict[str, float] = defaultdict(float)
     for e in merges:
-        for i, m in enumerate(e["participants"]):
-            if "base_versions" in e:
-                staleness.append(float(e["version"] - 1 - e["base_versions"][i]))
-            if "c_tokens" in e and i < len(e["c_tokens"]):
-                tokens[str(m)] += e["c_tokens"][i] / (fragments if "base_versions" in e else 1)
-    return {"quorum_size": _summary([float(len(e["participants"])) for e in merges]),
-            "quorum_wait_s": _summary([e["quorum_wait_s"] for e in merges if "quorum_wait_s" in e]),
-            "grace_wait_s": _summary([max(0.0, e["wait_s"] - e["quorum_wait_s"]) for e in merges
-                                      if "wait_s" in e and "quorum_wait_s" in e]),
+        for i, m in enumerate(e.participants):
+            if e.base_versions is not None:
+                staleness.append(float(e.version - 1 - e.base_versions[i]))
+            if i < len(e.c_tokens):
+                tokens[str(m)] += e.c_tokens[i] / (fragments if e.base_versions is not None else 1)
+    return {"quorum_size": _summary([float(len(e.participants)) for e in merges]),
+            "quorum_wait_s": _summary([e.quorum_wait_s for e in merges if e.quorum_wait_s is not None]),
+            "grace_wait_s": _summary([max(0.0, e.wait_s - e.quorum_wait_s) for e in merges
+                                      if e.wait_s is not None and e.quorum_wait_s is not None]),
             "staleness_versions": _summary(staleness),
             "tokens_merged_per_learner": {m: round(v, 1) for m, v in sorted(tokens.items())}}
 
 
-def learner_availability(evs: list[dict[str, Any]], learners: int, start: float, end: float) -> dict[str, Any]:
+def learner_availability(evs: Sequence[Event], learners: int, start: float, end: float) -> dict[str, Any]:
     """Per learner: the fraction of [start, end] (the training span) it was alive as the syncer saw it, i.e.
     between its `learner_join` and the next `learner_leave` (or the syncer going down)."""
     alive_since: dict[int, float] = {}
     up: dict[int, float] = defaultdict(float)
-    for e in sorted(evs, key=lambda e: e["t"]):
-        t = min(max(e["t"], start), end)
-        if e["ev"] == "learner_join":
-            alive_since.setdefault(e["learner"], t)
-        elif e["ev"] in ("learner_leave", "learner_bye") and e["learner"] in alive_since:
-            up[e["learner"]] += t - alive_since.pop(e["learner"])
-        elif e["ev"] in ("syncer_down", "syncer_start"):
+    for e in sorted(evs, key=lambda e: e.t):
+        t = min(max(e.t, start), end)
+        if isinstance(e, LearnerJoin):
+            alive_since.setdefault(e.learner, t)
+        elif isinstance(e, LearnerLeave | LearnerBye) and e.learner in alive_since:
+            up[e.learner] += t - alive_since.pop(e.learner)
+        elif isinstance(e, SyncerDown | SyncerStart):
             for m, t0 in alive_since.items():
                 up[m] += t - t0
             alive_since.clear()
@@ -387,38 +402,37 @@ REACTIONS = ("learner_down", "learner_shrink", "learner_leave", "syncer_down")
 BACK = {"learner_down": "learner_restart", "learner_shrink": "chip_joined", "syncer_down": "syncer_restore"}
 
 
-def fault_response(evs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def fault_response(evs: Sequence[Event]) -> list[dict[str, Any]]:
     """Per fault that hit a process or link: time to detect (fault start -> the first reaction to it: the
     supervisor's learner_down / learner_shrink / syncer_down, or the syncer dropping the learner), and time to
     rejoin (that reaction -> the learner stepping again, the repaired chip joined, or the syncer restored).
     Only reactions while the fault was on count, and never a learner leaving after it finished its steps:
     report.json and the HTML report both read this, so they agree."""
     out = []
-    ordered = sorted(evs, key=lambda e: e["t"])
-    ends = {e["index"]: e["t"] for e in ordered if e["ev"] == "fault_end"}
+    ordered = sorted(evs, key=lambda e: e.t)
+    ends = {e.index: e.t for e in ordered if isinstance(e, FaultEnd)}
     first_bye: dict[Any, float] = {}
     for e in ordered:
-        if e["ev"] == "learner_bye":
-            first_bye.setdefault(e.get("learner"), e["t"])
-    for f in (e for e in ordered if e["ev"] == "fault_start"):
-        who = f.get("learner")
+        if isinstance(e, LearnerBye):
+            first_bye.setdefault(e.learner, e.t)
+    for f in (e for e in ordered if isinstance(e, FaultStart)):
+        who = f.learner
         # A reaction is to this fault only while it is on (a kill is on until its recovery, whenever that is),
         # and a learner leaving after its own BYE finished its steps: it was not dropped.
-        until = math.inf if f.get("action") in KILL_ACTIONS else ends.get(f["index"], math.inf)
-        react = next((e for e in ordered if f["t"] <= e["t"] <= until and e["ev"] in REACTIONS
-                      and (e.get("learner") == who or e["ev"] == "syncer_down")
-                      and not (e["ev"] == "learner_leave" and e["t"] >= first_bye.get(who, math.inf))), None)
-        row: dict[str, Any] = {"index": f["index"], "action": f["action"], "learner": who,
-                               "detect_s": round(react["t"] - f["t"], 3) if react else None,
-                               "reaction": react["ev"] if react else None, "rejoin_s": None}
+        until = math.inf if f.action in KILL_ACTIONS else ends.get(f.index, math.inf)
+        react = next((e for e in ordered if f.t <= e.t <= until and e.ev in REACTIONS
+                      and (_learner(e) == who or e.ev == "syncer_down")
+                      and not (e.ev == "learner_leave" and e.t >= first_bye.get(who, math.inf))), None)
+        row: dict[str, Any] = {"index": f.index, "action": f.action, "learner": who,
+                               "detect_s": round(react.t - f.t, 3) if react else None,
+                               "reaction": react.ev if react else None, "rejoin_s": None}
         if react is not None:
-            back_ev = BACK.get(react["ev"])
-            back = next((e for e in ordered if e["t"] > react["t"] and (
-                (back_ev is not None and e["ev"] == back_ev and e.get("learner", who) == who)
-                or (react["ev"] == "learner_leave" and e["ev"] == "learner_join" and e["learner"] == who))), None)
-            if back is not None and react["ev"] == "learner_down":  # back = stepping again after the restart
-                back = next((e for e in ordered if e["t"] > back["t"] and e["ev"] == "step"
-                             and e["learner"] == who), None)
-            row["rejoin_s"] = round(back["t"] - react["t"], 3) if back else None
+            back_ev = BACK.get(react.ev)
+            back = next((e for e in ordered if e.t > react.t and (
+                (back_ev is not None and e.ev == back_ev and _learner(e, who) == who)
+                or (react.ev == "learner_leave" and isinstance(e, LearnerJoin) and e.learner == who))), None)
+            if back is not None and react.ev == "learner_down":  # back = stepping again after the restart
+                back = next((e for e in ordered if e.t > back.t and isinstance(e, Step) and e.learner == who), None)
+            row["rejoin_s"] = round(back.t - react.t, 3) if back else None
         out.append(row)
     return out

@@ -9,60 +9,83 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 from chaos.schedule import KILL_ACTIONS
 from harness.metrics import BACK, REACTIONS
+from harness.record import Event, parse_lenient
+from harness.record.learner import Step
+from harness.record.run import FaultEnd, FaultStart
+from harness.record.syncer import Eval, LearnerJoin, Merge
 from harness.run_timeline import RECOVERED
 
 
-def fault_line(e: dict[str, Any]) -> str:
-    """One line for a fault_start or fault_end event: F<index>, what, the trigger, and a miss if any."""
-    what = e.get("describe") or e.get("action") or "?"
-    if e["ev"] == "fault_start":
-        missed = f" (hit nothing: {e['missed']})" if e.get("missed") else ""
-        return f"fault F{e.get('index')} fired: {what}; trigger: {e.get('reason', '-')}{missed}"
-    return f"fault F{e.get('index')} ended: {what}; {e.get('reason', '-')}"
+def fault_line(e: FaultStart | FaultEnd) -> str:
+    """One line for a fault_start or fault_end record: F<index>, what, the trigger, and a miss if any."""
+    what = e.describe or e.action or "?"
+    if isinstance(e, FaultStart):
+        missed = f" (hit nothing: {e.missed})" if e.missed else ""
+        return f"fault F{e.index} fired: {what}; trigger: {e.reason}{missed}"
+    return f"fault F{e.index} ended: {what}; {e.reason}"
+
+
+@dataclass
+class _Kill:
+    """A kill fault on screen, waiting for its recovery."""
+
+    fault: FaultStart
+    reaction: str | None = None
+    """The first reaction to it (a REACTIONS kind), once seen."""
+    back: bool = False
+    """Its BACK event was seen (a restarted learner still has to step)."""
+
+
+def _learner(e: Event, default: Any = None) -> Any:
+    return getattr(e, "learner", default)
 
 
 class KillRecovery:
-    """Follows each kill fault from its firing to its recovery as events arrive, with the reactions and
+    """Follows each kill fault from its firing to its recovery as records arrive, with the reactions and
     recoveries that harness.metrics.fault_response counts, so the live output says when a kill ended."""
 
     def __init__(self) -> None:
-        self._open: dict[int, dict[str, Any]] = {}
+        self._open: dict[int, _Kill] = {}
 
-    def feed(self, e: dict[str, Any]) -> list[str]:
-        """The 'ended' lines this event completes (usually none)."""
-        if e["ev"] == "fault_start" and e.get("action") in KILL_ACTIONS and not e.get("missed"):
-            self._open[e["index"]] = {"fault": e, "reaction": None, "back": False}
+    def feed(self, e: Event) -> list[str]:
+        """The 'ended' lines this record completes (usually none)."""
+        if isinstance(e, FaultStart) and e.action in KILL_ACTIONS and not e.missed:
+            self._open[e.index] = _Kill(e)
             return []
         done = []
         for i, k in list(self._open.items()):
-            who = k["fault"].get("learner")
-            if k["reaction"] is None:
-                if e["ev"] in REACTIONS and (e.get("learner") == who or e["ev"] == "syncer_down"):
-                    k["reaction"] = e["ev"]
+            who = k.fault.learner
+            if k.reaction is None:
+                if e.ev in REACTIONS and (_learner(e) == who or e.ev == "syncer_down"):
+                    k.reaction = e.ev
                 continue
-            back_ev = BACK.get(k["reaction"])
-            if not k["back"] and e["ev"] == back_ev and e.get("learner", who) == who:
-                k["back"] = True
-                if k["reaction"] != "learner_down":  # a restarted learner is back once it steps again
+            back_ev = BACK.get(k.reaction)
+            if not k.back and e.ev == back_ev and _learner(e, who) == who:
+                k.back = True
+                if k.reaction != "learner_down":  # a restarted learner is back once it steps again
                     done.append(i)
-            elif k["reaction"] == "learner_leave" and e["ev"] == "learner_join" and e.get("learner") == who:
+            elif k.reaction == "learner_leave" and isinstance(e, LearnerJoin) and e.learner == who:
                 done.append(i)
-            elif k["back"] and e["ev"] == "step" and e.get("learner") == who:
+            elif k.back and isinstance(e, Step) and e.learner == who:
                 done.append(i)
         lines = []
         for i in done:
             k = self._open.pop(i)
-            f = k["fault"]
-            lines.append(f"fault F{i} ended: {f.get('describe') or f.get('action')}; "
-                         f"{RECOVERED.get(k['reaction'], 'recovered')}")
+            lines.append(f"fault F{i} ended: {k.fault.describe or k.fault.action}; "
+                         f"{RECOVERED.get(str(k.reaction), 'recovered')}")
         return lines
 
 
 class Progress:
+    """The live status: fed the decoded events the supervisor tails (or the pytest plugin's on_events), each
+    parsed into its record as it arrives (leniently: a line the schema cannot read is skipped, not fatal to a
+    person's view of the run; strict mode has already checked it when written)."""
+
     def __init__(self, learners: int, stream: TextIO | None = None, every_s: float = 1.0) -> None:
         self.steps = [0] * learners
         self.merges = 0
@@ -75,14 +98,17 @@ class Progress:
 
     def __call__(self, events: list[dict[str, Any]]) -> None:
         now = time.monotonic()
-        for e in events:
-            if e["ev"] == "step":
-                self.steps[e["learner"]] = e["step"]
-            elif e["ev"] == "merge":
-                self.merges = e["merges"]
-            elif e["ev"] == "eval":
-                self.loss = e["loss"]
-            elif e["ev"] in ("fault_start", "fault_end"):
+        for raw in events:
+            e, _ = parse_lenient(raw)
+            if e is None:
+                continue
+            if isinstance(e, Step):
+                self.steps[e.learner] = e.step
+            elif isinstance(e, Merge):
+                self.merges = e.merges
+            elif isinstance(e, Eval):
+                self.loss = e.loss
+            elif isinstance(e, FaultStart | FaultEnd):
                 self.stream.write(f"[{now - self._t0:6.1f}s] {fault_line(e)}\n")
             for line in self._kills.feed(e):
                 self.stream.write(f"[{now - self._t0:6.1f}s] {line}\n")

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from chaos.schedule import ScheduleError, never_fires, parse_fault
-from harness.events import EVENTS_FILE, read_events
+from harness.record import RunLog
+from harness.record.run import FaultStart
 from harness.rundir import CONFIG_FILE, RunDirError, check_run_dir, read_json
 from harness.scenario import Scenario, ScenarioError, from_dict, read_toml
 
@@ -64,13 +65,10 @@ def load_incident(path: str | os.PathLike[str], sc: Scenario) -> Scenario:
 
 
 def fault_timeline(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """What fired in a run, in firing order: index, description, trigger and the progress seen then."""
-    out = []
-    for e in read_events(Path(run_dir) / EVENTS_FILE):
-        if e["ev"] == "fault_start":
-            out.append({"index": e["index"], "describe": e["describe"], "trigger": e["reason"],
-                        "steps": e["progress"]["steps"], "merges": e["progress"]["merges"]})
-    return out
+    """What fired in a run, in firing order: index, description, trigger and the progress seen then (read from
+    the run's fault_start records, RunLog.load: lenient, so a run written by an older version replays too)."""
+    return [{"index": e.index, "describe": e.describe, "trigger": e.reason, "steps": e.progress["steps"],
+             "merges": e.progress["merges"]} for e in RunLog.load(run_dir).of(FaultStart)]
 
 
 def compare_timelines(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> list[str]:

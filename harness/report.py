@@ -8,6 +8,9 @@ Definitions (see docs/metrics.md):
   each completed round.
 * longest_gap_s: the longest interval, between the first and the last inner
   step of the run, in which the global model did not advance (no merge).
+
+The event log is read once, leniently (harness.record.RunLog.load: an older run directory still reports), into
+typed records that every figure here and in harness/metrics.py reads.
 """
 
 from __future__ import annotations
@@ -15,14 +18,19 @@ from __future__ import annotations
 import os
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from harness.events import EVENTS_FILE, EventLog, read_events
+from harness.events import EventLog
 from harness.metrics import achieved_speeds, downtime, fault_response, goodput, learner_availability, merge_stats
-from harness.run_errors import classify_errors, records
+from harness.record import Event, RunLog
+from harness.record.learner import ChipStart, FrameRejected, GlooGroup, LinkDown, LinkUp, Rtt, Step
+from harness.record.run import FaultEnd, FaultStart, LinksReady, RunEnd, RunStart, SyncerRestart
+from harness.record.syncer import Eval, LinkStats, Merge, Push, PushRejected, PushSuperseded
+from harness.run_errors import classify_errors
 from harness.rundir import CHECKPOINT_FILE, CONFIG_FILE, read_json
 from harness.scenario import Scenario, from_dict
 from trainers.data import eval_batches, make_splits
@@ -71,36 +79,37 @@ def longest_gap(merge_times: list[float], start: float, end: float) -> float:
 def build_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     run_dir = Path(run_dir)
     sc = from_dict(read_json(run_dir / CONFIG_FILE))
-    evs = read_events(run_dir / EVENTS_FILE)
-    start = next((e["t"] for e in evs if e["ev"] == "run_start"), evs[0]["t"] if evs else 0.0)
-    end = next((e["t"] for e in evs if e["ev"] == "run_end"), evs[-1]["t"] if evs else 0.0)
-    steps = [e for e in evs if e["ev"] == "step"]
-    merges = [e for e in evs if e["ev"] == "merge"]
+    log = RunLog.load(run_dir)
+    recs = log.records
+    run_start, run_end = log.first(RunStart), log.first(RunEnd)
+    start = run_start.t if run_start is not None else (recs[0].t if recs else 0.0)
+    end = run_end.t if run_end is not None else (recs[-1].t if recs else 0.0)
+    steps = log.of(Step)
+    merges = log.of(Merge)
     per: dict[int, dict[str, Any]] = defaultdict(lambda: {"steps": 0, "tokens": 0, "first_t": None, "last_t": None})
     for e in steps:
-        d = per[e["learner"]]
-        d["steps"] = max(d["steps"], e["step"])
-        d["tokens"] += e["tokens"]
-        d["first_t"] = e["t"] if d["first_t"] is None else min(d["first_t"], e["t"])
-        d["last_t"] = e["t"] if d["last_t"] is None else max(d["last_t"], e["t"])
+        d = per[e.learner]
+        d["steps"] = max(d["steps"], e.step)
+        d["tokens"] += e.tokens
+        d["first_t"] = e.t if d["first_t"] is None else min(d["first_t"], e.t)
+        d["last_t"] = e.t if d["last_t"] is None else max(d["last_t"], e.t)
     per_learner = {}
-    links = link_figures(evs)
+    links = link_figures(recs)
     for m, d in sorted(per.items()):
         span = (d["last_t"] - d["first_t"]) if d["steps"] > 1 else 0.0
         per_learner[str(m)] = {"steps": d["steps"], "tokens": d["tokens"],
                                "steps_per_s": round((d["steps"] - 1) / span, 3) if span > 0 else None,
                                "link": links.get(m, {})}
-    evals = [e for e in evs if e["ev"] == "eval"]
-    periodic = [{"t": round(e["t"] - start, 3), "version": e["version"], "tokens_merged": e["tokens_merged"],
-                 "loss": round(e["loss"], 5)} for e in evals if e.get("kind") == "periodic"]
-    final = next((e for e in evals if e.get("kind") == "final"), None)
+    evals = log.of(Eval)
+    periodic = [{"t": round(e.t - start, 3), "version": e.version, "tokens_merged": e.tokens_merged,
+                 "loss": round(e.loss, 5)} for e in evals if e.kind == "periodic"]
+    final = next((e for e in evals if e.kind == "final"), None)
     # Several processes append to one log, so file order is not time order: take extremes.
-    train_start = min((e["t"] for e in steps), default=start)
-    train_end = max((e["t"] for e in steps), default=end)
-    chip_starts = [e for e in evs if e["ev"] == "chip_start"]
-    groups = {e["group"] for e in evs if e["ev"] == "gloo_group"}
-    pushes = [e for e in evs if e["ev"] == "push"]
-    errors = classify_errors(records(evs), start, sc.timeouts.gloo_s + sc.timeouts.liveness_s)
+    train_start = min((e.t for e in steps), default=start)
+    train_end = max((e.t for e in steps), default=end)
+    groups = {e.group for e in log.of(GlooGroup)}
+    errors = classify_errors(recs, start, sc.timeouts.gloo_s + sc.timeouts.liveness_s)
+    links_ready = log.first(LinksReady)
     return {
         "name": sc.name,
         "algorithm": sc.algorithm,
@@ -109,38 +118,38 @@ def build_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         "chips_per_learner": sc.topology.chips_per_learner,
         "wall_s": round(end - start, 3),
         "train_s": round(train_end - train_start, 3),
-        "chip_pids": sorted({e["pid"] for e in chip_starts}),
+        "chip_pids": sorted({e.pid for e in log.of(ChipStart)}),
         "gloo_groups": sorted(groups),
         "per_learner": per_learner,
         "tokens_trained": sum(d["tokens"] for d in per_learner.values()),
-        "tokens_merged": round(merges[-1]["tokens_merged"], 1) if merges else 0,
+        "tokens_merged": round(merges[-1].tokens_merged, 1) if merges else 0,
         "merge_count": len(merges),
-        "pushes": len(pushes),
-        "pushes_rejected": sum(1 for e in evs if e["ev"] == "push_rejected"),
-        "pushes_superseded": sum(1 for e in evs if e["ev"] == "push_superseded"),
-        "frames_rejected": sum(1 for e in evs if e["ev"] == "frame_rejected"),
+        "pushes": log.count(Push),
+        "pushes_rejected": log.count(PushRejected),
+        "pushes_superseded": log.count(PushSuperseded),
+        "frames_rejected": log.count(FrameRejected),
         "initial_eval_loss": periodic[0]["loss"] if periodic else None,
-        "final_eval_loss": round(final["loss"], 5) if final else None,
-        "global_model_finite": final.get("finite") if final else None,
+        "final_eval_loss": round(final.loss, 5) if final else None,
+        "global_model_finite": final.finite if final else None,
         "eval_curve": periodic,
-        "longest_gap_s": round(longest_gap([e["t"] for e in merges], train_start, train_end), 3),
+        "longest_gap_s": round(longest_gap([e.t for e in merges], train_start, train_end), 3),
         "errors": [e.as_dict() for e in errors],
         "unexpected_errors": sum(1 for e in errors if not e.expected),
-        "links": next(({"backend": e["backend"], "version": e["version"]} for e in evs if e["ev"] == "links_ready"),
-                      {"backend": "off"}),
-        "faults": fault_timeline(evs, start),
-        "goodput": goodput(evs, sc.algorithm, sc.topology.learners, sc.topology.chips_per_learner,
+        "links": ({"backend": links_ready.backend, "version": links_ready.version} if links_ready is not None
+                  else {"backend": "off"}),
+        "faults": fault_timeline(recs, start),
+        "goodput": goodput(recs, sc.algorithm, sc.topology.learners, sc.topology.chips_per_learner,
                            sc.diloco.fragments, sc.diloco.sync_every).to_dict(),
-        "availability": downtime([e["t"] for e in merges], train_start, train_end),
-        "speed_profiles": achieved_speeds(evs, sc.topology.learners),
-        "learner_availability": learner_availability(evs, sc.topology.learners, train_start, train_end),
-        "fault_response": fault_response(evs),
-        "merges": merge_stats(evs, sc.diloco.fragments if sc.algorithm == "decoupled" else 1),
-        "syncer_restarts": sum(1 for e in evs if e["ev"] == "syncer_restart"),
+        "availability": downtime([e.t for e in merges], train_start, train_end),
+        "speed_profiles": achieved_speeds(recs, sc.topology.learners),
+        "learner_availability": learner_availability(recs, sc.topology.learners, train_start, train_end),
+        "fault_response": fault_response(recs),
+        "merges": merge_stats(recs, sc.diloco.fragments if sc.algorithm == "decoupled" else 1),
+        "syncer_restarts": log.count(SyncerRestart),
     }
 
 
-def link_figures(evs: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+def link_figures(evs: Sequence[Event]) -> dict[int, dict[str, Any]]:
     """Per learner: push throughput as the syncer received it, round trip as the learner measured it.
 
     push_KBps = bytes of data frames that arrived after their frame's header / seconds from each header to
@@ -151,20 +160,20 @@ def link_figures(evs: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     out: dict[int, dict[str, Any]] = defaultdict(dict)
     stats: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
     for e in evs:
-        if e["ev"] == "link_stats" and e.get("learner") is not None:
-            acc = stats[e["learner"]]
-            acc[0] += e["data_bytes"]
-            acc[1] += e["data_rx_s"]
-            acc[2] += e["data_frames"]
-            acc[3] += e.get("data_late_bytes", 0)
+        if isinstance(e, LinkStats):
+            acc = stats[e.learner]
+            acc[0] += e.data_bytes
+            acc[1] += e.data_rx_s
+            acc[2] += e.data_frames
+            acc[3] += e.data_late_bytes
     for m, (nbytes, secs, frames, late) in stats.items():
         out[m]["push_bytes"] = int(nbytes)
         out[m]["push_frames"] = int(frames)
         out[m]["push_KBps"] = round(late / secs / 1000, 3) if secs > 0.01 else None
     rtts: dict[int, list[float]] = defaultdict(list)
     for e in evs:
-        if e["ev"] == "rtt":
-            rtts[e["learner"]].append(e["ms"])
+        if isinstance(e, Rtt):
+            rtts[e.learner].append(e.ms)
     for m, xs in rtts.items():
         out[m]["rtt_ms_median"] = round(statistics.median(xs), 3)
         out[m]["rtt_ms_min"] = round(min(xs), 3)
@@ -172,24 +181,23 @@ def link_figures(evs: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     ups: dict[int, int] = defaultdict(int)
     downs: dict[int, int] = defaultdict(int)
     for e in evs:
-        if e["ev"] == "link_up":
-            ups[e["learner"]] += 1
-        elif e["ev"] == "link_down":
-            downs[e["learner"]] += 1
+        if isinstance(e, LinkUp):
+            ups[e.learner] += 1
+        elif isinstance(e, LinkDown):
+            downs[e.learner] += 1
     for m, n in ups.items():
         out[m]["reconnects"] = max(0, n - 1)
         out[m]["link_downs"] = downs[m]
     return dict(out)
 
 
-def fault_timeline(evs: list[dict[str, Any]], start: float) -> list[dict[str, Any]]:
+def fault_timeline(evs: Sequence[Event], start: float) -> list[dict[str, Any]]:
     """Each scheduled fault: what, when it started and ended (seconds since run start), and why."""
     out: dict[int, dict[str, Any]] = {}
     for e in evs:
-        if e["ev"] == "fault_start":
-            out[e["index"]] = {"index": e["index"], "describe": e["describe"], "start_s": round(e["t"] - start, 3),
-                               "start_reason": e["reason"], "start_progress": e["progress"], "end_s": None}
-        elif e["ev"] == "fault_end" and e["index"] in out:
-            out[e["index"]].update(end_s=round(e["t"] - start, 3), end_reason=e["reason"],
-                                   end_progress=e["progress"])
+        if isinstance(e, FaultStart):
+            out[e.index] = {"index": e.index, "describe": e.describe, "start_s": round(e.t - start, 3),
+                            "start_reason": e.reason, "start_progress": e.progress, "end_s": None}
+        elif isinstance(e, FaultEnd) and e.index in out:
+            out[e.index].update(end_s=round(e.t - start, 3), end_reason=e.reason, end_progress=e.progress)
     return [out[i] for i in sorted(out)]

@@ -4,17 +4,39 @@ fault that fired as a band with its start, its end and why it ends there.
 Apart from the HTML page that draws them because these are readings of the event log that other views (the
 CLI's final table, tools of users) can use without matplotlib. Times are seconds since the run's `run_start`
 event.
+
+Every function reads typed records (harness/record: `RunLog.load(run_dir).records`); decoded dicts are still
+accepted and parsed on the way in (leniently, as RunLog.load parses a file), for callers not yet moved to records.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from chaos.schedule import KILL_ACTIONS
 from harness.metrics import fault_response
+from harness.record import Event, RunLog
+from harness.record.learner import ChipJoined, LearnerDone, LinkDown, LinkUp, Step
+from harness.record.run import (
+    ChipJoinAbandoned,
+    FaultEnd,
+    FaultStart,
+    LearnerDown,
+    LearnerRestart,
+    LearnerShrink,
+    ProcessFault,
+    ProcessFaultOff,
+    RunEnd,
+    RunStart,
+    SyncerDown,
+)
+from harness.record.syncer import SyncerDone, SyncerStart
+
+Events = Iterable[Event | Mapping[str, Any]]
+"""What the timeline functions take: records, or decoded events (parsed on the way in)."""
 
 Segment = tuple[str, float, float]
 """(state, t0, t1): a learner (or the syncer) was in `state` from t0 to t1, seconds since run start."""
@@ -65,39 +87,51 @@ class _Learner:
                 return name
         return "training"
 
-    def apply(self, e: dict[str, Any]) -> None:
-        kind, ev = e.get("kind"), e["ev"]
-        if ev == "step":
+    def apply(self, e: Event) -> None:
+        if isinstance(e, Step):
             self.stepping, self.restarted = True, False
-        elif ev == "learner_done":
+        elif isinstance(e, LearnerDone):
             self.done = True
-        elif ev == "learner_down":  # its processes are dead: no longer frozen, shrunk or linked
+        elif isinstance(e, LearnerDown):  # its processes are dead: no longer frozen, shrunk or linked
             self.down, self.stepping, self.frozen, self.link_down = True, False, False, False
             self.missing.clear()
-        elif ev == "learner_restart":
+        elif isinstance(e, LearnerRestart):
             self.down, self.restarted = False, True
-        elif ev in ("process_fault", "process_fault_off") and kind in ("freeze", "slow"):
-            setattr(self, "frozen" if kind == "freeze" else "slowed", ev == "process_fault")
-        elif ev == "learner_shrink":
-            self.missing |= set(e.get("lost", []))
-        elif ev in ("chip_joined", "chip_join_abandoned"):
-            self.missing.discard(e.get("chip"))
-        elif ev == "link_down" and not self.done:
+        elif isinstance(e, ProcessFault | ProcessFaultOff) and e.kind in ("freeze", "slow"):
+            setattr(self, "frozen" if e.kind == "freeze" else "slowed", isinstance(e, ProcessFault))
+        elif isinstance(e, LearnerShrink):
+            self.missing |= set(e.lost)
+        elif isinstance(e, ChipJoined | ChipJoinAbandoned):
+            self.missing.discard(e.chip)
+        elif isinstance(e, LinkDown) and not self.done:
             self.link_down = True
-        elif ev == "link_up":
+        elif isinstance(e, LinkUp):
             self.link_down = False
 
 
-def run_span(evs: list[dict[str, Any]]) -> tuple[float, float]:
+def records(events: Events) -> list[Event]:
+    """The events as records sorted by time; decoded dicts among them are parsed (lenient, as RunLog.load)."""
+    recs: list[Event] = []
+    dicts: list[Mapping[str, Any]] = []
+    for e in events:
+        (recs if isinstance(e, Event) else dicts).append(e)  # type: ignore[arg-type]
+    return sorted([*recs, *RunLog.from_dicts(dicts).records], key=lambda e: e.t)
+
+
+def run_span(evs: list[Event]) -> tuple[float, float]:
     """(origin, end) of a time-sorted log: its run_start and run_end, else its first and last event."""
-    t0 = next((e["t"] for e in evs if e["ev"] == "run_start"), evs[0]["t"])
-    t1 = next((e["t"] for e in evs if e["ev"] == "run_end"), evs[-1]["t"])
+    t0 = next((e.t for e in evs if isinstance(e, RunStart)), evs[0].t)
+    t1 = next((e.t for e in evs if isinstance(e, RunEnd)), evs[-1].t)
     return t0, max(t0, t1)
 
 
-def _learner_ids(evs: list[dict[str, Any]]) -> list[int]:
-    n = next((e.get("learners", 0) for e in evs if e["ev"] == "run_start"), 0)
-    seen = {e["learner"] for e in evs if isinstance(e.get("learner"), int)}
+def _learner(e: Event) -> Any:
+    return getattr(e, "learner", None)
+
+
+def _learner_ids(evs: list[Event]) -> list[int]:
+    n = next((e.learners for e in evs if isinstance(e, RunStart)), 0)
+    seen = {m for m in map(_learner, evs) if isinstance(m, int)}
     return sorted(set(range(int(n))) | seen)
 
 
@@ -127,7 +161,7 @@ class _Row:
         return self.segments
 
 
-def learner_timeline(events: Iterable[dict[str, Any]]) -> dict[int, list[Segment]]:
+def learner_timeline(events: Events) -> dict[int, list[Segment]]:
     """Per learner, its states over the run as [(state, t0, t1)], seconds since run start, contiguous.
 
     States (the first that holds wins): done (after learner_done), down (learner_down -> learner_restart),
@@ -135,7 +169,7 @@ def learner_timeline(events: Iterable[dict[str, Any]]) -> dict[int, list[Segment
     starting (run start -> its first step), link_down (link_down -> link_up), shrunk (learner_shrink ->
     every lost chip's chip_joined), slowed (process_fault slow -> process_fault_off), else training.
     """
-    evs = sorted(events, key=lambda e: e["t"])
+    evs = records(events)
     if not evs:
         return {}
     t0, t_end = run_span(evs)
@@ -143,30 +177,29 @@ def learner_timeline(events: Iterable[dict[str, Any]]) -> dict[int, list[Segment
     known = {m: _Learner() for m in ids}
     rows = {m: _Row("starting", 0.0) for m in ids}
     for e in evs:
-        m = e.get("learner")
+        m = _learner(e)
         if m not in known:
             continue
         known[m].apply(e)
-        rows[m].switch(known[m].state(), _rel(e["t"], t0, t_end))
+        rows[m].switch(known[m].state(), _rel(e.t, t0, t_end))
     return {m: row.finish(t_end - t0) for m, row in rows.items()}
 
 
-def syncer_timeline(events: Iterable[dict[str, Any]]) -> list[Segment]:
+def syncer_timeline(events: Events) -> list[Segment]:
     """The syncer's states: starting (to its first syncer_start), up, down (from its kill, or the supervisor
     seeing it dead, to its replacement's syncer_start), done (after syncer_done)."""
-    evs = sorted(events, key=lambda e: e["t"])
+    evs = records(events)
     if not evs:
         return []
     t0, t_end = run_span(evs)
     row = _Row("starting", 0.0)
     for e in evs:
-        ev = e["ev"]
-        if ev == "syncer_start":
-            row.switch("up", _rel(e["t"], t0, t_end))
-        elif ev == "syncer_down" or (ev == "process_fault" and e.get("kind") == "kill_syncer"):
-            row.switch("down", _rel(e["t"], t0, t_end))
-        elif ev == "syncer_done":
-            row.switch("done", _rel(e["t"], t0, t_end))
+        if isinstance(e, SyncerStart):
+            row.switch("up", _rel(e.t, t0, t_end))
+        elif isinstance(e, SyncerDown) or (isinstance(e, ProcessFault) and e.kind == "kill_syncer"):
+            row.switch("down", _rel(e.t, t0, t_end))
+        elif isinstance(e, SyncerDone):
+            row.switch("done", _rel(e.t, t0, t_end))
     return row.finish(t_end - t0)
 
 
@@ -182,30 +215,30 @@ def state_durations(segments: list[Segment]) -> dict[str, float]:
     return dict(out)
 
 
-def fault_bands(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+def fault_bands(events: Events) -> list[dict[str, Any]]:
     """Each fault that fired, as a band: index, action, learner, describe, start_s, end_s, until (why it ends
     there), missed (the fault hit nothing), detect_s and rejoin_s (kills). Kills end at their recovery."""
-    evs = sorted(events, key=lambda e: e["t"])
+    evs = records(events)
     if not evs:
         return []
     t0, t_end = run_span(evs)
-    ends = {e["index"]: e for e in evs if e["ev"] == "fault_end"}
+    ends = {e.index: e for e in evs if isinstance(e, FaultEnd)}
     responses = {r["index"]: r for r in fault_response(evs)}
     out = []
-    for f in (e for e in evs if e["ev"] == "fault_start"):
-        i = f["index"]
+    for f in (e for e in evs if isinstance(e, FaultStart)):
+        i = f.index
         resp = responses.get(i, {})
-        band = {"index": i, "action": f.get("action"), "learner": f.get("learner"), "describe": f.get("describe"),
-                "trigger": f.get("reason"), "start_s": round(_rel(f["t"], t0, t_end), 3),
-                "missed": f.get("missed"), "detect_s": resp.get("detect_s"), "rejoin_s": resp.get("rejoin_s")}
-        if f.get("action") in KILL_ACTIONS:
+        band = {"index": i, "action": f.action, "learner": f.learner, "describe": f.describe,
+                "trigger": f.reason, "start_s": round(_rel(f.t, t0, t_end), 3),
+                "missed": f.missed, "detect_s": resp.get("detect_s"), "rejoin_s": resp.get("rejoin_s")}
+        if f.action in KILL_ACTIONS:
             back = resp.get("detect_s") is not None and resp.get("rejoin_s") is not None
-            end = f["t"] + resp["detect_s"] + resp["rejoin_s"] if back else t_end
+            end = f.t + resp["detect_s"] + resp["rejoin_s"] if back else t_end
             band["until"] = (RECOVERED.get(str(resp.get("reaction")), "recovered") if back
                              else "not recovered by run end")
         else:
-            end = ends[i]["t"] if i in ends else t_end
-            band["until"] = ends[i].get("reason", "fault_end") if i in ends else "still on at run end"
+            end = ends[i].t if i in ends else t_end
+            band["until"] = ends[i].reason if i in ends else "still on at run end"
         band["end_s"] = round(_rel(end, t0, t_end), 3)
         out.append(band)
     return out

@@ -74,3 +74,40 @@ def echo() -> Iterator[str]:
     srv.shutdown()
     srv.server_close()
     thread.join(ECHO_SOCK_TIMEOUT_S)
+
+
+def _zero(tp: Any) -> Any:
+    """A placeholder value of a record field's type, for a field a hand-built test event does not care about."""
+    import enum
+    import types
+    import typing
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return None if type(None) in typing.get_args(tp) else _zero(typing.get_args(tp)[0])
+    if origin is typing.Literal:
+        return typing.get_args(tp)[0]
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return next(iter(tp)).value
+    return {list: [], dict: {}, float: 0.0, int: 0, str: "", bool: False}.get(origin or tp)
+
+
+def complete(evs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Hand-built test events made whole: t/wall/pid/proc default to 0.0/0.0/0/"test", and every required field
+    of the kind's record that the test left out gets a placeholder of its type (None where the type admits it).
+    Fields the test gives are kept as they are, so an unknown or mistyped one still fails `parse`."""
+    from harness.record.base import REGISTRY, hints, required
+    out = []
+    for e in evs:
+        cls = REGISTRY[e["ev"]]
+        full = {"t": 0.0, "wall": 0.0, "pid": 0, "proc": "test", **e}
+        h = hints(cls)
+        for name in required(cls) - full.keys():
+            full[name] = _zero(h[name])
+        out.append(full)
+    return out
+
+
+def as_records(evs: list[dict[str, Any]]) -> list[Any]:
+    """Hand-built test events as their typed records (see `complete`), for the readers that take records."""
+    from harness.record import parse
+    return [parse(e) for e in complete(evs)]

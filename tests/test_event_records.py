@@ -158,3 +158,32 @@ def test_strict_event_log_refuses_a_drifting_emitter_before_writing(tmp_path: Pa
         log.log("stepp", **fields)
     log.close()
     assert len(read_records(path)) == 1
+
+
+def test_run_log_lenient_load_reads_an_older_run_and_lists_what_it_could_not(tmp_path: Path) -> None:
+    from harness.record import RunLog
+    from harness.record.syncer import Merge
+    merge = {**BASE, "t": 1.0, "proc": "syncer", "ev": "merge", "version": 1, "merges": 1, "participants": [0],
+             "tokens": 1.0, "c_tokens": [1.0], "tokens_merged": 1.0}  # written before fragment/round existed
+    lines = [json.dumps({**STEP, "t": 2.0, "old_field": 1}), json.dumps(merge),
+             json.dumps({**BASE, "ev": "no_such_kind"}), json.dumps({**STEP, "loss": "nan?"}),
+             json.dumps({k: v for k, v in STEP.items() if k != "tokens"}), "[1]", json.dumps(STEP)[:20]]
+    (tmp_path / EVENTS_FILE).write_text("\n".join(lines))  # the last line torn: no newline
+    log = RunLog.load(tmp_path)
+    assert [type(r) for r in log.records] == [Merge, Step]  # time order, not file order
+    m = log.of(Merge)[0]
+    assert m.fragment is None and m.round is None and m.step is None
+    got = {(p.line, p.kind, p.field, p.skipped) for p in log.problems}
+    assert got == {(1, "step", "old_field", False), (2, "merge", "fragment", False), (2, "merge", "round", False),
+                   (3, "no_such_kind", None, True), (4, "step", "loss", True), (5, "step", "tokens", True),
+                   (6, None, None, True)}
+    with pytest.raises(EventSchemaError, match="line 1: .*old_field"):
+        RunLog.load(tmp_path, strict=True)
+
+
+def test_run_log_lenient_parse_of_a_current_event_equals_strict_parse() -> None:
+    from harness.record import RunLog, parse_lenient
+    rec, problems = parse_lenient(PUSH)
+    assert rec == parse(PUSH) and problems == []
+    log = RunLog.from_dicts([PUSH, {**STEP, "t": 0.5}], strict=True)
+    assert log.first(Step) == parse({**STEP, "t": 0.5}) and log.last(Push) == parse(PUSH) and log.count(Step) == 1

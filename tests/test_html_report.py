@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import complete
 from PIL import Image
 
 from harness import cli
@@ -40,8 +41,10 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def ev(t: float, name: str, /, proc: str = "supervisor", pid: int = 1, **fields: Any) -> dict[str, Any]:
-    """An event `t` seconds after the run started (the log's own clock starts at T0)."""
-    return {"t": T0 + t, "wall": 1_700_000_000.0 + t, "pid": pid, "proc": proc, "ev": name, **fields}
+    """An event `t` seconds after the run started (the log's own clock starts at T0), its record's required
+    fields the test leaves out filled with placeholders (conftest.complete)."""
+    return complete([{"t": T0 + t, "wall": 1_700_000_000.0 + t, "pid": pid, "proc": proc, "ev": name,
+                      **fields}])[0]
 
 
 def _steps(m: int, spans: list[tuple[float, float]], dt: float = 0.25) -> list[dict[str, Any]]:

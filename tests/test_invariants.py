@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import complete
 
 from harness.events import EVENTS_FILE
 from harness.invariants import (
@@ -52,7 +53,8 @@ def write_run(root: Path, events: list[dict[str, Any]], cfg: dict[str, Any] | No
               report: dict[str, Any] | None = None, params: dict[str, torch.Tensor] | None = None,
               name: str = "run") -> Path:
     """A run directory as the supervisor leaves it: events.jsonl (in the given order), config.json, report.json
-    and, with `params`, global.pt."""
+    and, with `params`, global.pt. Each event's required fields the test leaves out are filled with placeholders
+    (conftest.complete), so that it parses into its record."""
     d = root / name
     d.mkdir()
     (d / EVENTS_FILE).write_text("".join(json.dumps(e) + "\n" for e in events))
@@ -290,16 +292,18 @@ def outage(back_step_t: float | None, join: bool = True) -> list[dict[str, Any]]
 
 
 def test_rejoined(tmp_path: Path) -> None:
-    res = holds(rejoined(write_run(tmp_path, outage(3.5), name="a"), within_s=2.0))
+    res = holds(rejoined(write_run(tmp_path, complete(outage(3.5)), name="a"), within_s=2.0))
     assert res.figure == pytest.approx(0.5)
-    holds(rejoined(write_run(tmp_path, decoupled_log(), name="b"), within_s=0.0))  # nobody failed
-    violated(rejoined(write_run(tmp_path, outage(6.25), name="c"), within_s=2.0),
+    holds(rejoined(write_run(tmp_path, complete(decoupled_log()), name="b"), within_s=0.0))  # nobody failed
+    violated(rejoined(write_run(tmp_path, complete(outage(6.25)), name="c"), within_s=2.0),
              "longest rejoin delay 3.25 s > bound 2 s", "learner 1 down at 2.000 s")
-    violated(rejoined(write_run(tmp_path, outage(None), name="d"), within_s=2.0), "inf s > bound 2 s", "never back")
-    violated(rejoined(write_run(tmp_path, outage(3.5, join=False), name="e"), within_s=2.0), "inf s > bound 2 s")
+    violated(rejoined(write_run(tmp_path, complete(outage(None)), name="d"), within_s=2.0), "inf s > bound 2 s",
+             "never back")
+    violated(rejoined(write_run(tmp_path, complete(outage(3.5, join=False)), name="e"), within_s=2.0),
+             "inf s > bound 2 s")
     again = outage(None) + [ev("learner_down", 3.4, "supervisor", learner=1, step=1, repair_s=1.0),
                             ev("step", 3.6, "learner1.chip0", learner=1, step=2, tokens=TOK)]
-    violated(rejoined(write_run(tmp_path, again, name="f"), within_s=2.0), "inf s > bound 2 s")
+    violated(rejoined(write_run(tmp_path, complete(again), name="f"), within_s=2.0), "inf s > bound 2 s")
 
 
 # -- updates_accounted ----------------------------------------------------------------------------------------
@@ -447,7 +451,7 @@ def test_updates_accounted_baselines_one_merge_per_round(tmp_path: Path) -> None
 # -- token_accounting -----------------------------------------------------------------------------------------
 
 def test_token_accounting_holds_on_a_healthy_run(tmp_path: Path) -> None:
-    res = holds(token_accounting(write_run(tmp_path, decoupled_log())))
+    res = holds(token_accounting(write_run(tmp_path, complete(decoupled_log()))))
     assert res.figure == 0 and "1600 tokens merged (syncer_done) over 5 merges, P = 2" in res.detail
 
 
@@ -455,7 +459,8 @@ def test_token_accounting_finds_a_syncer_count_off_the_merges(tmp_path: Path) ->
     evs = decoupled_log()
     done = next(e for e in evs if e["ev"] == "syncer_done")
     done["tokens_merged"] += 100
-    violated(token_accounting(write_run(tmp_path, evs)), "tokens-merged discrepancy 100 tokens > bound 0.001 tokens",
+    violated(token_accounting(write_run(tmp_path, complete(evs))),
+             "tokens-merged discrepancy 100 tokens > bound 0.001 tokens",
              "syncer_done says 1700 tokens merged, merges logged 1600")
 
 
@@ -467,7 +472,7 @@ def test_token_accounting_finds_c_tokens_that_are_not_the_steps_tokens(tmp_path:
     for e in evs:
         if e["ev"] in ("merge", "syncer_done") and e["t"] >= m["t"]:
             e["tokens_merged"] += 150
-    violated(token_accounting(write_run(tmp_path, evs)), "discrepancy 150 tokens > bound 0.001",
+    violated(token_accounting(write_run(tmp_path, complete(evs))), "discrepancy 150 tokens > bound 0.001",
              "learner 0 c_tokens 700 but its steps 1-4 logged 400 tokens")
 
 
@@ -477,9 +482,9 @@ def test_token_accounting_restored_count(tmp_path: Path) -> None:
     done = next(e for e in evs if e["ev"] == "syncer_done")
     done["t"], done["tokens_merged"] = 5.0, 1800.0
     unlogged = ev("syncer_restore", 4.0, fragments=[0, 1], versions=[3, 3], merges=6, tokens_merged=1800.0)
-    holds(token_accounting(write_run(tmp_path, [*evs, unlogged], name="a")))
+    holds(token_accounting(write_run(tmp_path, complete([*evs, unlogged]), name="a")))
     none = ev("syncer_restore", 4.0, fragments=[0, 1], versions=[2, 3], merges=5, tokens_merged=1800.0)
-    violated(token_accounting(write_run(tmp_path, [*evs, none], name="b")), "discrepancy 400 tokens",
+    violated(token_accounting(write_run(tmp_path, complete([*evs, none]), name="b")), "discrepancy 400 tokens",
              "restored syncer counts 1800.0 tokens merged, the log 1600")
 
 
@@ -499,17 +504,17 @@ def ddp_log(algorithm: str, steps: int = 3, tokens: int = 100) -> list[dict[str,
 def test_token_accounting_checks_data_parallel_steps_logged_after_their_merge(tmp_path: Path,
                                                                              algorithm: str) -> None:
     cfg = config(algorithm)
-    res = holds(token_accounting(write_run(tmp_path, ddp_log(algorithm), cfg, name="a")))
+    res = holds(token_accounting(write_run(tmp_path, complete(ddp_log(algorithm)), cfg, name="a")))
     assert "not checked" not in res.detail, res.detail  # every contribution was checked against its step
     evs = ddp_log(algorithm)
     next(e for e in evs if e["ev"] == "step" and e["learner"] == 1 and e["step"] == 2)["tokens"] = 50
-    violated(token_accounting(write_run(tmp_path, evs, cfg, name="b")), "discrepancy 50 tokens",
+    violated(token_accounting(write_run(tmp_path, complete(evs), cfg, name="b")), "discrepancy 50 tokens",
              "learner 1 c_tokens 100 but its steps 2-2 logged 50 tokens")
 
 
 def test_token_accounting_is_not_vacuous(tmp_path: Path) -> None:
     evs = [e for e in decoupled_log() if e["ev"] not in ("merge", "syncer_done", "eval")]
-    violated(token_accounting(write_run(tmp_path, evs)), "n/a tokens > bound 0.001", "nothing merged")
+    violated(token_accounting(write_run(tmp_path, complete(evs))), "n/a tokens > bound 0.001", "nothing merged")
 
 
 # -- model_finite ---------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from conftest import as_records, complete
 
 from harness.metrics import (
     STALL_TOLERANCE,
@@ -38,8 +39,9 @@ def test_fault_free_data_parallel_is_one_whatever_its_exchange_costs() -> None:
     # 2 learners x 2 chips, 10 steps of 1 s each, every step's gradient merged; the step includes its exchange
     evs = steps(0, 10, chips=2) + steps(1, 10, chips=2) + ddp_merges([0, 1], 10)
     for e in evs:
-        e["sync_s"] = 0.4  # 40% of every step waiting on the exchange: routine, not lost
-    g = goodput(evs, "ddp", learners=2, chips=2, fragments=1, sync_every=1)
+        if e["ev"] == "step":
+            e["sync_s"] = 0.4  # 40% of every step waiting on the exchange: routine, not lost
+    g = goodput(as_records(evs), "ddp", learners=2, chips=2, fragments=1, sync_every=1)
     assert g.goodput == 1.0 and g.span_s == pytest.approx(10.0) and g.idle_chip_s == pytest.approx(0.0)
     assert g.compute_fraction == pytest.approx(0.6), "the old ratio: compute only, the exchange excluded"
     assert g.per_learner["0"].healthy_step_s == {"inner": 1.0}
@@ -54,7 +56,7 @@ def test_one_of_eight_chips_down_two_seconds_of_ten() -> None:
     for e in evs:
         if e["ev"] == "step" and e["learner"] == 1 and e["step"] in (4, 5):
             e["chips"] = 1
-    g = goodput(evs, "decoupled", learners=4, chips=2, fragments=1, sync_every=8)
+    g = goodput(as_records(evs), "decoupled", learners=4, chips=2, fragments=1, sync_every=8)
     assert g.goodput == pytest.approx(1 - 2 / (8 * 10)) == pytest.approx(0.975)
     assert g.idle_chip_s == pytest.approx(2.0) and g.stalled_chip_s == 0.0 and g.discarded_chip_s == 0.0
 
@@ -66,7 +68,7 @@ def test_a_learner_blocked_on_the_barrier_beyond_its_healthy_step_time_is_stalle
     for e in evs:
         if e["ev"] == "step":
             e["t"] += (5.0 if e["step"] >= 5 else 0.0) + (1.5 if e["step"] >= 8 else 0.0)
-    g = goodput(evs, "ddp", learners=2, chips=1, fragments=1, sync_every=1)
+    g = goodput(as_records(evs), "ddp", learners=2, chips=1, fragments=1, sync_every=1)
     assert g.span_s == pytest.approx(16.5)
     assert g.good_chip_s == pytest.approx(2 * (8 * 1.0 + 1.0 + 2.5)), "step 5 counts 1 s of its 6, step 8 its 2.5 s"
     assert g.stalled_chip_s == pytest.approx(2 * 5.0)
@@ -87,7 +89,7 @@ def test_discarded_steps_and_restart_time_are_lost() -> None:
         {"ev": "merge", "t": 4.5, "participants": [0, 1], "step_ranges": [[1, 4], [1, 4]]},
         {"ev": "merge", "t": 12.5, "participants": [0, 1], "step_ranges": [[5, 12], [7, 9]]},
     ]
-    g = goodput(evs, "decoupled", learners=2, chips=1, fragments=1, sync_every=8)
+    g = goodput(as_records(evs), "decoupled", learners=2, chips=1, fragments=1, sync_every=8)
     assert g.per_learner["1"].good_chip_s == pytest.approx(7.0)
     assert g.per_learner["1"].discarded_chip_s == pytest.approx(2.0), "steps 5-6 never reached the model"
     assert g.idle_chip_s == pytest.approx(3.0), "down, repaired and restarting from 6 to 9"
@@ -104,7 +106,7 @@ def test_a_machine_slowed_for_a_while_sets_the_pace_and_a_lone_spike_is_a_stall(
         t += dt
         evs.append({"ev": "step", "learner": 0, "step": s, "t": t, "chips": 1})
     evs.append({"ev": "merge", "t": t + 0.1, "participants": [0], "step_ranges": [[1, 30]]})
-    g = goodput(evs, "decoupled", learners=1, chips=1, fragments=1, sync_every=8)
+    g = goodput(as_records(evs), "decoupled", learners=1, chips=1, fragments=1, sync_every=8)
     assert g.per_learner["0"].stalls == 1 and g.stalled_chip_s == pytest.approx(5.0)
     assert g.goodput == pytest.approx((t - 5.0) / t, abs=1e-4)
 
@@ -113,7 +115,7 @@ def test_start_up_before_a_learners_first_step_is_left_out() -> None:
     # learner 1 is ready 3 s after learner 0 (processes starting on a busy machine): not a fault, not counted
     evs = steps(0, 10) + steps(1, 7, t0=3.0) + [
         {"ev": "merge", "t": 10.5, "participants": [0, 1], "step_ranges": [[1, 10], [1, 7]]}]
-    g = goodput(evs, "decoupled", learners=2, chips=1, fragments=1, sync_every=8)
+    g = goodput(as_records(evs), "decoupled", learners=2, chips=1, fragments=1, sync_every=8)
     assert g.per_learner["1"].allocated_chip_s == pytest.approx(7.0) and g.goodput == 1.0
 
 
@@ -125,7 +127,7 @@ def test_a_restarted_learners_start_up_is_lost_and_not_a_stall() -> None:
     evs += [{"ev": "step", "learner": 0, "step": s, "t": 10.0 + s, "chips": 1} for s in range(5, 11)]
     evs = [e for e in evs if not (e["ev"] == "step" and e["t"] == 15.0 and e["step"] == 5)]
     evs += ddp_merges([0], 10)
-    g = goodput(evs, "ddp", learners=1, chips=1, fragments=1, sync_every=1)
+    g = goodput(as_records(evs), "ddp", learners=1, chips=1, fragments=1, sync_every=1)
     assert g.span_s == pytest.approx(20.0) and g.stalled_chip_s == 0.0
     assert g.good_chip_s == pytest.approx(10.0) and g.idle_chip_s == pytest.approx(10.0)
     assert g.goodput == pytest.approx(0.5)
@@ -140,7 +142,7 @@ def test_diloco_round_exchange_is_routine_and_a_lost_round_is_discarded() -> Non
         evs.append({"ev": "step", "learner": 0, "step": s, "t": t, "chips": 1})
     evs += [{"ev": "merge", "t": 7.0, "participants": [0], "round": 1, "step": 4},
             {"ev": "merge", "t": 14.0, "participants": [0], "round": 2, "step": 8}]
-    g = goodput(evs, "diloco", learners=1, chips=1, fragments=1, sync_every=4)
+    g = goodput(as_records(evs), "diloco", learners=1, chips=1, fragments=1, sync_every=4)
     assert g.per_learner["0"].healthy_step_s == {"inner": 1.0, "round_end": 4.0}
     assert g.stalled_chip_s == 0.0
     assert g.goodput == pytest.approx(14.0 / 21.0, abs=1e-4), "round 3 (7 s) was never merged"
@@ -151,7 +153,7 @@ def test_decoupled_goodput_counts_steps_some_merge_took_in_and_keeps_the_per_fra
         {"ev": "merge", "t": 4.5, "participants": [0, 1], "step_ranges": [[1, 4], [1, 2]]},  # fragment 0
         {"ev": "merge", "t": 4.6, "participants": [0], "step_ranges": [[1, 4]]},  # fragment 1
     ]
-    g = goodput(evs, "decoupled", learners=2, chips=1, fragments=2, sync_every=4)
+    g = goodput(as_records(evs), "decoupled", learners=2, chips=1, fragments=2, sync_every=4)
     # learner 0: 4 steps x 1 s merged; learner 1: steps 1-2 merged (in one fragment), steps 3-4 never
     assert g.good_chip_s == pytest.approx(6.0) and g.allocated_chip_s == pytest.approx(8.0)
     assert g.goodput == pytest.approx(0.75)
@@ -169,8 +171,8 @@ def test_decoupled_overlap_steps_overwritten_by_the_merged_value_are_useful() ->
         {"ev": "merge", "t": 4.6, "fragment": 1, "version": 1, "participants": [0], "step_ranges": [[1, 4]]},
         {"ev": "apply", "t": 6.0, "learner": 0, "step": 6, "fragments": [0], "versions": [1]},
     ]
-    g = goodput(evs, "decoupled", learners=1, chips=1, fragments=2, sync_every=4)
-    assert overwritten_in_overlap(evs) == {0: {5, 6}}
+    g = goodput(as_records(evs), "decoupled", learners=1, chips=1, fragments=2, sync_every=4)
+    assert overwritten_in_overlap(as_records(evs)) == {0: {5, 6}}
     assert g.good_chip_s == pytest.approx(6.0) and g.discarded_chip_s == pytest.approx(2.0)
     assert g.merged_fraction == pytest.approx(4.0 / 8.0), "the per-fragment figure counts merged ranges only"
 
@@ -178,15 +180,15 @@ def test_decoupled_overlap_steps_overwritten_by_the_merged_value_are_useful() ->
 def test_a_learner_that_finished_early_idles_and_a_missing_one_is_all_idle() -> None:
     evs = steps(0, 4) + steps(1, 2) + [
         {"ev": "merge", "t": 4.5, "participants": [0, 1], "step_ranges": [[1, 4], [1, 2]]}]
-    g = goodput(evs, "decoupled", learners=3, chips=1, fragments=1, sync_every=4)
+    g = goodput(as_records(evs), "decoupled", learners=3, chips=1, fragments=1, sync_every=4)
     assert g.goodput == pytest.approx(6.0 / 12.0) and g.idle_chip_s == pytest.approx(2.0 + 4.0)
 
 
 def test_elastic_ddp_is_scored_like_ddp() -> None:
     evs = steps(0, 4, chips=2) + steps(1, 4, chips=2)
     evs += [{"ev": "merge", "t": s + 0.5, "participants": [0, 1] if s < 3 else [0], "step": s} for s in range(1, 5)]
-    a = goodput(evs, "ddp", learners=2, chips=2, fragments=1, sync_every=1)
-    b = goodput(evs, "elastic_ddp", learners=2, chips=2, fragments=1, sync_every=1)
+    a = goodput(as_records(evs), "ddp", learners=2, chips=2, fragments=1, sync_every=1)
+    b = goodput(as_records(evs), "elastic_ddp", learners=2, chips=2, fragments=1, sync_every=1)
     assert a == b and b.goodput == pytest.approx(0.75), "learner 1's steps 3-4 were left out of their merges"
 
 
@@ -194,7 +196,7 @@ def test_healthy_step_time_falls_back_to_every_learners_steps_when_a_learner_has
     evs = steps(0, 10) + steps(1, 3, t0=7.0)
     evs[-1]["t"] += 1.0  # learner 1: intervals 1, 2 after its first step: too few for its own median
     evs += [{"ev": "merge", "t": 11.5, "participants": [0, 1], "step_ranges": [[1, 10], [1, 3]]}]
-    g = goodput(evs, "decoupled", learners=2, chips=1, fragments=1, sync_every=8)
+    g = goodput(as_records(evs), "decoupled", learners=2, chips=1, fragments=1, sync_every=8)
     assert g.per_learner["0"].healthy_step_s == {"inner": 1.0}
     assert g.per_learner["1"].healthy_step_s == {"inner": 1.0}, "the pooled median of 9 x 1 s and 1 s, 2 s"
     assert g.to_dict()["per_learner"]["1"]["good_chip_s"] == pytest.approx(4.0)
@@ -218,7 +220,7 @@ def test_merge_stats_quorum_waits_staleness_and_tokens_per_learner() -> None:
             "c_tokens": [40, 80], "quorum_wait_s": 0.1, "wait_s": 0.3},
            {"ev": "merge", "t": 2.0, "version": 4, "participants": [0], "base_versions": [3],
             "c_tokens": [20], "quorum_wait_s": 0.2, "wait_s": 0.2}]
-    st = merge_stats(evs, fragments=2)
+    st = merge_stats(as_records(evs), fragments=2)
     assert st["quorum_size"] == {"n": 2, "mean": 1.5, "p50": 2.0, "max": 2.0}
     assert st["grace_wait_s"]["max"] == pytest.approx(0.2) and st["quorum_wait_s"]["mean"] == pytest.approx(0.15)
     assert st["staleness_versions"]["max"] == 2.0, "learner 1 pushed against version 0 into version 3"
@@ -229,7 +231,7 @@ def test_learner_availability_from_joins_leaves_and_syncer_outages() -> None:
     evs = [{"ev": "learner_join", "learner": 0, "t": 0.0}, {"ev": "learner_join", "learner": 1, "t": 0.0},
            {"ev": "learner_leave", "learner": 1, "t": 4.0}, {"ev": "learner_join", "learner": 1, "t": 6.0},
            {"ev": "syncer_down", "t": 8.0}, {"ev": "learner_join", "learner": 0, "t": 9.0}]
-    assert learner_availability(evs, 2, 0.0, 10.0) == {"0": 0.9, "1": 0.6}
+    assert learner_availability(as_records(evs), 2, 0.0, 10.0) == {"0": 0.9, "1": 0.6}
 
 
 def test_fault_response_detect_and_rejoin_times() -> None:
@@ -239,7 +241,7 @@ def test_fault_response_detect_and_rejoin_times() -> None:
            {"ev": "step", "learner": 1, "step": 31, "t": 13.0},
            {"ev": "fault_start", "index": 1, "action": "kill_syncer", "learner": None, "t": 20.0},
            {"ev": "syncer_down", "t": 20.1}, {"ev": "syncer_restore", "t": 21.6}]
-    rows = fault_response(evs)
+    rows = fault_response(as_records(evs))
     assert rows[0]["detect_s"] == pytest.approx(0.2) and rows[0]["rejoin_s"] == pytest.approx(2.8)
     assert rows[1]["reaction"] == "syncer_down" and rows[1]["rejoin_s"] == pytest.approx(1.5)
 
@@ -249,7 +251,7 @@ def test_achieved_speed_is_relative_to_the_unslowed_learners_in_the_common_windo
     evs += [{"ev": "step", "learner": 0, "step": s, "t": s * 0.1} for s in range(1, 101)]
     evs += [{"ev": "step", "learner": 1, "step": s, "t": s * 0.2} for s in range(1, 101)]
     evs += [{"ev": "learner_done", "learner": 0, "t": 10.0}]
-    (p,) = achieved_speeds(evs, 2)
+    (p,) = achieved_speeds(as_records(evs), 2)
     assert p["achieved"] == pytest.approx(0.5, abs=0.02) and p["window_s"] == pytest.approx(10.0)
 
 
@@ -260,7 +262,7 @@ def test_fault_response_counts_only_reactions_while_the_fault_is_on_and_the_html
     from harness.metrics import fault_response
     from harness.run_timeline import fault_bands
 
-    evs = [
+    evs = complete([
         {"ev": "run_start", "t": 0.0},
         {"ev": "fault_start", "t": 1.0, "index": 0, "action": "degrade", "learner": 0},
         {"ev": "fault_end", "t": 3.0, "index": 0, "action": "degrade", "learner": 0},
@@ -276,8 +278,8 @@ def test_fault_response_counts_only_reactions_while_the_fault_is_on_and_the_html
         {"ev": "learner_leave", "t": 6.66, "learner": 0},
         {"ev": "fault_end", "t": 9.0, "index": 2, "action": "kill_learner", "learner": 2},
         {"ev": "run_end", "t": 9.0},
-    ]
-    resp = {r["index"]: r for r in fault_response(evs)}
+    ])
+    resp = {r["index"]: r for r in fault_response(as_records(evs))}
     assert resp[0]["detect_s"] is None and resp[0]["reaction"] is None  # the normal finish is not a reaction
     assert (resp[1]["reaction"], resp[1]["detect_s"], resp[1]["rejoin_s"]) == ("learner_leave", 0.5, 2.0)
     assert (resp[2]["reaction"], resp[2]["detect_s"], resp[2]["rejoin_s"]) == ("learner_down", 0.2, 1.3)

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import io
 
+from conftest import as_records, complete
+
 from harness.progress import Progress, fault_line
 
 
 def test_a_fault_is_on_screen_when_it_fires_and_when_it_ends() -> None:
     out = io.StringIO()
     p = Progress(2, stream=out, every_s=3600.0)
-    p([{"ev": "step", "learner": 0, "step": 5}])  # the first status line
-    p([{"ev": "fault_start", "index": 1, "action": "kill_chip", "describe": "kill_chip learner 1 chip 0",
-        "reason": "learner 1 reached step 40"}])
-    p([{"ev": "fault_end", "index": 1, "action": "kill_chip", "describe": "kill_chip learner 1 chip 0",
-        "reason": "run end"}])
+    p(complete([{"ev": "step", "learner": 0, "step": 5}]))  # the first status line
+    p(complete([{"ev": "fault_start", "index": 1, "action": "kill_chip", "describe": "kill_chip learner 1 chip 0",
+        "reason": "learner 1 reached step 40"}]))
+    p(complete([{"ev": "fault_end", "index": 1, "action": "kill_chip", "describe": "kill_chip learner 1 chip 0",
+        "reason": "run end"}]))
     lines = out.getvalue().splitlines()
     assert len(lines) == 3  # the status line is rate-limited, fault lines are not
     assert "fault F1 fired: kill_chip learner 1 chip 0; trigger: learner 1 reached step 40" in lines[1]
@@ -22,8 +24,9 @@ def test_a_fault_is_on_screen_when_it_fires_and_when_it_ends() -> None:
 
 
 def test_a_fault_that_hit_nothing_says_so() -> None:
-    line = fault_line({"ev": "fault_start", "index": 0, "action": "freeze", "reason": "t >= 2 s",
-                       "missed": "learner 0 is down"})
+    (rec,) = as_records([{"ev": "fault_start", "index": 0, "action": "freeze", "reason": "t >= 2 s",
+                          "missed": "learner 0 is down", "learner": 0}])
+    line = fault_line(rec)
     assert line == "fault F0 fired: freeze; trigger: t >= 2 s (hit nothing: learner 0 is down)"
 
 
@@ -49,12 +52,12 @@ def test_a_kill_ends_on_screen_when_its_learner_steps_again_after_the_restart() 
     p = Progress(2, stream=out, every_s=3600.0)
     start = {"ev": "fault_start", "index": 1, "action": "kill_learner", "learner": 1, "describe": "kill_learner(1)",
              "reason": "learner 0 reached step 5"}
-    p([start, {"ev": "step", "learner": 1, "step": 5}, {"ev": "learner_down", "learner": 1},
-       {"ev": "learner_restart", "learner": 1}])
+    p(complete([start, {"ev": "step", "learner": 1, "step": 5}, {"ev": "learner_down", "learner": 1},
+       {"ev": "learner_restart", "learner": 1}]))
     assert "ended" not in out.getvalue()  # restarted, but not training yet
-    p([{"ev": "step", "learner": 0, "step": 9}])
+    p(complete([{"ev": "step", "learner": 0, "step": 9}]))
     assert "ended" not in out.getvalue()  # another learner's step says nothing about learner 1
-    p([{"ev": "step", "learner": 1, "step": 6}])
+    p(complete([{"ev": "step", "learner": 1, "step": 6}]))
     assert out.getvalue().rstrip().endswith(
         "fault F1 ended: kill_learner(1); until the restarted learner stepped again")
 
@@ -62,8 +65,8 @@ def test_a_kill_ends_on_screen_when_its_learner_steps_again_after_the_restart() 
 def test_a_chip_kill_ends_on_screen_when_the_repaired_chip_rejoins() -> None:
     out = io.StringIO()
     p = Progress(2, stream=out, every_s=3600.0)
-    p([{"ev": "fault_start", "index": 0, "action": "kill_chip", "learner": 0, "describe": "kill_chip(0)"},
-       {"ev": "learner_shrink", "learner": 0, "lost": [1]}, {"ev": "chip_joined", "learner": 1, "chip": 1}])
+    p(complete([{"ev": "fault_start", "index": 0, "action": "kill_chip", "learner": 0, "describe": "kill_chip(0)"},
+       {"ev": "learner_shrink", "learner": 0, "lost": [1]}, {"ev": "chip_joined", "learner": 1, "chip": 1}]))
     assert "ended" not in out.getvalue()  # learner 1's chip, not learner 0's
-    p([{"ev": "chip_joined", "learner": 0, "chip": 1}])
+    p(complete([{"ev": "chip_joined", "learner": 0, "chip": 1}]))
     assert out.getvalue().count("fault F0 ended: kill_chip(0); until the repaired chip rejoined") == 1

@@ -7,6 +7,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
+from conftest import complete
 from test_invariants import P, config, decoupled_log, ev, holds, violated, write_run
 
 from harness.invariants import load_run
@@ -42,7 +43,7 @@ def with_protocol_facts(evs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if e["ev"] == "push":
             out.append(ev("push_sent", e["t"] - 0.001, f"learner{e['learner']}.link", learner=e["learner"],
                           fragment=e["fragment"], first_step=e["first_step"], last_step=e["last_step"],
-                          c_steps=e["c_steps"], round=e["round"]))
+                          c_steps=e["c_steps"], round=e["round"], bytes=1000, seconds=0.001))
         if e["ev"] == "merge":
             e.update(weights=[round(w, 6) for w in expected_weights(e["c_steps"], e["c_tokens"])], outer_lr=LR,
                      norms={"radial": 0.5, "merged": 0.5, "embedding_radial": 0.2, "embedding_merged": 0.15})
@@ -124,12 +125,12 @@ def test_pushes_received(tmp_path: Path) -> None:
                 del e[key][1]
     violated(pushes_received(write_run(tmp_path, evs, name="b")), "never logged by the syncer 1 > bound 0",
              "learner 1 fragment 0 steps 1-4 (round 1)", "ended in BYE")
-    lost = evs + [ev("learner_down", gone["t"] + 0.01, "supervisor", learner=1, step=4)]
+    lost = evs + complete([ev("learner_down", gone["t"] + 0.01, "supervisor", learner=1, step=4)])
     res = holds(pushes_received(write_run(tmp_path, lost, name="c")))  # lost with its connection
     assert "1 lost with their connection" in res.detail
     bye = first(evs, "learner_bye", learner=1)
     late = good() + [ev("push_sent", bye["t"] + 0.001, "learner1.link", learner=1, fragment=0, first_step=5,
-                     last_step=8, c_steps=4, round=3)]  # an answer to a pull, sent after the BYE
+                     last_step=8, c_steps=4, round=3, bytes=1000, seconds=0.001)]  # sent after the BYE
     assert "1 sent after the learner's BYE" in holds(pushes_received(write_run(tmp_path, late, name="f"))).detail
     closed = evs + [ev("link_down", gone["t"] + 0.01, "learner1.link", learner=1, reason="closed")]
     violated(pushes_received(write_run(tmp_path, closed, name="d")), "1 > bound 0")  # a close is no excuse
@@ -138,25 +139,25 @@ def test_pushes_received(tmp_path: Path) -> None:
 
 
 def test_apply_schedule(tmp_path: Path) -> None:
-    res = holds(apply_schedule(write_run(tmp_path, good(), name="a")))
+    res = holds(apply_schedule(write_run(tmp_path, complete(good()), name="a")))
     # arrived + 1 = pulled + tau: either bound gives the same step (with tau = 2 a value never arrives sooner)
     assert res.detail == "6 applied fragments on schedule, 0 of them due by pulled + tau rather than on arrival"
     evs = good()
     a = first(evs, "apply", learner=0, fragments=[1])
     a["step"] += 1  # tau + 1
-    violated(apply_schedule(write_run(tmp_path, evs, name="b")), "applies off the tau schedule 1 > bound 0",
+    violated(apply_schedule(write_run(tmp_path, complete(evs), name="b")), "applies off the tau schedule 1 > bound 0",
              f"learner 0 applied fragment 1 v1 after step {a['step']}, due after {a['step'] - 1} (pulled at 2, "
              "arrived at 3, tau 2)")
     held = evs + [ev("regroup", a["t"] - 0.1, "learner0.chip0", learner=0, step=a["step"] - 1)]
-    holds(apply_schedule(write_run(tmp_path, held, name="c")))  # a regroup of its chips held it back
+    holds(apply_schedule(write_run(tmp_path, complete(held), name="c")))  # a regroup of its chips held it back
     a["step"] -= 2  # before pulled + tau: early
-    violated(apply_schedule(write_run(tmp_path, held, name="d")), "1 > bound 0", "due after 4")
+    violated(apply_schedule(write_run(tmp_path, complete(held), name="d")), "1 > bound 0", "due after 4")
     late = good()
     b = first(late, "apply", learner=1, fragments=[0])
     b["pulled"], b["arrived"] = [None], [b["step"] - 1]  # a value it did not pull: applied on arrival
-    holds(apply_schedule(write_run(tmp_path, late, name="e")))
+    holds(apply_schedule(write_run(tmp_path, complete(late), name="e")))
     del b["arrived"]
-    violated(apply_schedule(write_run(tmp_path, late, name="f")), "n/a", "without pulled / arrived")
+    violated(apply_schedule(write_run(tmp_path, complete(late), name="f")), "n/a", "without pulled / arrived")
 
 
 def restart_log(pull: dict[str, Any] | None, step_back: bool = True) -> list[dict[str, Any]]:
@@ -172,15 +173,16 @@ def restart_log(pull: dict[str, Any] | None, step_back: bool = True) -> list[dic
 
 
 def test_initial_pull(tmp_path: Path) -> None:
-    res = holds(initial_pull(write_run(tmp_path, good(), name="a")))
+    res = holds(initial_pull(write_run(tmp_path, complete(good()), name="a")))
     assert res.detail == "no learner was restarted past step 0"
     full = {"fragments": 2, "applied": [[0, 2], [1, 1]]}
-    holds(initial_pull(write_run(tmp_path, restart_log(full), name="b")))
-    violated(initial_pull(write_run(tmp_path, restart_log({"fragments": 0, "applied": []}), name="c")),
+    holds(initial_pull(write_run(tmp_path, complete(restart_log(full)), name="b")))
+    violated(initial_pull(write_run(tmp_path, complete(restart_log({"fragments": 0, "applied": []})), name="c")),
              "restarts without a complete initial pull 1 > bound 0", "initial pull applied 0 of 2 fragments")
     old = {"fragments": 2, "applied": [[0, 1], [1, 1]]}  # fragment 0 at a version older than it was sent
-    violated(initial_pull(write_run(tmp_path, restart_log(old), name="d")), "1 > bound 0",
+    violated(initial_pull(write_run(tmp_path, complete(restart_log(old)), name="d")), "1 > bound 0",
              "fragments [0] below the version sent on rejoin")
-    violated(initial_pull(write_run(tmp_path, restart_log(None), name="e")), "stepped without an initial pull")
-    holds(initial_pull(write_run(tmp_path, restart_log(None, step_back=False), name="f")))  # never came back
-    assert load_run(write_run(tmp_path, restart_log(full), name="g")).of("initial_pull")
+    violated(initial_pull(write_run(tmp_path, complete(restart_log(None)), name="e")),
+             "stepped without an initial pull")
+    holds(initial_pull(write_run(tmp_path, complete(restart_log(None, step_back=False)), name="f")))  # never came back
+    assert load_run(write_run(tmp_path, complete(restart_log(full)), name="g")).of("initial_pull")

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import as_records, complete
 
 from harness.events import EVENTS_FILE, EventLog, EventTail, read_events
 from harness.report import build_report, longest_gap
@@ -38,7 +39,8 @@ def test_longest_gap_without_merges_is_the_whole_window() -> None:
 
 
 def ev(t: float, name: str, /, proc: str = "syncer", pid: int = 100, **fields: Any) -> dict[str, Any]:
-    return {"t": t, "wall": 1_700_000_000.0 + t, "pid": pid, "proc": proc, "ev": name, **fields}
+    """An event as written, its record's required fields the test leaves out filled (conftest.complete)."""
+    return complete([{"t": t, "wall": 1_700_000_000.0 + t, "pid": pid, "proc": proc, "ev": name, **fields}])[0]
 
 
 def write_run(run_dir: Path, events: list[dict[str, Any]]) -> None:
@@ -204,10 +206,11 @@ def test_link_figures_measure_late_bytes_and_round_trips() -> None:
         {"ev": "fault_end", "index": 0, "t": 12.5, "describe": "partition(learner 1)", "reason": "r2",
          "progress": {"merges": 9}},
     ]
-    figs = link_figures(evs)
+    recs = as_records(evs)
+    figs = link_figures(recs)
     assert figs[1]["push_KBps"] == 200.0 and figs[1]["push_bytes"] == 370_000 and figs[1]["push_frames"] == 5
     assert figs[1]["reconnects"] == 1 and figs[1]["link_downs"] == 1
     assert figs[0]["push_KBps"] is None and figs[0]["push_bytes"] == 9_000
     assert (figs[0]["rtt_ms_median"], figs[0]["rtt_ms_min"], figs[0]["rtt_samples"]) == (3.0, 1.0, 3)
-    (f,) = fault_timeline(evs, start=10.0)
+    (f,) = fault_timeline(recs, start=10.0)
     assert (f["start_s"], f["end_s"], f["start_reason"], f["end_reason"]) == (1.0, 2.5, "r1", "r2")

@@ -17,11 +17,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from harness.events import EVENTS_FILE, read_events
+from harness.record import Event, RunLog
 from harness.rundir import CONFIG_FILE, REPORT_FILE, read_json
 
+R = TypeVar("R", bound=Event)
 _NEGATE = {"<=": ">", ">=": "<", "==": "!="}
 
 
@@ -83,12 +85,33 @@ class InvariantResult:
 @dataclass(frozen=True)
 class RunRecord:
     """A run directory read once: the event log sorted by `t` (several processes append to one file, so file
-    order is not time order; the sort is stable), report.json and config.json ({} when absent)."""
+    order is not time order; the sort is stable), report.json and config.json ({} when absent).
+
+    `log` holds the events as typed records (harness.record.RunLog, lenient for older runs), which the checks
+    read through `records(Kind)`; `events` holds them as decoded dicts for the checks not yet moved to records
+    (no_global_downtime, updates_accounted)."""
 
     events: list[dict[str, Any]]
     report: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     run_dir: Path | None = None
+    log: RunLog | None = None
+    """The events as typed records; None: parsed from `events` on first use."""
+
+    def _log(self) -> RunLog:
+        if self.log is None:
+            object.__setattr__(self, "log", RunLog.from_dicts(self.events))
+        assert self.log is not None
+        return self.log
+
+    @property
+    def all_records(self) -> list[Event]:
+        """Every record, in time order."""
+        return self._log().records
+
+    def records(self, kind: type[R]) -> list[R]:
+        """The records of one kind, in time order (typed: `run.records(Step)` is a list[Step])."""
+        return self._log().of(kind)
 
     def of(self, *kinds: str) -> list[dict[str, Any]]:
         """Events of the given kinds, in time order."""
@@ -136,7 +159,7 @@ def load_run(run_dir: str | os.PathLike[str]) -> RunRecord:
     evs = sorted(read_events(d / EVENTS_FILE), key=lambda e: float(e.get("t", 0.0)))
     report = read_json(d / REPORT_FILE) if (d / REPORT_FILE).exists() else {}
     config = read_json(d / CONFIG_FILE) if (d / CONFIG_FILE).exists() else {}
-    return RunRecord(evs, report, config, d)
+    return RunRecord(evs, report, config, d, RunLog.from_dicts(evs))
 
 
 def _run(run: Run) -> RunRecord:

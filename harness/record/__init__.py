@@ -3,12 +3,17 @@
 Every process of a run appends JSON lines through harness/events.py `EventLog.log(kind, **fields)`; this package
 is the schema of those lines. `parse(dict)` turns one decoded line into its record (checking that every required
 field is present and typed, rejecting unknown kinds and fields with `EventSchemaError`), `read_records(path)`
-reads a whole log, and `RunEvents` is the parsed log with typed look-ups by kind. docs/events.md, generated from
+reads a whole log, and `RunEvents` is the parsed log with typed look-ups by kind. `RunLog.load(run_dir)`
+(run_record) is what the run's readers use: the log read and parsed once, records sorted by time. It is lenient
+by default so that run directories written by older versions still load: a missing nullable field is filled
+with null, a missing optional one with its default, an unknown field is dropped, and a line that still cannot
+make its record (unknown kind, missing required field, mistyped value) is left out; each is listed in
+`RunLog.problems`. `RunLog.load(run_dir, strict=True)` raises EventSchemaError instead. docs/events.md, generated from
 these classes by `python -m harness.record.doc`, is the stable contract for users' own tools; SCHEMA_VERSION
 (carried by `run_start`) says which version of it a run directory was written with.
 
 Modules: base (the common fields, registry, parse), run (supervisor and fault events), learner (chip and link
-process events), syncer (syncer events).
+process events), syncer (syncer events), run_record (RunLog, parse_lenient).
 """
 
 from __future__ import annotations
@@ -21,9 +26,10 @@ from typing import TypeVar
 
 from harness.record import learner, run, syncer
 from harness.record.base import REGISTRY, SCHEMA_VERSION, Event, EventSchemaError, parse
+from harness.record.run_record import Problem, RunLog, parse_lenient
 
-__all__ = ["REGISTRY", "SCHEMA_VERSION", "Event", "EventSchemaError", "RunEvents", "learner", "parse",
-           "read_records", "run", "syncer"]
+__all__ = ["REGISTRY", "SCHEMA_VERSION", "Event", "EventSchemaError", "Problem", "RunEvents", "RunLog", "learner",
+           "parse", "parse_lenient", "read_records", "run", "syncer"]
 
 R = TypeVar("R", bound=Event)
 

@@ -12,6 +12,8 @@ from collections import defaultdict
 from harness.invariants.base import InvariantResult, Run, _run
 from harness.invariants.checks._common import _diloco, _listing
 from harness.invariants.registry import Bound, register
+from harness.record.learner import Apply, Regroup
+from harness.record.syncer import Merge
 from trainers.config import DilocoConfig
 
 
@@ -25,21 +27,21 @@ def apply_schedule(run: Run, *, show: int = 5) -> InvariantResult:
     r = _run(run)
     measure = "applies off the tau schedule"
     tau = int(_diloco(r, "overlap", DilocoConfig().overlap))
-    applies = r.of("apply")
+    applies = r.records(Apply)
     if not applies:
-        ok = not any(e.get("participants") for e in r.of("merge"))
+        ok = not any(e.participants for e in r.records(Merge))
         return InvariantResult("apply_schedule", False, None, 0, "no apply was logged" +
                                ("" if ok else " although merges had participants") + ": nothing to check", measure)
     regroups: dict[int, list[int]] = defaultdict(list)
-    for e in r.of("regroup"):
-        regroups[int(e["learner"])].append(int(e["step"]))
+    for g in r.records(Regroup):
+        regroups[g.learner].append(g.step)
     bad, unlogged, checked, by_schedule = [], 0, 0, 0
     for e in applies:
-        if "pulled" not in e or "arrived" not in e:
+        if e.pulled is None or e.arrived is None:
             unlogged += 1
             continue
-        m, step = int(e["learner"]), int(e["step"])
-        for p, v, pulled, arrived in zip(e["fragments"], e["versions"], e["pulled"], e["arrived"], strict=True):
+        m, step = e.learner, e.step
+        for p, v, pulled, arrived in zip(e.fragments or [], e.versions or [], e.pulled, e.arrived, strict=True):
             if arrived is None:
                 unlogged += 1
                 continue

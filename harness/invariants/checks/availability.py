@@ -9,6 +9,7 @@ from __future__ import annotations
 from harness.invariants.base import InvariantResult, Run, _run
 from harness.invariants.registry import REQUIRED, Bound, register
 from harness.metrics import DOWNTIME_WINDOW_S, downtime
+from harness.record.syncer import Merge
 
 
 @register(order=30, mode="when_bound", bounds=(
@@ -20,7 +21,7 @@ def availability(run: Run, *, min_uptime: float, window_s: float = DOWNTIME_WIND
     1 - (time in merge gaps longer than window_s, beyond their first window_s) / span, is >= `min_uptime`."""
     r = _run(run)
     span = r.train_span()
-    d = downtime([float(e["t"]) for e in r.of("merge")], *span, window_s=window_s) if span else None
+    d = downtime([e.t for e in r.records(Merge)], *span, window_s=window_s) if span else None
     up = d["uptime"] if d else None
     if up is None or d is None or span is None:
         return InvariantResult("availability", False, None, min_uptime, "no training span (fewer than two "

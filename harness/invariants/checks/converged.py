@@ -10,14 +10,15 @@ import math
 
 from harness.invariants.base import InvariantResult, Run, _fmt, _run
 from harness.invariants.registry import Bound, register
+from harness.record.syncer import Eval
 
 
 def final_loss(run: Run) -> float | None:
     """Eval loss of the final global checkpoint: the `eval` event of kind final, else report.json's."""
     r = _run(run)
-    final = [e for e in r.of("eval") if e.get("kind") == "final"]
+    final = [e for e in r.records(Eval) if e.kind == "final"]
     if final:
-        return float(final[-1]["loss"])
+        return float(final[-1].loss)
     v = r.report.get("final_eval_loss")
     return None if v is None else float(v)
 

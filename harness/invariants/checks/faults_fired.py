@@ -10,6 +10,7 @@ from typing import Any
 
 from harness.invariants.base import InvariantResult, Run, _run
 from harness.invariants.registry import Bound, register
+from harness.record.run import FaultStart
 
 
 def _describe_fault(f: dict[str, Any]) -> str:
@@ -25,14 +26,14 @@ def faults_fired(run: Run, *, allow_missed: bool = False) -> InvariantResult:
     Figure: faults that fired; bound: faults scheduled."""
     r = _run(run)
     scheduled = list(r.config.get("faults", []))
-    starts = {e["index"]: e for e in r.of("fault_start")}
+    starts = {e.index: e for e in r.records(FaultStart)}
     never, missed = [], []
     for i, f in enumerate(scheduled):
         e = starts.get(i)
         if e is None:
             never.append(f"faults[{i}] {_describe_fault(f)}")
-        elif "missed" in e and not allow_missed:
-            missed.append(f"faults[{i}] {e.get('describe', _describe_fault(f))}: {e['missed']}")
+        elif e.missed is not None and not allow_missed:
+            missed.append(f"faults[{i}] {e.describe}: {e.missed}")
     fired = len(scheduled) - len(never) - len(missed)
     parts = ([f"never fired: {'; '.join(never)}"] if never else []) + (
         [f"fired but hit nothing: {'; '.join(missed)}"] if missed else [])

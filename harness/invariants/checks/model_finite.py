@@ -10,6 +10,7 @@ import math
 
 from harness.invariants.base import InvariantResult, Run, _run
 from harness.invariants.registry import register
+from harness.record.syncer import Eval
 from harness.rundir import CHECKPOINT_FILE
 
 
@@ -31,17 +32,16 @@ def model_finite(run: Run) -> InvariantResult:
             evidence += 1
             if not bool(torch.isfinite(t).all()):
                 bad.append(f"global.pt tensor {n} has {int((~torch.isfinite(t)).sum())} non-finite values")
-    finals = [e for e in r.of("eval") if e.get("kind") == "final" and "finite" in e]
-    flag = finals[-1]["finite"] if finals else r.report.get("global_model_finite")
+    finals = [e for e in r.records(Eval) if e.kind == "final" and e.finite is not None]
+    flag = finals[-1].finite if finals else r.report.get("global_model_finite")
     if flag is not None:
         evidence += 1
         if flag is not True:
             bad.append("final eval says the checkpoint is not finite")
-    for e in r.of("eval"):
+    for e in r.records(Eval):
         evidence += 1
-        if not math.isfinite(float(e.get("loss", math.nan))):
-            bad.append(f"{e.get('kind', 'periodic')} eval of version {e.get('version')} at "
-                       f"{float(e['t']) - r.start:.3f} s: loss {e.get('loss')}")
+        if not math.isfinite(float(e.loss)):
+            bad.append(f"{e.kind} eval of version {e.version} at {e.t - r.start:.3f} s: loss {e.loss}")
     if evidence == 0:
         return InvariantResult("model_finite", False, None, 0, "no global.pt, no final eval and no eval event: "
                                "no evidence the global model is finite", "non-finite observations")

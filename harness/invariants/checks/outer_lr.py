@@ -11,6 +11,7 @@ import math
 from harness.invariants.base import InvariantResult, Run, _run
 from harness.invariants.checks._common import _diloco, _listing, _no_merges
 from harness.invariants.registry import Bound, register
+from harness.record.syncer import Merge
 from trainers.config import DilocoConfig
 
 
@@ -23,22 +24,22 @@ def outer_lr(run: Run, *, rel_tol: float = 1e-2, show: int = 3) -> InvariantResu
     Figure: the largest relative deviation. A step whose direction was 0 logs nan and is skipped (counted)."""
     r = _run(run)
     measure = "largest relative deviation of the effective outer lr"
-    merges = r.of("merge")
+    merges = r.records(Merge)
     if not merges:
         return _no_merges("outer_lr", rel_tol, measure)
     lr = float(_diloco(r, "outer_lr", DilocoConfig().outer_lr))
     worst, bad, unlogged, zero = 0.0, [], 0, 0
     for e in merges:
-        if "outer_lr" not in e:
+        if e.outer_lr is None:
             unlogged += 1
             continue
-        eff = float(e["outer_lr"])
+        eff = float(e.outer_lr)
         if math.isnan(eff):
             zero += 1
             continue
         dev = abs(eff - lr) / max(lr, 1e-12)
         if dev > rel_tol:
-            bad.append(f"fragment {e.get('fragment')} v{e.get('version')}: effective lr {eff:.6g}")
+            bad.append(f"fragment {e.fragment} v{e.version}: effective lr {eff:.6g}")
         worst = max(worst, dev)
     if unlogged:
         return InvariantResult("outer_lr", False, None, rel_tol, f"{unlogged} of {len(merges)} merges logged no "

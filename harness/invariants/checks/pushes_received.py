@@ -8,11 +8,13 @@ One module per invariant (a protocol invariant of Decoupled DiLoCo, for decouple
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from typing import Any
 
 from harness.invariants.base import InvariantResult, Run, _run
 from harness.invariants.checks._common import PushKey, _listing
 from harness.invariants.registry import Bound, register
+from harness.record.learner import LinkDown, PushSent
+from harness.record.run import ProcessFault, SyncerDown
+from harness.record.syncer import LearnerBye, LearnerJoin, Push, PushRejected
 
 _CONNECTION_LOST = ("learner_leave", "link_down", "learner_down")
 """Per learner: events after which a push sent earlier may have been lost with its connection (a link_down of
@@ -32,48 +34,48 @@ def pushes_received(run: Run, *, show: int = 5) -> InvariantResult:
     steps. Figure: pushes lost."""
     r = _run(run)
     measure = "pushes sent but never logged by the syncer"
-    sent = [e for e in r.of("push_sent") if int(e.get("c_steps", 1)) > 0
-            and int(e.get("first_step", 0)) <= int(e.get("last_step", 0))]
+    sent = [e for e in r.records(PushSent) if e.c_steps > 0 and e.first_step <= e.last_step]
     if not sent:
-        got_any = bool(r.of("push"))
+        got_any = bool(r.records(Push))
         return InvariantResult("pushes_received", False, None, 0, "the syncer logged pushes but no link logged "
                                "push_sent (an older link)" if got_any else "no push was sent: nothing to check",
                                measure)
 
-    def key(e: dict[str, Any]) -> PushKey:
-        return int(e["learner"]), int(e["fragment"]), int(e["first_step"]), int(e["last_step"])
+    def key(e: PushSent | Push) -> PushKey:
+        return e.learner, e.fragment, e.first_step, e.last_step
 
-    received: Counter[PushKey] = Counter(key(e) for e in r.of("push"))
-    received.update(key(e) for e in r.of("push_rejected") if "fragment" in e and "first_step" in e)
+    received: Counter[PushKey] = Counter(key(e) for e in r.records(Push))
+    received.update((e.learner, e.fragment, e.first_step, e.last_step) for e in r.records(PushRejected)
+                    if e.fragment is not None and e.first_step is not None and e.last_step is not None)
     ends: dict[int, list[tuple[float, bool]]] = defaultdict(list)  # learner -> (t, lost?) of its link's ends
     byes: dict[int, list[tuple[float, bool]]] = defaultdict(list)  # learner -> (t, said BYE?) of byes and joins
-    for e in r.events:
-        if e.get("ev") in ("learner_bye", "learner_join") and e.get("learner") is not None:
-            byes[int(e["learner"])].append((float(e["t"]), e["ev"] == "learner_bye"))
-        kind, m = e.get("ev"), e.get("learner")
-        if kind == "learner_bye" and m is not None:
-            ends[int(m)].append((float(e["t"]), False))
-        elif kind in _CONNECTION_LOST and m is not None and not (kind == "link_down" and e.get("reason") == "closed"):
-            ends[int(m)].append((float(e["t"]), True))
-        elif kind == "syncer_down" or (kind == "process_fault" and e.get("kind") == "kill_syncer"):
-            for who in {int(x["learner"]) for x in sent}:
-                ends[who].append((float(e["t"]), True))
-    by_key: dict[PushKey, list[dict[str, Any]]] = defaultdict(list)
+    for e in r.all_records:
+        kind, m = e.ev, getattr(e, "learner", None)
+        if isinstance(e, LearnerBye | LearnerJoin):
+            byes[e.learner].append((e.t, isinstance(e, LearnerBye)))
+        if isinstance(e, LearnerBye):
+            ends[e.learner].append((e.t, False))
+        elif kind in _CONNECTION_LOST and m is not None and not (isinstance(e, LinkDown) and e.reason == "closed"):
+            ends[int(m)].append((e.t, True))
+        elif isinstance(e, SyncerDown) or (isinstance(e, ProcessFault) and e.kind == "kill_syncer"):
+            for who in {x.learner for x in sent}:
+                ends[who].append((e.t, True))
+    by_key: dict[PushKey, list[PushSent]] = defaultdict(list)
     for e in sent:
         by_key[key(e)].append(e)
     lost, excused, after_bye = [], 0, 0
     for k, sends in by_key.items():
         missing = len(sends) - received[k]
-        for e in sorted(sends, key=lambda x: float(x["t"]))[len(sends) - missing:] if missing > 0 else []:
-            before = [x for x in byes[k[0]] if x[0] < float(e["t"])]
-            after = sorted(x for x in ends[k[0]] if x[0] > float(e["t"]))
+        for e in sorted(sends, key=lambda x: x.t)[len(sends) - missing:] if missing > 0 else []:
+            before = [x for x in byes[k[0]] if x[0] < e.t]
+            after = sorted(x for x in ends[k[0]] if x[0] > e.t)
             if before and before[-1][1]:
                 after_bye += 1
             elif after and after[0][1]:
                 excused += 1
             else:
-                lost.append(f"learner {k[0]} fragment {k[1]} steps {k[2]}-{k[3]} (round {e.get('round')}) sent at "
-                            f"{float(e['t']) - r.start:.3f} s, connection then "
+                lost.append(f"learner {k[0]} fragment {k[1]} steps {k[2]}-{k[3]} (round {e.round}) sent at "
+                            f"{e.t - r.start:.3f} s, connection then "
                             f"{'ended in BYE' if after else 'never ended'}, never logged by the syncer")
     detail = _listing(lost, show) if lost else f"{len(sent)} pushes sent, all logged by the syncer"
     detail += f"; {excused} lost with their connection" if excused else ""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from harness.invariants.base import InvariantResult, Run, _run
 from harness.invariants.checks._common import _diloco, _listing, _no_merges
 from harness.invariants.registry import Bound, register
+from harness.record.syncer import Merge
 from trainers.config import DilocoConfig
 
 
@@ -24,17 +25,17 @@ def rda_norms(run: Run, *, rel_tol: float = 1e-3, show: int = 3) -> InvariantRes
     more are the ones that can tell RDA from a mean (counted in the detail)."""
     r = _run(run)
     measure = "largest relative deviation of merged norm from radial norm"
-    merges = r.of("merge")
+    merges = r.records(Merge)
     if not merges:
         return _no_merges("rda_norms", rel_tol, measure)
     rule = str(_diloco(r, "merge_rule", DilocoConfig().merge_rule))
     worst, bad, unlogged, multi = 0.0, [], 0, 0
     for e in merges:
-        n = e.get("norms")
-        if not isinstance(n, dict):
+        n = e.norms
+        if n is None:
             unlogged += 1
             continue
-        multi += len(e.get("participants", [])) > 1
+        multi += len(e.participants) > 1
         devs = []
         for radial, merged, exact in ((n["radial"], n["merged"], rule == "rda"),
                                       (n["embedding_radial"], n["embedding_merged"], False)):
@@ -44,7 +45,7 @@ def rda_norms(run: Run, *, rel_tol: float = 1e-3, show: int = 3) -> InvariantRes
             devs.append(abs(rel) if exact else max(rel, 0.0))
         dev = max(devs, default=0.0)
         if dev > rel_tol:
-            bad.append(f"fragment {e.get('fragment')} v{e.get('version')} ({len(e.get('participants', []))} "
+            bad.append(f"fragment {e.fragment} v{e.version} ({len(e.participants)} "
                        f"participants): merged {n['merged']:.6g} vs radial {n['radial']:.6g}")
         worst = max(worst, dev)
     if unlogged:

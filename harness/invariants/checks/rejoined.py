@@ -10,6 +10,9 @@ import math
 
 from harness.invariants.base import InvariantResult, Run, _run
 from harness.invariants.registry import REQUIRED, Bound, register
+from harness.record.learner import Step
+from harness.record.run import LearnerDown, LearnerRestart
+from harness.record.syncer import LearnerJoin
 
 
 @register(order=50, mode="when_bound", bounds=(
@@ -21,23 +24,20 @@ def rejoined(run: Run, *, within_s: float) -> InvariantResult:
     and it logged an inner `step`, after its `learner_restart`. Figure: the longest delay from
     learner_down.t + repair_s to being back (inf if it never came back, or failed again first)."""
     r = _run(run)
-    downs = r.of("learner_down")
+    downs = r.records(LearnerDown)
     if not downs:
         return InvariantResult("rejoined", True, 0.0, within_s, "no learner failed", "longest rejoin delay", "s")
-    default_repair = float(r.config.get("recovery", {}).get("repair_s", 0.0))
     worst, worst_detail = -math.inf, ""
     for d in downs:
-        m, t_down = d["learner"], float(d["t"])
-        ready = t_down + float(d.get("repair_s", default_repair))
-        again = next((float(e["t"]) for e in downs if e["learner"] == m and float(e["t"]) > t_down), math.inf)
-        restart = next((e for e in r.of("learner_restart") if e["learner"] == m and t_down < float(e["t"]) < again),
-                       None)
+        m, t_down = d.learner, d.t
+        ready = t_down + float(d.repair_s)
+        again = next((e.t for e in downs if e.learner == m and e.t > t_down), math.inf)
+        restart = next((e for e in r.records(LearnerRestart) if e.learner == m and t_down < e.t < again), None)
         back = math.inf
         if restart is not None:
-            t0 = float(restart["t"])
-            join = next((float(e["t"]) for e in r.of("learner_join") if e["learner"] == m and t0 < float(e["t"])),
-                        math.inf)
-            step = next((float(e["t"]) for e in r.of("step") if e["learner"] == m and t0 < float(e["t"])), math.inf)
+            t0 = restart.t
+            join = next((e.t for e in r.records(LearnerJoin) if e.learner == m and t0 < e.t), math.inf)
+            step = next((e.t for e in r.records(Step) if e.learner == m and t0 < e.t), math.inf)
             back = max(join, step)
         if back >= again:
             back = math.inf

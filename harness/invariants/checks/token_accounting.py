@@ -11,6 +11,8 @@ from collections import defaultdict
 from harness.invariants.base import InvariantResult, Run, _run
 from harness.invariants.registry import Bound, register
 from harness.metrics import DATA_PARALLEL
+from harness.record.learner import Step
+from harness.record.syncer import Eval, Merge, SyncerDone, SyncerRestore
 
 
 @register(order=70, bounds=(
@@ -31,17 +33,17 @@ def token_accounting(run: Run, *, tolerance: float = 1e-3, show: int = 5) -> Inv
       so every step is read first). A contribution whose
       steps were not all logged is counted in the detail as unverifiable, not as a discrepancy."""
     r = _run(run)
-    merges = r.of("merge")
+    merges = r.records(Merge)
     p_div = r.fragments
     measure = "tokens-merged discrepancy"
-    done = r.of("syncer_done")
-    finals = [e for e in r.of("eval") if e.get("kind") == "final" and "tokens_merged" in e]
+    done = r.records(SyncerDone)
+    finals = [e for e in r.records(Eval) if e.kind == "final"]
     if done:
-        reported, src = float(done[-1]["tokens_merged"]), "syncer_done"
+        reported, src = float(done[-1].tokens_merged), "syncer_done"
     elif finals:
-        reported, src = float(finals[-1]["tokens_merged"]), "final eval"
+        reported, src = float(finals[-1].tokens_merged), "final eval"
     elif merges:
-        reported, src = float(merges[-1].get("tokens_merged", 0.0)), "last merge"
+        reported, src = float(merges[-1].tokens_merged), "last merge"
     else:
         return InvariantResult("token_accounting", False, None, tolerance, "no merge and no syncer count: "
                                "nothing merged to account for", measure, "tokens")
@@ -50,37 +52,35 @@ def token_accounting(run: Run, *, tolerance: float = 1e-3, show: int = 5) -> Inv
     issues: list[str] = []
     data_parallel = r.algorithm in DATA_PARALLEL
     if data_parallel:  # a data-parallel step is logged after its merge: the learner steps on the averaged gradient
-        for e in r.of("step"):
-            step_tokens[int(e["learner"])][int(e["step"])] = int(e.get("tokens", 0))
-    for e in r.events:
-        kind = e.get("ev")
-        if kind == "step" and not data_parallel:
-            step_tokens[int(e["learner"])][int(e["step"])] = int(e.get("tokens", 0))
-        elif kind == "syncer_restore":
-            versions = e.get("versions", [])
-            before = [x for x in merges if float(x["t"]) < float(e["t"])]
-            gap = float(e.get("tokens_merged", 0.0)) - logged - restored_extra
-            lost_merges = sum(max(0, int(v) - max((int(x["version"]) for x in before if x.get("fragment") == q),
-                                                  default=0)) for q, v in enumerate(versions))
+        for s in r.records(Step):
+            step_tokens[s.learner][s.step] = s.tokens
+    for e in r.all_records:
+        if isinstance(e, Step) and not data_parallel:
+            step_tokens[e.learner][e.step] = e.tokens
+        elif isinstance(e, SyncerRestore):
+            before = [x for x in merges if x.t < e.t]
+            gap = float(e.tokens_merged) - logged - restored_extra
+            lost_merges = sum(max(0, int(v) - max((x.version for x in before if x.fragment == q), default=0))
+                              for q, v in enumerate(e.versions))
             if lost_merges > 0 and gap >= 0:
                 restored_extra += gap
             elif abs(gap) > tolerance:
                 per_contrib += abs(gap)
-                issues.append(f"restored syncer counts {e.get('tokens_merged')} tokens merged, the log "
+                issues.append(f"restored syncer counts {e.tokens_merged} tokens merged, the log "
                               f"{logged + restored_extra:.6g}")
-        elif kind == "merge":
-            c = [int(x) for x in e.get("c_tokens", [])]
+        elif isinstance(e, Merge):
+            c = [int(x) for x in e.c_tokens]
             logged += sum(c) / p_div
             if r.algorithm == "decoupled":
-                ranges = [(int(a), int(b)) for a, b in e.get("step_ranges", [])]
-                c_steps = [int(x) for x in e.get("c_steps", [b - a + 1 for a, b in ranges])]
+                ranges = [(int(a), int(b)) for a, b in e.step_ranges or []]
+                c_steps = [int(x) for x in (e.c_steps if e.c_steps is not None else [b - a + 1 for a, b in ranges])]
                 misreported += sum(1 for (a, b), cs in zip(ranges, c_steps, strict=False) if cs != b - a + 1)
                 spans = [(max(a, b - cs + 1), b) for (a, b), cs in zip(ranges, c_steps, strict=False)]
-            elif r.algorithm in DATA_PARALLEL and e.get("step") is not None:
-                spans = [(int(e["step"]), int(e["step"]))] * len(c)
+            elif r.algorithm in DATA_PARALLEL and e.step is not None:
+                spans = [(e.step, e.step)] * len(c)
             else:
                 continue
-            for m, ct, (a, b) in zip(e.get("participants", []), c, spans, strict=False):
+            for m, ct, (a, b) in zip(e.participants, c, spans, strict=False):
                 have = step_tokens.get(int(m), {})
                 if any(s not in have for s in range(a, b + 1)):
                     unverifiable += 1
@@ -88,7 +88,7 @@ def token_accounting(run: Run, *, tolerance: float = 1e-3, show: int = 5) -> Inv
                 steps_sum = sum(have[s] for s in range(a, b + 1))
                 if steps_sum != ct:
                     per_contrib += abs(ct - steps_sum) / p_div
-                    issues.append(f"merge of fragment {e.get('fragment')} v{e.get('version')}: learner {m} "
+                    issues.append(f"merge of fragment {e.fragment} v{e.version}: learner {m} "
                                   f"c_tokens {ct} but its steps {a}-{b} logged {steps_sum} tokens")
     total_gap = abs(reported - (logged + restored_extra))
     if total_gap > tolerance:

@@ -11,6 +11,7 @@ import math
 from harness.invariants.base import InvariantResult, Run, _run
 from harness.invariants.checks._common import _diloco, _listing, _no_merges
 from harness.invariants.registry import Bound, register
+from harness.record.syncer import Merge
 from trainers.config import DilocoConfig
 
 
@@ -33,22 +34,22 @@ def token_weights(run: Run, *, tolerance: float = 1e-5, show: int = 3) -> Invari
     counters cannot tell the two apart (the detail counts those that can)."""
     r = _run(run)
     measure = "largest merge-weight difference"
-    merges = r.of("merge")
+    merges = r.records(Merge)
     if not merges:
         return _no_merges("token_weights", tolerance, measure)
     on = bool(_diloco(r, "token_weighting", DilocoConfig().token_weighting))
     worst, bad, unlogged, telling = 0.0, [], 0, 0
     for e in merges:
-        if "weights" not in e or "c_steps" not in e or "c_tokens" not in e:
+        if e.weights is None or e.c_steps is None:
             unlogged += 1
             continue
-        cs, ct = [int(x) for x in e["c_steps"]], [int(x) for x in e["c_tokens"]]
+        cs, ct = [int(x) for x in e.c_steps], [int(x) for x in e.c_tokens]
         want = expected_weights(cs, ct, on)
         telling += max(want) - min(want) > tolerance
-        got = [float(w) for w in e["weights"]]
+        got = [float(w) for w in e.weights]
         diff = max((abs(a - b) for a, b in zip(got, want, strict=False)), default=math.inf)
         if len(got) != len(want) or not diff <= tolerance:
-            bad.append(f"fragment {e.get('fragment')} v{e.get('version')}: weights {got}, c_steps {cs}, "
+            bad.append(f"fragment {e.fragment} v{e.version}: weights {got}, c_steps {cs}, "
                        f"c_tokens {ct} give {[round(w, 6) for w in want]}")
         worst = max(worst, diff if math.isfinite(diff) else 1.0)
     if unlogged:
