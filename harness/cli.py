@@ -127,12 +127,12 @@ def cmd_invariants(args: argparse.Namespace) -> int:
 def _faults_and_verdicts(run_dir: str | os.PathLike[str]) -> str:
     """What a person wants after a run besides the figures: the faults that fired, and the invariants'
     verdicts (the bound-free ones, harness.results.invariant_figures), and the errors, expected or not."""
-    from harness.events import EVENTS_FILE, read_events
+    from harness.record.run_record import RunLog
     from harness.results import invariant_figures
     from harness.run_timeline import fault_bands
     from harness.rundir import REPORT_FILE, read_json
 
-    bands = fault_bands(read_events(os.path.join(run_dir, EVENTS_FILE)))
+    bands = fault_bands(RunLog.load(run_dir).records)
     errors = read_json(os.path.join(run_dir, REPORT_FILE)).get("errors", [])
     return "\n".join([faults_table(bands), verdict_lines(list(invariant_figures(run_dir))),
                       *(error_lines(errors) or ["errors: none"])])
