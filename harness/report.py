@@ -25,6 +25,7 @@ from harness.metrics import achieved_speeds, downtime, fault_response, goodput, 
 from harness.run_errors import classify_errors, records
 from harness.rundir import CHECKPOINT_FILE, CONFIG_FILE, read_json
 from harness.scenario import Scenario, from_dict
+from harness.wire_precision import wire_dtype_for
 from trainers.data import eval_batches, make_splits
 from trainers.model import TinyGPT, build_model
 
@@ -119,6 +120,10 @@ def build_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         "pushes_rejected": sum(1 for e in evs if e["ev"] == "push_rejected"),
         "pushes_superseded": sum(1 for e in evs if e["ev"] == "push_superseded"),
         "frames_rejected": sum(1 for e in evs if e["ev"] == "frame_rejected"),
+        # wire precision (harness/wire_precision.py): frame bytes on the links, as the syncer sent and received them
+        "wire_dtype": wire_dtype_for(sc.algorithm, sc.diloco.wire_dtype),
+        "wire_bytes_up": sum(d["link"].get("wire_bytes_up", 0) for d in per_learner.values()),
+        "wire_bytes_down": sum(d["link"].get("wire_bytes_down", 0) for d in per_learner.values()),
         "initial_eval_loss": periodic[0]["loss"] if periodic else None,
         "final_eval_loss": round(final["loss"], 5) if final else None,
         "global_model_finite": final.get("finite") if final else None,
@@ -147,6 +152,8 @@ def link_figures(evs: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     the frame's last byte, over all the learner's connections (KB = 1000 bytes, Toxiproxy's unit); None when
     frames arrived whole (an unthrottled loopback link: too fast to measure this way).
     rtt_ms: PING->PONG as the learner measured it, median and min.
+    wire_bytes_up / wire_bytes_down: every frame's bytes on the learner's connections, as the syncer received
+    and sent them (link_stats).
     """
     out: dict[int, dict[str, Any]] = defaultdict(dict)
     stats: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
@@ -157,6 +164,10 @@ def link_figures(evs: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
             acc[1] += e["data_rx_s"]
             acc[2] += e["data_frames"]
             acc[3] += e.get("data_late_bytes", 0)
+    for e in evs:  # wire precision: every frame's bytes, learner -> syncer (up) and back (down)
+        if e["ev"] == "link_stats" and e.get("learner") is not None:
+            out[e["learner"]]["wire_bytes_up"] = out[e["learner"]].get("wire_bytes_up", 0) + e.get("bytes_in", 0)
+            out[e["learner"]]["wire_bytes_down"] = out[e["learner"]].get("wire_bytes_down", 0) + e.get("bytes_out", 0)
     for m, (nbytes, secs, frames, late) in stats.items():
         out[m]["push_bytes"] = int(nbytes)
         out[m]["push_frames"] = int(frames)
