@@ -16,10 +16,10 @@ bit for bit, quantised with trainers/quantize.py:
   that of the learner's own progress since its reference (its outer gradient's size), not the parameter's.
 
 Without a reference (a stream's first frame on a connection: the current values sent on every (re)connect,
-a push before any), a frame carries the full values in bf16 (fp32 stays fp32). A connection's codec starts
-empty on both ends and dies with it, so a reconnect or a dropped frame cannot desynchronise them: frames are
-encoded by the writer thread just before they go on the socket (a frame dropped from a full queue was never
-encoded) and TCP delivers the rest in order.
+a push before any), a frame carries the full values (`FULL_DTYPE`: int8 for int4, otherwise the dtype
+itself). A connection's codec starts empty on both ends and dies with it, so a reconnect or a dropped frame
+cannot desynchronise them: frames are encoded by the writer thread just before they go on the socket (a frame
+dropped from a full queue was never encoded) and TCP delivers the rest in order.
 
 No error-feedback residual is kept on the learner: downstream errors are closed-loop as above, and an upstream
 delta is re-anchored at a fresh reference each time, so its rounding errors are independent per push rather
@@ -48,8 +48,9 @@ UP = frozenset({MsgType.PUSH, MsgType.PARAMS})
 HISTORY = 8
 """Down values per stream the syncer keeps for decoding pushes (a push answers a value at most a few frames old)."""
 SCALE_SUFFIX = "#scale"
-FULL_DTYPE = {"fp32": "fp32", "bf16": "bf16", "int8": "bf16", "int4": "bf16"}
-"""What a frame without a reference carries its values in."""
+FULL_DTYPE = {"fp32": "fp32", "bf16": "bf16", "int8": "int8", "int4": "int8"}
+"""What a frame without a reference carries its values in: int4's 15 levels per block would move a parameter
+by up to 1/14 of its block's largest, so int4 sends those in int8 (1/254, about bf16's 1/256 relative)."""
 
 Tensors = dict[str, Tensor]
 

@@ -39,7 +39,8 @@ def test_down_then_up_round_trip(dtype: str) -> None:
         got = learner.decode(_over_wire(syncer.encode(_frag(2, v, theta)))).tensors
         for n in theta:
             assert got[n].shape == theta[n].shape
-            assert float((got[n] - theta[n]).abs().max()) <= (2e-2 if v == 1 else 1e-3)  # v1 is bf16 in full
+            # v1: the values themselves, in bf16 or int8; then deltas, each correcting the last one's error
+            assert float((got[n] - theta[n]).abs().max()) <= (2e-2 if v == 1 else 2e-3)
     # the learner trains on from what it got; its push is a delta against that, decoded by the syncer
     local = {n: t + 1e-2 * torch.randn(t.shape, generator=g) for n, t in got.items()}
     sent = learner.encode(_push(2, local))
@@ -68,7 +69,7 @@ def test_frame_sizes(dtype: str) -> None:
     full = len(encode(_frag(0, 1, x)))
     first = len(encode(syncer.encode(_frag(0, 1, x))))
     second = len(encode(syncer.encode(_frag(0, 2, {"w": x["w"] + 1e-3}))))
-    assert first <= full * 0.52  # no reference yet: bf16
+    assert first <= full * 0.52  # no reference yet: the values in bf16 or int8
     assert second <= full * (bytes_per_element(dtype) / 4 + 0.01)
 
 
