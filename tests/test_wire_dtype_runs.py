@@ -32,3 +32,16 @@ def test_decoupled_2x2_at_wire_dtype(runs_dir, fp32_bytes: int, dtype: str) -> N
     assert up > 0 and down > 0
     assert all(d["link"]["wire_bytes_up"] > 0 for d in rep["per_learner"].values())
     assert up + down <= RATIO[dtype] * fp32_bytes, (up + down) / fp32_bytes
+
+
+def test_diloco_2x1_int4_converges(runs_dir) -> None:
+    """diloco's rounds (PARAMS up, PARAMS_MERGED down) at int4: every round merged, the model learned."""
+    rep = run_scenario(tiny("diloco", chips=1, steps=40, diloco={"wire_dtype": "int4"}), runs_dir).report
+    assert rep["wire_dtype"] == "int4" and rep["frames_rejected"] == 0 and rep["errors"] == []
+    assert rep["merge_count"] == 40 // 4
+    assert rep["final_eval_loss"] < rep["initial_eval_loss"] - 1.0, rep["final_eval_loss"]
+
+
+def test_ddp_ignores_wire_dtype(runs_dir) -> None:
+    rep = run_scenario(tiny("ddp", chips=1, steps=10, diloco={"wire_dtype": "int4"}), runs_dir).report
+    assert rep["wire_dtype"] == "fp32" and rep["frames_rejected"] == 0 and rep["merge_count"] == 10
