@@ -21,6 +21,7 @@ from harness.events import EVENTS_FILE, EventLog
 from harness.link_process import LinkProcess
 from harness.procutil import become_run_process, cpu_seconds
 from harness.syncer_service import max_frame_bytes
+from harness.wire_precision import wire_dtype_for
 from trainers.data import make_splits, train_batch
 from trainers.learner import (
     CollectiveFailed,
@@ -187,7 +188,8 @@ def chip_main(spec: ChipSpec) -> None:
     if members.index(spec.rank) == 0:  # the host: fork its link process now, while no Gloo thread exists
         link = LinkProcess("127.0.0.1", spec.syncer_port, spec.learner, bytes.fromhex(spec.secret_hex), t,
                            max_frame_bytes(sc), os.path.join(spec.run_dir, EVENTS_FILE),
-                           {n: p.shape for n, p in core.named.items()}, core.partition).start()
+                           {n: p.shape for n, p in core.named.items()}, core.partition,
+                           wire_dtype_for(sc.algorithm, sc.diloco.wire_dtype)).start()
     coll = None
     try:
         coll = GlooCollective(store, spec.learner, spec.rank, spec.generation, members, gloo_timeout_s(sc),

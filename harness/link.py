@@ -41,6 +41,7 @@ from harness.wire import (
     recv_message,
     send_message,
 )
+from harness.wire_precision import DOWN, WireCodec, WireDecodeError
 from trainers.messages import FragmentPush, MergedFragment, Snapshot
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,8 @@ class SyncerLink:
     """Non-blocking (push/poll) and blocking (exchange_*) access to the syncer over one TCP link."""
 
     def __init__(self, host: str, port: int, learner: int, secret: bytes, timeouts: Timeouts,
-                 max_frame_bytes: int, events: EventLog, forward: Callable[[Message], None] | None = None) -> None:
+                 max_frame_bytes: int, events: EventLog, forward: Callable[[Message], None] | None = None,
+                 wire_dtype: str = "fp32") -> None:
         self.addr = (host, port)
         self.learner = learner
         self.secret = secret
@@ -75,6 +77,12 @@ class SyncerLink:
         self._snapshot: tuple[Snapshot, list[list[str]]] | None = None
         self._wsock: socket.socket | None = None
         self._rsock: socket.socket | None = None
+        self.wire_dtype = wire_dtype
+        self._codec = WireCodec(wire_dtype)
+        """The connection's wire codec (harness/wire_precision.py): new, empty, on every connect."""
+        self.bytes_up = 0
+        self.bytes_down = 0
+        """Frame bytes this link sent and received, over all its connections."""
         self._auth: FrameAuth | None = None
         """The connection's frame keys (harness/frame_auth.py): every frame after the handshake is signed."""
         self._closed = False
@@ -278,6 +286,7 @@ class SyncerLink:
             self.connects += 1
             with self._cv:
                 self._rsock, self._wsock, self._auth = sock, sock.dup(), auth
+                self._codec = WireCodec(self.wire_dtype)
                 if self._request is not None and self._request[0] not in self._outbox:
                     self._outbox[self._request[0]] = self._request[1]
                 self._cv.notify_all()
@@ -287,13 +296,19 @@ class SyncerLink:
             self._read(sock, auth)
 
     def _read(self, sock: socket.socket, auth: FrameAuth) -> None:
+        codec = self._codec
+        timing: dict[str, float] = {}
         while not self._closed:
             try:
-                msg = recv_message(sock, self.max_frame_bytes, self.t.liveness_s, auth=auth)
-            except FrameError as e:
+                msg = recv_message(sock, self.max_frame_bytes, self.t.liveness_s, timing, auth=auth)
+                self.bytes_down += int(timing.get("bytes", 0))
+                if msg.type in DOWN:
+                    msg = codec.decode(msg)
+            except (FrameError, WireDecodeError) as e:
                 self.frames_rejected += 1
-                self.events.log("frame_rejected", learner=self.learner, side="learner", kind=e.kind, error=str(e))
-                self._drop_connection(f"rejected frame: {e.kind}")
+                kind = e.kind if isinstance(e, FrameError) else "bad_wire_encoding"
+                self.events.log("frame_rejected", learner=self.learner, side="learner", kind=kind, error=str(e))
+                self._drop_connection(f"rejected frame: {kind}")
                 return
             except (OSError, ConnectionClosed) as e:  # TimeoutError is an OSError
                 self._drop_connection(f"{type(e).__name__}: {e}")
@@ -351,7 +366,7 @@ class SyncerLink:
                     self._cv.wait(max(0.001, left) if self._wsock is not None else None)
                 if self._closed and not self._outbox:
                     return
-                sock, auth = self._wsock, self._auth
+                sock, auth, codec = self._wsock, self._auth, self._codec
                 if sock is None or auth is None:
                     if self._closed:
                         return
@@ -365,7 +380,8 @@ class SyncerLink:
                                                             "t": last_ping})
             t0 = time.monotonic()
             try:
-                n = send_message(sock, msg, self.t.socket_op_s, auth)
+                n = send_message(sock, codec.encode(msg), self.t.socket_op_s, auth)
+                self.bytes_up += n
             except OSError as e:
                 if key is not None and key[0] != "bye":
                     with self._cv:  # keep it for the next connection unless something newer replaced it

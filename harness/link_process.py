@@ -96,7 +96,7 @@ class LinkProcess:
 
     def __init__(self, host: str, port: int, learner: int, secret: bytes, timeouts: Timeouts,
                  max_frame_bytes: int, events_path: str, shapes: dict[str, torch.Size],
-                 partition: list[list[str]]) -> None:
+                 partition: list[list[str]], wire_dtype: str = "fp32") -> None:
         self.learner = learner
         self.t = timeouts
         self.max_frame_bytes = max_frame_bytes
@@ -114,7 +114,7 @@ class LinkProcess:
             target=_serve, name=f"learner{learner}.link", daemon=True,
             args=(child, self._sock, os.getpid(),
                   _Shared(self.shared, self.shared_inbox, self.to_link, self.to_training), partition, (host, port),
-                  learner, secret, timeouts, max_frame_bytes, events_path))
+                  learner, secret, timeouts, max_frame_bytes, events_path, wire_dtype))
         self._child = child
         self._inbox: list[MergedFragment] = []
         self._replies: dict[tuple[str, int], Message] = {}
@@ -337,7 +337,8 @@ class _Shared:
 
 def _serve(sock: socket.socket, training_end: socket.socket, parent_pid: int, shared: _Shared,
            partition: list[list[str]], addr: tuple[str, int],
-           learner: int, secret: bytes, t: Timeouts, max_frame_bytes: int, events_path: str) -> None:
+           learner: int, secret: bytes, t: Timeouts, max_frame_bytes: int, events_path: str,
+           wire_dtype: str) -> None:
     """The link process: wait for the host's HELLO, connect, then relay until BYE or the host's end."""
     die_with_parent(parent_pid)
     reset_compute_pool()  # before any thread of ours runs a tensor op
@@ -363,12 +364,13 @@ def _serve(sock: socket.socket, training_end: socket.socket, parent_pid: int, sh
         first = _next_frame(sock, None, max_frame_bytes, t)
         if first is not None and first.type is MsgType.HELLO:
             link = SyncerLink(addr[0], addr[1], learner, secret, t, max_frame_bytes, events,
-                              forward=forward).start()
+                              forward=forward, wire_dtype=wire_dtype).start()
             flush_s = _relay(sock, link, shared, partition, out, max_frame_bytes, t)
             link.close(flush_timeout_s=flush_s or 0.0, bye=flush_s is not None)
             threads = dict(link.thread_cpu_s)
             threads["relay"] = round(time.thread_time(), 4)
-            events.log("link_cpu", learner=learner, threads=threads, cpu_s=cpu_seconds())
+            events.log("link_cpu", learner=learner, threads=threads, cpu_s=cpu_seconds(),
+                       wire_bytes_up=link.bytes_up, wire_bytes_down=link.bytes_down)
             out.put(Message(MsgType.BYE, {"threads": threads, "cpu_s": cpu_seconds()}))
         else:  # closed (or told to close) before it ever connected
             out.put(Message(MsgType.BYE, {"threads": {}, "cpu_s": cpu_seconds()}))

@@ -33,6 +33,7 @@ from harness.record.syncer import Eval, LinkStats, Merge, Push, PushRejected, Pu
 from harness.run_errors import classify_errors
 from harness.rundir import CHECKPOINT_FILE, CONFIG_FILE, read_json
 from harness.scenario import Scenario, from_dict
+from harness.wire_precision import wire_dtype_for
 from trainers.data import eval_batches, make_splits
 from trainers.model import TinyGPT, build_model
 
@@ -128,6 +129,10 @@ def build_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         "pushes_rejected": log.count(PushRejected),
         "pushes_superseded": log.count(PushSuperseded),
         "frames_rejected": log.count(FrameRejected),
+        # wire precision (harness/wire_precision.py): frame bytes on the links, as the syncer sent and received them
+        "wire_dtype": wire_dtype_for(sc.algorithm, sc.diloco.wire_dtype),
+        "wire_bytes_up": sum(d["link"].get("wire_bytes_up", 0) for d in per_learner.values()),
+        "wire_bytes_down": sum(d["link"].get("wire_bytes_down", 0) for d in per_learner.values()),
         "initial_eval_loss": periodic[0]["loss"] if periodic else None,
         "final_eval_loss": round(final.loss, 5) if final else None,
         "global_model_finite": final.finite if final else None,
@@ -156,6 +161,8 @@ def link_figures(evs: Sequence[Event]) -> dict[int, dict[str, Any]]:
     the frame's last byte, over all the learner's connections (KB = 1000 bytes, Toxiproxy's unit); None when
     frames arrived whole (an unthrottled loopback link: too fast to measure this way).
     rtt_ms: PING->PONG as the learner measured it, median and min.
+    wire_bytes_up / wire_bytes_down: every frame's bytes on the learner's connections, as the syncer received
+    and sent them (link_stats).
     """
     out: dict[int, dict[str, Any]] = defaultdict(dict)
     stats: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
@@ -166,6 +173,9 @@ def link_figures(evs: Sequence[Event]) -> dict[int, dict[str, Any]]:
             acc[1] += e.data_rx_s
             acc[2] += e.data_frames
             acc[3] += e.data_late_bytes
+            # wire precision: every frame's bytes, learner -> syncer (up) and back (down)
+            out[e.learner]["wire_bytes_up"] = out[e.learner].get("wire_bytes_up", 0) + e.bytes_in
+            out[e.learner]["wire_bytes_down"] = out[e.learner].get("wire_bytes_down", 0) + e.bytes_out
     for m, (nbytes, secs, frames, late) in stats.items():
         out[m]["push_bytes"] = int(nbytes)
         out[m]["push_frames"] = int(frames)

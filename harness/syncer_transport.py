@@ -33,6 +33,7 @@ from harness.wire import (
     recv_message,
     send_message,
 )
+from harness.wire_precision import UP, WireCodec, WireDecodeError, wire_dtype_for
 from trainers.model import build_model
 
 OUTQ_MAX = 256
@@ -67,6 +68,8 @@ class Conn:
     stats_logged: bool = False
     auth: FrameAuth | None = None
     """The connection's frame keys once the handshake has passed: every frame after it is signed."""
+    codec: WireCodec = field(default_factory=lambda: WireCodec("fp32"))
+    """The connection's wire codec (harness/wire_precision.py): encodes what the writer sends, decodes pushes."""
 
 
 @dataclass(frozen=True)
@@ -154,7 +157,8 @@ class Transport:
             except OSError:
                 return
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = Conn(next(self._cids), sock, f"{peer[0]}:{peer[1]}")
+            conn = Conn(next(self._cids), sock, f"{peer[0]}:{peer[1]}",
+                        codec=WireCodec(wire_dtype_for(self.sc.algorithm, self.sc.diloco.wire_dtype)))
             with self.lock:
                 self.conns[conn.cid] = conn
             threading.Thread(target=self._reader, args=(conn,), name=f"rd{conn.cid}", daemon=True).start()
@@ -218,6 +222,15 @@ class Transport:
                 self.close(conn, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
                 break
             conn.bytes_in += int(timing["bytes"])
+            if msg.type in UP:
+                try:
+                    msg = conn.codec.decode(msg)
+                except WireDecodeError as e:
+                    self.frames_rejected += 1
+                    self.events.log("frame_rejected", learner=learner, side="syncer", peer=conn.peer,
+                                    kind="bad_wire_encoding", error=str(e))
+                    self.close(conn, "rejected frame: bad_wire_encoding")
+                    break
             if msg.type not in FROM_LEARNERS:
                 self.frames_rejected += 1
                 self.events.log("frame_rejected", learner=learner, side="syncer", peer=conn.peer,
@@ -269,7 +282,7 @@ class Transport:
                     if msg is None:
                         continue
                 try:
-                    conn.bytes_out += send_message(wsock, msg, self.t.socket_op_s, conn.auth)
+                    conn.bytes_out += send_message(wsock, conn.codec.encode(msg), self.t.socket_op_s, conn.auth)
                 except OSError as e:
                     self.close(conn, f"send failed: {type(e).__name__}: {e}")
                     break

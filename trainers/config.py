@@ -108,6 +108,13 @@ class DilocoConfig:
     third of the spread (docs/algorithm.md, Outer step, has the measurements)."""
     outer_momentum: float = bounded(0.9, 0.0, 0.999)
     """Outer Nesterov momentum."""
+    wire_dtype: Literal["fp32", "bf16", "int8", "int4"] = choice("bf16", ("fp32", "bf16", "int8", "int4"))
+    """Precision of the outer traffic on the links (decoupled: pushes and merged fragments; diloco: its rounds'
+    parameters, both ways). Each frame is a delta against a value both ends of the connection hold, quantised
+    (trainers/quantize.py: int8/int4 with per-block scales); a frame without such a value carries the values
+    themselves, int4's in int8 (harness/wire_precision.py; docs/wire-precision.md has the bytes and losses
+    measured). The paper sends bf16 and reports int4 nearly lossless. Ignored by ddp and elastic_ddp, whose
+    per-step gradients stay fp32."""
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

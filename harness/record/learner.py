@@ -251,6 +251,10 @@ class LinkCpu(Event):
     """CPU seconds by thread name."""
     cpu_s: float
     """Process CPU seconds."""
+    wire_bytes_up: int = 0
+    """Frame bytes the link sent to the syncer, over all its connections (harness/wire_precision.py)."""
+    wire_bytes_down: int = 0
+    """Frame bytes the link received from the syncer, over all its connections."""
 
 
 @event("push_superseded_locally", LINK)
