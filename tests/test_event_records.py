@@ -13,7 +13,7 @@ import pytest
 from conftest import tiny
 
 from harness.events import EVENTS_FILE, EventLog
-from harness.record import REGISTRY, SCHEMA_VERSION, EventSchemaError, RunEvents, parse, read_records
+from harness.record import REGISTRY, SCHEMA_VERSION, EventSchemaError, RunLog, parse, read_records
 from harness.record.doc import DOC, field_docs, render
 from harness.record.learner import Step
 from harness.record.run import RunStart
@@ -120,8 +120,8 @@ def test_every_emitter_writes_a_registered_kind_with_known_fields() -> None:
     assert not set(REGISTRY) - set(emitted), f"records nobody writes: {sorted(set(REGISTRY) - set(emitted))}"
 
 
-def _check_run(run_dir: Path) -> RunEvents:
-    run = RunEvents.read(run_dir / EVENTS_FILE)
+def _check_run(run_dir: Path) -> RunLog:
+    run = RunLog.load(run_dir / EVENTS_FILE, strict=True)
     raw = (run_dir / EVENTS_FILE).read_bytes().count(b"\n")
     assert len(run.records) == raw
     start = run.first(RunStart)

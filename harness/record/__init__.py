@@ -3,7 +3,7 @@
 Every process of a run appends JSON lines through harness/events.py `EventLog.log(kind, **fields)`; this package
 is the schema of those lines. `parse(dict)` turns one decoded line into its record (checking that every required
 field is present and typed, rejecting unknown kinds and fields with `EventSchemaError`), `read_records(path)`
-reads a whole log, and `RunEvents` is the parsed log with typed look-ups by kind. `RunLog.load(run_dir)`
+reads a whole log strictly, in file order. `RunLog.load(run_dir)`
 (run_record) is what the run's readers use: the log read and parsed once, records sorted by time. It is lenient
 by default so that run directories written by older versions still load: a missing nullable field is filled
 with null, a missing optional one with its default, an unknown field is dropped, and a line that still cannot
@@ -18,57 +18,26 @@ process events), syncer (syncer events), run_record (RunLog, parse_lenient).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import TypeVar
 
 from harness.record import learner, run, syncer
-from harness.record.base import REGISTRY, SCHEMA_VERSION, Event, EventSchemaError, parse
+from harness.record.base import REGISTRY, SCHEMA_VERSION, Event, EventSchemaError, iter_lines, parse
 from harness.record.run_record import Problem, RunLog, parse_lenient
 
-__all__ = ["REGISTRY", "SCHEMA_VERSION", "Event", "EventSchemaError", "Problem", "RunEvents", "RunLog", "learner",
+__all__ = ["REGISTRY", "SCHEMA_VERSION", "Event", "EventSchemaError", "Problem", "RunLog", "learner",
            "parse", "parse_lenient", "read_records", "run", "syncer"]
-
-R = TypeVar("R", bound=Event)
 
 
 def iter_records(path: str | os.PathLike[str]) -> Iterator[Event]:
-    """Each complete line of an events.jsonl, parsed. A torn last line (a killed writer) is skipped; any other
-    line that is not JSON or not a valid event raises EventSchemaError naming its line number."""
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, start=1):
-            if not raw.endswith(b"\n"):
-                return
-            try:
-                obj = json.loads(raw)
-            except json.JSONDecodeError as e:
-                raise EventSchemaError(f"not JSON: {e}", line=n) from None
-            if not isinstance(obj, dict):
-                raise EventSchemaError(f"not a JSON object: {type(obj).__name__}", line=n)
-            yield parse(obj, line=n)
+    """Each complete line of an events.jsonl, parsed, in file order. A torn last line (a killed writer) is
+    skipped; any other line that is not JSON or not a valid event raises EventSchemaError naming its line."""
+    for n, obj in iter_lines(path):
+        if isinstance(obj, str):
+            raise EventSchemaError(obj, line=n)
+        yield parse(obj, line=n)
 
 
 def read_records(path: str | os.PathLike[str]) -> list[Event]:
-    """All events of a log as records, in file order (see iter_records)."""
+    """All events of a log as records, in file order (see iter_records); `RunLog.load` sorts them by time."""
     return list(iter_records(path))
-
-
-@dataclass(frozen=True)
-class RunEvents:
-    """A run's parsed event log: all records in file order, and typed look-ups by record class."""
-
-    records: list[Event]
-
-    @classmethod
-    def read(cls, path: str | os.PathLike[str]) -> RunEvents:
-        return cls(read_records(path))
-
-    def of(self, kind: type[R]) -> list[R]:
-        """Every record of one kind, in file order (typed: `run.of(Step)` is a list[Step])."""
-        return [r for r in self.records if type(r) is kind]  # type: ignore[misc]
-
-    def first(self, kind: type[R]) -> R | None:
-        """The first record of one kind, or None."""
-        return next((r for r in self.records if type(r) is kind), None)  # type: ignore[misc]

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
+import os
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeVar
 
@@ -230,3 +232,18 @@ def parse(raw: Mapping[str, Any], line: int | None = None) -> Event:
         except _Mismatch as e:
             raise EventSchemaError(str(e), kind, name, line) from None
     return cls(**values)
+
+
+def iter_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any] | str]]:
+    """Each complete line of an events.jsonl: (line number, the decoded object) or (line number, why it is not
+    one: not JSON, not a JSON object). A torn last line (a killed writer) ends the iteration."""
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, start=1):
+            if not raw.endswith(b"\n"):
+                return
+            try:
+                obj = json.loads(raw)
+            except json.JSONDecodeError as e:
+                yield n, f"not JSON: {e}"
+                continue
+            yield n, obj if isinstance(obj, dict) else f"not a JSON object: {type(obj).__name__}"

@@ -15,14 +15,13 @@ not read instead of failing on a run it used to summarise. `RunLog.load(dir, str
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from harness.record.base import REGISTRY, Event, EventSchemaError, _Mismatch, checkers, parse, required
+from harness.record.base import REGISTRY, Event, EventSchemaError, _Mismatch, checkers, iter_lines, parse, required
 from harness.record.run import RunStart
 
 EVENTS_FILE = "events.jsonl"
@@ -131,29 +130,19 @@ class RunLog:
             path = path / EVENTS_FILE
         records: list[Event] = []
         problems: list[Problem] = []
-        with open(path, "rb") as f:
-            for n, raw in enumerate(f, start=1):
-                if not raw.endswith(b"\n"):
-                    break
-                try:
-                    obj = json.loads(raw)
-                except json.JSONDecodeError as e:
-                    if strict:
-                        raise EventSchemaError(f"not JSON: {e}", line=n) from None
-                    problems.append(Problem(n, None, None, f"not JSON: {e}", True))
-                    continue
-                if not isinstance(obj, dict):
-                    if strict:
-                        raise EventSchemaError(f"not a JSON object: {type(obj).__name__}", line=n)
-                    problems.append(Problem(n, None, None, "not a JSON object", True))
-                    continue
+        for n, obj in iter_lines(path):
+            if isinstance(obj, str):
                 if strict:
-                    records.append(parse(obj, line=n))
-                    continue
-                rec, probs = parse_lenient(obj, line=n)
-                problems += probs
-                if rec is not None:
-                    records.append(rec)
+                    raise EventSchemaError(obj, line=n)
+                problems.append(Problem(n, None, None, obj, True))
+                continue
+            if strict:
+                records.append(parse(obj, line=n))
+                continue
+            rec, probs = parse_lenient(obj, line=n)
+            problems += probs
+            if rec is not None:
+                records.append(rec)
         return cls.from_records(records, problems)
 
     def of(self, kind: type[R]) -> list[R]:
