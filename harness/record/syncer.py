@@ -39,8 +39,9 @@ class LearnerJoin(Event):
     """The learner."""
     peer: str
     """Its address, "host:port"."""
-    alive: list[int]
-    """Learners connected now."""
+    alive: list[int] | None = None
+    """Learners connected now (None: absent in run directories written before this field existed; every current
+    emitter writes it)."""
     versions: list[int] | None = None
     """decoupled: the version of each fragment it is sent."""
 
@@ -52,8 +53,9 @@ class LearnerLeave(Event):
 
     learner: int
     """The learner."""
-    alive: list[int]
-    """Learners still connected."""
+    alive: list[int] | None = None
+    """Learners still connected (None: absent in run directories written before this field existed; every current
+    emitter writes it)."""
 
 
 @event("learner_bye", SERVICE)
@@ -346,8 +348,9 @@ class PushSuperseded(Event):
     """The fragment."""
     reason: str
     """Human-readable reason (readers match on `cause`)."""
-    cause: SupersededCause
-    """Why, as a closed set (trainers/decoupled_syncer.py SupersededCause)."""
+    cause: SupersededCause | None = None
+    """Why, as a closed set (trainers/decoupled_syncer.py SupersededCause). None: absent in run directories
+    written before this field existed; every current emitter writes it (readers then fall back to `reason`)."""
     first_step: int
     """First learner step of its work."""
     last_step: int
