@@ -11,6 +11,7 @@ import pkgutil
 from pathlib import Path
 
 import pytest
+from conftest import as_records
 from test_invariants import decoupled_log, write_run
 from test_protocol_invariants import with_protocol_facts
 
@@ -160,13 +161,20 @@ def test_check_all_rejects_an_impossible_bound_before_measuring(tmp_path: Path) 
 def test_updates_accounted_reads_a_superseded_push_by_its_typed_cause() -> None:
     """The cause decides; the human-readable reason is only read for run directories recorded without one."""
     from harness.invariants.checks.updates_accounted import _pool_of
+    from harness.record.syncer import PushSuperseded
     from trainers.decoupled_syncer import SupersededCause
 
+    def superseded(**fields: str) -> PushSuperseded:
+        rec = as_records([{"ev": "push_superseded", **fields}])[0]
+        assert isinstance(rec, PushSuperseded)
+        return rec
+
     for cause in SupersededCause:
-        pool = _pool_of({"cause": cause.value, "reason": "reworded in a later version"})
+        pool = _pool_of(superseded(cause=cause.value, reason="reworded in a later version"))
         assert pool == ("newer" if cause in (SupersededCause.NEWER, SupersededCause.REJOIN_DROP) else cause.value)
-    assert _pool_of({"reason": "lagging: based on version 3"}) == "lagging"  # a recorded run without causes
-    assert _pool_of({"reason": "newer push in the same round"}) == "newer"
+    assert superseded(reason="lagging: based on version 3").cause is None  # a recorded run without causes
+    assert _pool_of(superseded(reason="lagging: based on version 3")) == "lagging"
+    assert _pool_of(superseded(reason="newer push in the same round")) == "newer"
 
 
 def _bound_names() -> dict[str, list[str]]:

@@ -199,22 +199,36 @@ def test_converged_fails_without_a_final_eval_or_with_a_nan_loss(tmp_path: Path)
 # -- no_global_downtime ---------------------------------------------------------------------------------------
 
 def test_no_global_downtime_holds_when_merges_keep_coming(tmp_path: Path) -> None:
-    res = holds(no_global_downtime(write_run(tmp_path, decoupled_log()), bound_s=1.0))
+    res = holds(no_global_downtime(write_run(tmp_path, complete(decoupled_log())), bound_s=1.0))
     assert 0.4 < res.figure < 0.6, res
 
 
 def test_no_global_downtime_fails_on_a_gap_while_learners_are_alive(tmp_path: Path) -> None:
-    run = write_run(tmp_path, decoupled_log(pause_after=4, pause_s=2.0))
+    run = write_run(tmp_path, complete(decoupled_log(pause_after=4, pause_s=2.0)))
     res = no_global_downtime(run, bound_s=1.0)
     violated(res, "longest gap with >= 1 learners alive 2.5 s > bound 1 s", "interval 2.05")
     assert res.figure == pytest.approx(2.5, abs=0.01)
+
+
+def test_no_global_downtime_reads_runs_written_before_alive(tmp_path: Path) -> None:
+    """A run directory written before learner_join / learner_leave carried `alive` still loads (alive None) and
+    gives the same intervals and verdict: the alive set then follows the joins and leaves themselves."""
+    from harness.record.syncer import LearnerJoin, LearnerLeave
+    evs = decoupled_log(pause_after=4, pause_s=2.0)
+    old = [{k: v for k, v in e.items() if k != "alive" or e["ev"] not in ("learner_join", "learner_leave")}
+           for e in evs]
+    new_run, old_run = write_run(tmp_path, complete(evs), name="new"), write_run(tmp_path, complete(old), name="old")
+    records = load_run(old_run).all_records
+    assert [e.alive for e in records if isinstance(e, LearnerJoin | LearnerLeave)] == [None] * 4
+    assert alive_intervals(load_run(old_run), 2) == alive_intervals(load_run(new_run), 2) != []
+    assert no_global_downtime(old_run, bound_s=1.0) == no_global_downtime(new_run, bound_s=1.0)
 
 
 def test_no_global_downtime_ignores_gaps_with_fewer_than_k_alive(tmp_path: Path) -> None:
     evs = decoupled_log(pause_after=4, pause_s=2.0)
     t4, t5 = step_t(1, 4) + 0.1, step_t(1, 5, 4, 2.0) - 0.1  # learner 1 is away for the pause
     evs += [ev("learner_leave", t4, learner=1, alive=[0]), ev("learner_join", t5, learner=1, alive=[0, 1])]
-    run = write_run(tmp_path, evs)
+    run = write_run(tmp_path, complete(evs))
     bye = step_t(1, 8, 4, 2.0) + 0.11  # learner 0 said BYE: one left
     assert alive_intervals(load_run(run), 2) == [(0.6, t4), (t5, pytest.approx(bye))]
     holds(no_global_downtime(run, bound_s=1.0, min_alive=2))
@@ -228,14 +242,14 @@ def test_no_global_downtime_does_not_count_a_syncer_outage(tmp_path: Path) -> No
             ev("syncer_down", t4 + 0.2, "supervisor", exitcode=-9, repair_s=1.0),
             ev("syncer_start", t5, port=1, algorithm="decoupled", fragments=P),
             ev("learner_join", t5 + 0.01, learner=0, alive=[0]), ev("learner_join", t5 + 0.02, learner=1, alive=[0, 1])]
-    holds(no_global_downtime(write_run(tmp_path, evs), bound_s=1.0))
+    holds(no_global_downtime(write_run(tmp_path, complete(evs)), bound_s=1.0))
 
 
 def test_no_global_downtime_is_not_vacuous(tmp_path: Path) -> None:
     no_steps = [e for e in decoupled_log() if e["ev"] != "step"]
-    violated(no_global_downtime(write_run(tmp_path, no_steps, name="a"), bound_s=1.0), "n/a s > bound 1 s",
+    violated(no_global_downtime(write_run(tmp_path, complete(no_steps), name="a"), bound_s=1.0), "n/a s > bound 1 s",
              "no inner step")
-    violated(no_global_downtime(write_run(tmp_path, decoupled_log(), name="b"), bound_s=1.0, min_alive=3),
+    violated(no_global_downtime(write_run(tmp_path, complete(decoupled_log()), name="b"), bound_s=1.0, min_alive=3),
              "never >= 3 learners alive")
 
 
@@ -315,13 +329,13 @@ def push(t: float, m: int, p: int, a: int, b: int, outcome: str = "accepted", ro
 
 
 def test_updates_accounted_holds_on_a_healthy_run(tmp_path: Path) -> None:
-    res = holds(updates_accounted(write_run(tmp_path, decoupled_log())))
+    res = holds(updates_accounted(write_run(tmp_path, complete(decoupled_log()))))
     assert res.figure == 0 and "10 pushes, 10 merged contributions" in res.detail
 
 
 def test_updates_accounted_finds_a_lost_push(tmp_path: Path) -> None:
     evs = decoupled_log() + [push(2.9, 0, 0, 5, 7, round_id=7)]
-    violated(updates_accounted(write_run(tmp_path, evs)), "pushes lost or merged twice 1 > bound 0",
+    violated(updates_accounted(write_run(tmp_path, complete(evs))), "pushes lost or merged twice 1 > bound 0",
              "push of learner 0 fragment 0 round 7 steps 5-7 accepted but never merged nor superseded")
 
 
@@ -332,7 +346,7 @@ def test_updates_accounted_finds_the_same_steps_merged_twice(tmp_path: Path) -> 
     evs += [push(3.5, 0, 0, 5, 8, round_id=None),
             ev("merge", 3.52, fragment=0, version=3, merges=7, round=3, participants=[0], c_steps=[4],
                c_tokens=[4 * TOK], step_ranges=[[5, 8]], base_versions=[1], tokens=4 * TOK / P, tokens_merged=0.0)]
-    violated(updates_accounted(write_run(tmp_path, evs)), "merged twice 1 > bound 0",
+    violated(updates_accounted(write_run(tmp_path, complete(evs))), "merged twice 1 > bound 0",
              "learner 0 fragment 0: steps 5-8 (v2) and 5-8 (v3) both merged")
 
 
@@ -350,14 +364,14 @@ def test_updates_accounted_late_stale_rejected_and_superseded_pushes(tmp_path: P
         ev("push_superseded", 2.05, learner=0, fragment=1, first_step=3, last_step=5),
         ev("push_rejected", 2.93, learner=1, reason="malformed: missing key"),  # never became a push: no event
     ]
-    holds(updates_accounted(write_run(tmp_path, ok, name="ok")))
+    holds(updates_accounted(write_run(tmp_path, complete(ok), name="ok")))
     late = decoupled_log() + [push(2.9, 0, 0, 5, 8, outcome="late")]
-    violated(updates_accounted(write_run(tmp_path, late, name="late")), "1 > bound 0",
+    violated(updates_accounted(write_run(tmp_path, complete(late), name="late")), "1 > bound 0",
              "outcome late but no push_superseded with reason late")
     rejected = decoupled_log() + [push(2.9, 0, 0, 5, 8, outcome="rejected_shape"),
                                   ev("push_rejected", 2.9, learner=0, fragment=0, reason="", first_step=5,
                                      last_step=8)]
-    violated(updates_accounted(write_run(tmp_path, rejected, name="rej")), "1 > bound 0",
+    violated(updates_accounted(write_run(tmp_path, complete(rejected), name="rej")), "1 > bound 0",
              "outcome rejected_shape but no push_rejected with a reason")
 
 
@@ -367,8 +381,8 @@ def test_updates_accounted_a_carried_push_is_merged_in_a_later_round(tmp_path: P
     carried = push(3.0, 0, 0, 9, 10, outcome="carried", round_id=7, joined=None)
     merged = ev("merge", 3.2, fragment=0, version=3, merges=7, round=8, participants=[0], carried=[0], c_steps=[2],
                 c_tokens=[2 * TOK], step_ranges=[[9, 10]], base_versions=[2], tokens=2 * TOK / P, tokens_merged=0.0)
-    holds(updates_accounted(write_run(tmp_path, decoupled_log() + [carried, merged], name="ok")))
-    violated(updates_accounted(write_run(tmp_path, decoupled_log() + [carried], name="lost")), "1 > bound 0",
+    holds(updates_accounted(write_run(tmp_path, complete(decoupled_log() + [carried, merged]), name="ok")))
+    violated(updates_accounted(write_run(tmp_path, complete(decoupled_log() + [carried]), name="lost")), "1 > bound 0",
              "push of learner 0 fragment 0 round 7 steps 9-10 carried but never merged nor superseded")
 
 
@@ -380,8 +394,8 @@ def test_updates_accounted_a_round_lost_with_the_syncer_is_re_pushed(tmp_path: P
     repushed = [push(4.0, 0, 0, 9, 12, round_id=3),
                 ev("merge", 4.1, fragment=0, version=3, merges=7, round=3, participants=[0], c_steps=[4],
                    c_tokens=[4 * TOK], step_ranges=[[9, 12]], base_versions=[2], tokens=2 * TOK, tokens_merged=0.0)]
-    holds(updates_accounted(write_run(tmp_path, base + lost_round + repushed, name="a")))
-    violated(updates_accounted(write_run(tmp_path, base + lost_round, name="b")), "1 > bound 0",
+    holds(updates_accounted(write_run(tmp_path, complete(base + lost_round + repushed), name="a")))
+    violated(updates_accounted(write_run(tmp_path, complete(base + lost_round), name="b")), "1 > bound 0",
              "steps 9-10 accepted but never merged")
 
 
@@ -393,14 +407,16 @@ def test_updates_accounted_a_round_lost_with_the_syncer_then_given_up_on_rejoin(
     base = decoupled_log() + [push(3.3, 0, 0, 9, 10, round_id=3), ev("syncer_down", 3.4, "supervisor", exitcode=-9),
                               ev("learner_join", 4.0, learner=0, peer="x", alive=[0, 1], versions=[3, 3])]
     applied = ev("apply", 4.1, "learner0.chip0", learner=0, step=14, fragments=[0, 1], versions=[3, 3])
-    res = holds(updates_accounted(write_run(tmp_path, [*base, applied], name="a")))
+    res = holds(updates_accounted(write_run(tmp_path, complete([*base, applied]), name="a")))
     assert "1 given up on rejoining the restored syncer" in res.detail
-    violated(updates_accounted(write_run(tmp_path, base, name="b")), "1 > bound 0", "steps 9-10 accepted but never")
+    violated(updates_accounted(write_run(tmp_path, complete(base), name="b")), "1 > bound 0",
+             "steps 9-10 accepted but never")
     other = ev("apply", 4.1, "learner0.chip0", learner=0, step=14, fragments=[1], versions=[3])
-    violated(updates_accounted(write_run(tmp_path, [*base, other], name="c")), "1 > bound 0")
+    violated(updates_accounted(write_run(tmp_path, complete([*base, other]), name="c")), "1 > bound 0")
     before = [ev("learner_join", 3.2, learner=0, peer="x", alive=[0, 1], versions=[3, 3]), *base[:-1],
               ev("apply", 3.25, "learner0.chip0", learner=0, step=8, fragments=[0], versions=[3])]
-    violated(updates_accounted(write_run(tmp_path, before, name="d")), "1 > bound 0")  # a join before the crash
+    # a join before the crash
+    violated(updates_accounted(write_run(tmp_path, complete(before), name="d")), "1 > bound 0")
 
 
 def test_updates_accounted_a_restored_syncer_reusing_the_lost_round_id(tmp_path: Path) -> None:
@@ -412,7 +428,7 @@ def test_updates_accounted_a_restored_syncer_reusing_the_lost_round_id(tmp_path:
                              ev("merge", 4.1, fragment=0, version=3, merges=7, round=3, participants=[0],
                                 c_steps=[2], c_tokens=[2 * TOK], step_ranges=[[9, 10]], base_versions=[2],
                                 tokens=TOK, tokens_merged=0.0)]
-    holds(updates_accounted(write_run(tmp_path, evs)))
+    holds(updates_accounted(write_run(tmp_path, complete(evs))))
 
 
 def test_updates_accounted_counts_merges_the_killed_syncer_did_not_log(tmp_path: Path) -> None:
@@ -420,10 +436,10 @@ def test_updates_accounted_counts_merges_the_killed_syncer_did_not_log(tmp_path:
     accounted for; with no such version restored, the same push is lost."""
     evs = decoupled_log() + [push(3.3, 0, 0, 9, 10, round_id=3), ev("syncer_down", 3.4, "supervisor", exitcode=-9)]
     restored = ev("syncer_restore", 4.0, fragments=[0, 1], versions=[3, 3], merges=6, clock=10, tokens_merged=0.0)
-    res = holds(updates_accounted(write_run(tmp_path, [*evs, restored], name="a")))
+    res = holds(updates_accounted(write_run(tmp_path, complete([*evs, restored]), name="a")))
     assert "1 counted as merged in merges the killed syncer did not log" in res.detail
     same = ev("syncer_restore", 4.0, fragments=[0, 1], versions=[2, 3], merges=5, clock=10, tokens_merged=0.0)
-    violated(updates_accounted(write_run(tmp_path, [*evs, same], name="b")), "1 > bound 0")
+    violated(updates_accounted(write_run(tmp_path, complete([*evs, same]), name="b")), "1 > bound 0")
 
 
 def test_updates_accounted_finds_phantom_merges_and_repeated_versions(tmp_path: Path) -> None:
@@ -431,10 +447,10 @@ def test_updates_accounted_finds_phantom_merges_and_repeated_versions(tmp_path: 
     merge = next(e for e in evs if e["ev"] == "merge" and e["fragment"] == 0 and e["version"] == 2)
     phantom = [e for e in evs if not (e["ev"] == "push" and e["fragment"] == 0 and e["last_step"] == 8
                                       and e["learner"] == 1)]
-    violated(updates_accounted(write_run(tmp_path, phantom, name="a")), "1 > bound 0",
+    violated(updates_accounted(write_run(tmp_path, complete(phantom), name="a")), "1 > bound 0",
              "took learner 1 steps 5-8, which no logged push accounts for")
     again = {**merge, "t": merge["t"] + 0.5, "participants": [], "step_ranges": [], "c_tokens": [], "c_steps": []}
-    violated(updates_accounted(write_run(tmp_path, [*evs, again], name="b")), "1 > bound 0",
+    violated(updates_accounted(write_run(tmp_path, complete([*evs, again]), name="b")), "1 > bound 0",
              "fragment 0 version 2 made by 2 merges")
 
 
@@ -442,9 +458,9 @@ def test_updates_accounted_baselines_one_merge_per_round(tmp_path: Path) -> None
     evs = [ev("run_start", 0.0, "supervisor", algorithm="diloco"),
            *[ev("merge", 1.0 + r, fragment=None, version=r, participants=[0, 1], c_tokens=[400, 400], round=r,
                 step=4 * r, tokens=800, tokens_merged=800.0 * r) for r in (1, 2)]]
-    holds(updates_accounted(write_run(tmp_path, evs, config("diloco"), name="a")))
+    holds(updates_accounted(write_run(tmp_path, complete(evs), config("diloco"), name="a")))
     twice = [*evs, {**evs[-1], "t": 3.5}]
-    violated(updates_accounted(write_run(tmp_path, twice, config("diloco"), name="b")),
+    violated(updates_accounted(write_run(tmp_path, complete(twice), config("diloco"), name="b")),
              "1 > bound 0", "round 2 merged 2 times")
 
 
@@ -564,12 +580,13 @@ def test_updates_accounted_a_carried_push_dies_with_the_syncer(tmp_path: Path) -
     carried = push(3.3, 0, 0, 9, 10, outcome="carried", round_id=3, joined=None)
     applied = ev("apply", 3.35, "learner0.chip0", learner=0, step=11, fragments=[0], versions=[3])
     crash = ev("syncer_down", 3.4, "supervisor", exitcode=-9)
-    res = holds(updates_accounted(write_run(tmp_path, decoupled_log() + [carried, applied, crash], name="a")))
+    res = holds(updates_accounted(write_run(tmp_path, complete(decoupled_log() + [carried, applied, crash]), name="a")))
     assert "1 lost with the syncer's open round" in res.detail
-    violated(updates_accounted(write_run(tmp_path, decoupled_log() + [carried, crash], name="b")), "1 > bound 0",
-             "carried but never merged nor superseded")
+    violated(updates_accounted(write_run(tmp_path, complete(decoupled_log() + [carried, crash]), name="b")),
+             "1 > bound 0", "carried but never merged nor superseded")
     left_out = ev("merge", 3.38, fragment=0, version=4, merges=7, round=4, participants=[1], c_steps=[2],
                   c_tokens=[2 * TOK], step_ranges=[[9, 10]], base_versions=[3], tokens=2 * TOK / P, tokens_merged=0.0)
     pushed = push(3.36, 1, 0, 9, 10, round_id=4)
-    violated(updates_accounted(write_run(tmp_path, decoupled_log() + [carried, applied, pushed, left_out, crash],
-                                         name="c")), "1 > bound 0", "learner 0 fragment 0 round 3 steps 9-10 carried")
+    evs = complete(decoupled_log() + [carried, applied, pushed, left_out, crash])
+    violated(updates_accounted(write_run(tmp_path, evs, name="c")), "1 > bound 0",
+             "learner 0 fragment 0 round 3 steps 9-10 carried")

@@ -399,8 +399,10 @@ class Push(Event):
     """Last learner step of its work."""
     base_version: int
     """The fragment version it was based on."""
-    outcome: PushOutcome
-    """What the syncer did with it (trainers/decoupled_syncer.py PushOutcome)."""
+    outcome: PushOutcome | Literal["late"]
+    """What the syncer did with it (trainers/decoupled_syncer.py PushOutcome). "late": only in run directories
+    written before answers that arrived after their round merged were carried (such an answer is now `carried`);
+    no current emitter writes it."""
     final: bool
     """The learner's last push of the fragment."""
     joined: int | None

@@ -10,6 +10,8 @@ from __future__ import annotations
 from harness.invariants.base import InvariantResult, Run, _run
 from harness.invariants.registry import REQUIRED, Bound, register
 from harness.metrics import downtime
+from harness.record.run import ProcessFault, SyncerDown
+from harness.record.syncer import LearnerBye, LearnerJoin, LearnerLeave, Merge, SyncerStart
 
 
 def alive_intervals(run: Run, min_alive: int) -> list[tuple[float, float]]:
@@ -24,29 +26,28 @@ def alive_intervals(run: Run, min_alive: int) -> list[tuple[float, float]]:
     alive: set[int] = set()
     since: float | None = None
     out: list[tuple[float, float]] = []
-    for e in r.events:
-        kind = e.get("ev")
-        if kind in ("learner_join", "learner_leave"):
-            if "alive" in e:
-                alive = set(e["alive"])
-            elif kind == "learner_join":
-                alive.add(e["learner"])
+    for e in r.all_records:
+        if isinstance(e, LearnerJoin | LearnerLeave):
+            if e.alive is not None:
+                alive = set(e.alive)
+            elif isinstance(e, LearnerJoin):  # a run written before the events carried `alive`
+                alive.add(e.learner)
             else:
-                alive.discard(e["learner"])
-        elif kind == "learner_bye":
-            alive.discard(e["learner"])
-        elif kind in ("syncer_start", "syncer_down") or (kind == "process_fault" and e.get("kind") == "kill_syncer"):
+                alive.discard(e.learner)
+        elif isinstance(e, LearnerBye):
+            alive.discard(e.learner)
+        elif isinstance(e, SyncerStart | SyncerDown) or (isinstance(e, ProcessFault) and e.kind == "kill_syncer"):
             alive = set()
         else:
             continue
-        t = float(e["t"])
+        t = e.t
         if len(alive) >= min_alive and since is None:
             since = t
         elif len(alive) < min_alive and since is not None:
             out.append((since, t))
             since = None
     if since is not None:
-        out.append((since, float(r.events[-1]["t"])))
+        out.append((since, r.all_records[-1].t))
     return out
 
 
@@ -67,7 +68,7 @@ def no_global_downtime(run: Run, *, bound_s: float, min_alive: int | None = None
     if span is None:
         return InvariantResult("no_global_downtime", False, None, bound_s, "no inner step was logged: no training "
                                "span to measure", measure, "s")
-    merges = [float(e["t"]) for e in r.of("merge")]
+    merges = [e.t for e in r.records(Merge)]
     worst, where, covered = 0.0, (0.0, 0.0), 0.0
     for a, b in alive_intervals(r, k):
         a, b = max(a, span[0]), min(b, span[1])

@@ -12,12 +12,16 @@ from typing import Any, NamedTuple
 from harness.invariants.base import InvariantResult, Run, _run
 from harness.invariants.registry import Bound, register
 from harness.metrics import DATA_PARALLEL
+from harness.record.learner import Apply
+from harness.record.run import SyncerDown
+from harness.record.syncer import LearnerJoin, Merge, Push, PushRejected, PushSuperseded, SyncerRestore
+from trainers.decoupled_syncer import PushOutcome
 
 
 class Contribution(NamedTuple):
     """One participant of one decoupled merge."""
 
-    merge: dict[str, Any]
+    merge: Merge
     learner: int
     fragment: int
     round: Any
@@ -37,14 +41,13 @@ class Contribution(NamedTuple):
 def merged_contributions(run: Run) -> list[Contribution]:
     """Decoupled: every participant of every merge, from the merge events' parallel lists."""
     out = []
-    for e in _run(run).of("merge"):
-        n = len(e.get("participants", []))
-        ranges = e.get("step_ranges", [])
-        c_steps = e.get("c_steps", [None] * n)
-        c_tokens = e.get("c_tokens", [None] * n)
-        for m, (a, b), cs, ct in zip(e.get("participants", []), ranges, c_steps, c_tokens, strict=False):
-            cs = int(cs) if cs is not None else int(b) - int(a) + 1
-            out.append(Contribution(e, int(m), int(e["fragment"]), e.get("round"), int(a), int(b), cs,
+    for e in _run(run).records(Merge):
+        n = len(e.participants)
+        ranges = e.step_ranges or []
+        c_steps: list[int | None] = list(e.c_steps) if e.c_steps is not None else [None] * n
+        for m, (a, b), cs, ct in zip(e.participants, ranges, c_steps, e.c_tokens, strict=False):
+            steps = int(cs) if cs is not None else int(b) - int(a) + 1
+            out.append(Contribution(e, int(m), _fragment(e), e.round, int(a), int(b), steps,
                                     int(ct) if ct is not None else 0))
     return out
 
@@ -89,26 +92,25 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
     measure = "pushes lost or merged twice"
     if r.algorithm != "decoupled":
         key = "step" if r.algorithm in DATA_PARALLEL else "round"
-        seen = Counter(e.get(key) for e in r.of("merge"))
+        seen = Counter(e.step if key == "step" else e.round for e in r.records(Merge))
         for k, n in sorted(seen.items(), key=lambda kv: str(kv[0])):
             if n > 1:
                 problems.append(f"{key} {k} merged {n} times")
-        detail = "; ".join(problems[:show]) or f"{len(r.of('merge'))} merges, each {key} once"
+        detail = "; ".join(problems[:show]) or f"{len(r.records(Merge))} merges, each {key} once"
         return InvariantResult("updates_accounted", not problems, len(problems), 0, detail, measure)
 
     contribs = merged_contributions(r)
-    merged_pool: dict[tuple[int, int, int, int], list[dict[str, Any]]] = defaultdict(list)
+    merged_pool: dict[tuple[int, int, int, int], list[Merge]] = defaultdict(list)
     for c in contribs:
         merged_pool[(c.learner, c.fragment, c.first_step, c.last_step)].append(c.merge)
     sup_pool: Counter[tuple[str, int, int, int, int]] = Counter()
-    for e in r.of("push_superseded"):
-        tag = _pool_of(e)
-        sup_pool[(tag, int(e["learner"]), int(e["fragment"]), int(e["first_step"]), int(e["last_step"]))] += 1
+    for s in r.records(PushSuperseded):
+        sup_pool[(_pool_of(s), s.learner, s.fragment, s.first_step, s.last_step)] += 1
     rej_pool: Counter[tuple[int, int, int, int]] = Counter()
-    for e in r.of("push_rejected"):
-        if e.get("reason") and "fragment" in e and "first_step" in e:
-            rej_pool[(int(e["learner"]), int(e["fragment"]), int(e["first_step"]), int(e["last_step"]))] += 1
-    downs = [float(e["t"]) for e in r.of("syncer_down")]
+    for rj in r.records(PushRejected):
+        if rj.reason and rj.fragment is not None and rj.first_step is not None and rj.last_step is not None:
+            rej_pool[(rj.learner, rj.fragment, rj.first_step, rj.last_step)] += 1
+    downs = [d.t for d in r.records(SyncerDown)]
 
     def same_syncer(t_push: float, t_merge: float) -> bool:
         """A merge takes in only pushes its own syncer process received, before it merged (a restored
@@ -118,27 +120,27 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
     # versions restored beyond the last logged merge: merges the old syncer made but never logged
     unlogged: dict[tuple[int, int], int] = defaultdict(int)  # (learner, fragment) -> pushes it may account for
     unlogged_frag: dict[int, int] = defaultdict(int)
-    for rest in r.of("syncer_restore"):
-        for p, v in enumerate(rest.get("versions", [])):
-            logged = max((int(e["version"]) for e in r.of("merge")
-                          if e.get("fragment") == p and float(e["t"]) < float(rest["t"])), default=0)
+    for rest in r.records(SyncerRestore):
+        for p, v in enumerate(rest.versions):
+            logged = max((int(e.version) for e in r.records(Merge) if e.fragment == p and e.t < rest.t), default=0)
             unlogged_frag[p] += max(0, int(v) - logged)
 
-    joins = [e for e in r.of("learner_join") if "versions" in e]
-    applies = r.of("apply")
+    joins = [j for j in r.records(LearnerJoin) if j.versions is not None]
+    applies = r.records(Apply)
 
     def given_up_on_rejoin(m: int, p: int, crash: float) -> bool:
         """Learner m joined a syncer after `crash` and then applied fragment p at the version it was sent."""
         for j in joins:
-            if int(j["learner"]) != m or float(j["t"]) <= crash or p >= len(j["versions"]):
+            versions = j.versions or []
+            if j.learner != m or j.t <= crash or p >= len(versions):
                 continue
-            sent = (p, int(j["versions"][p]))
-            if any(int(a["learner"]) == m and float(a["t"]) > float(j["t"])
-                   and sent in zip(a.get("fragments", []), a.get("versions", []), strict=False) for a in applies):
+            sent = (p, int(versions[p]))
+            if any(a.learner == m and a.t > j.t
+                   and sent in zip(a.fragments or [], a.versions or [], strict=False) for a in applies):
                 return True
         return False
 
-    frag_merges = [(int(e["fragment"]), float(e["t"])) for e in r.of("merge")]
+    frag_merges = [(_fragment(e), e.t) for e in r.records(Merge)]
 
     def died_with_the_syncer(m: int, p: int, t_push: float, last: int, crash: float) -> bool:
         """The push's round was still open when the syncer died (no merge of fragment p between the push and
@@ -146,16 +148,15 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
         steps and reset its counters), so the dead syncer's round held their only copy."""
         if any(q == p and t_push < tm < crash for q, tm in frag_merges):
             return False
-        return any(int(a["learner"]) == m and float(a["t"]) > t_push and int(a.get("step", -1)) > last
-                   and p in a.get("fragments", []) for a in applies)
+        return any(a.learner == m and a.t > t_push and a.step > last and p in (a.fragments or []) for a in applies)
 
-    pushes = r.of("push")
+    pushes = r.records(Push)
     lost: list[str] = []
     n_given_up = n_died = 0
-    pending: list[dict[str, Any]] = []
+    pending: list[Push] = []
     for e in pushes:  # late / stale / rejected first: their own follow-up event accounts for them
-        m, p, a, b = int(e["learner"]), int(e["fragment"]), int(e["first_step"]), int(e["last_step"])
-        outcome = str(e.get("outcome", ""))
+        m, p, a, b = e.learner, e.fragment, e.first_step, e.last_step
+        outcome = _outcome(e)
         if outcome in ("accepted", "carried"):
             pending.append(e)
         elif outcome in _SUPERSEDED_TAG:
@@ -172,12 +173,11 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
         else:
             lost.append(f"{_push_id(e)} has unknown outcome {outcome!r}")
     for e in pending:
-        m, p, a, b = int(e["learner"]), int(e["fragment"]), int(e["first_step"]), int(e["last_step"])
-        t = float(e["t"])
+        m, p, a, b = e.learner, e.fragment, e.first_step, e.last_step
+        t = e.t
         cands = merged_pool.get((m, p, a, b), [])
-        any_round = e.get("round") is None or e.get("outcome") == "carried"
-        hit = next((i for i, x in enumerate(cands)
-                    if (any_round or x.get("round") == e.get("round")) and same_syncer(t, x["t"])), None)
+        any_round = e.round is None or e.outcome is PushOutcome.CARRIED
+        hit = next((i for i, x in enumerate(cands) if (any_round or x.round == e.round) and same_syncer(t, x.t)), None)
         if hit is not None:
             cands.pop(hit)
             continue
@@ -186,7 +186,7 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
             continue
         crash = next((d for d in downs if d > t), None)
         if crash is not None and any(c.learner == m and c.fragment == p and c.first_step <= a and c.last_step >= b
-                                     and float(c.merge["t"]) > crash for c in contribs):
+                                     and c.merge.t > crash for c in contribs):
             continue  # its round was lost with the syncer; a later push of the same steps was merged
         if crash is not None and unlogged_frag[p] > unlogged[(m, p)]:
             unlogged[(m, p)] += 1  # merged and checkpointed by the syncer that died before logging the merge
@@ -197,20 +197,20 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
         if crash is not None and died_with_the_syncer(m, p, t, b, crash):
             n_died += 1  # the dead syncer's open round held its only copy: the learner had moved past it
             continue
-        lost.append(f"{_push_id(e)} {e.get('outcome')} but never merged nor superseded")
-    phantom = [f"merge of fragment {p} v{x.get('version')} round {x.get('round')} took learner {m} steps {a}-{b}, "
+        lost.append(f"{_push_id(e)} {_outcome(e)} but never merged nor superseded")
+    phantom = [f"merge of fragment {p} v{x.version} round {x.round} took learner {m} steps {a}-{b}, "
                "which no logged push accounts for"
                for (m, p, a, b), left in merged_pool.items() for x in left]
     twice: list[str] = []
     ranges: dict[tuple[int, int], list[tuple[int, int, Any]]] = defaultdict(list)
     for c in contribs:
-        ranges[(c.learner, c.fragment)].append((*c.trained, c.merge.get("version")))
+        ranges[(c.learner, c.fragment)].append((*c.trained, c.merge.version))
     for (m, p), xs in sorted(ranges.items()):
         xs.sort(key=lambda x: (x[0], x[1]))
         for (a1, b1, v1), (a2, b2, v2) in zip(xs, xs[1:], strict=False):
             if a2 <= b1:
                 twice.append(f"learner {m} fragment {p}: steps {a1}-{b1} (v{v1}) and {a2}-{b2} (v{v2}) both merged")
-    versions = Counter((e.get("fragment"), e.get("version")) for e in r.of("merge"))
+    versions = Counter((e.fragment, e.version) for e in r.records(Merge))
     twice += [f"fragment {p} version {v} made by {n} merges" for (p, v), n in sorted(versions.items()) if n > 1]
     problems = lost + phantom + twice
     if problems:
@@ -236,13 +236,12 @@ pushes superseded by a newer one or dropped on rejoin account for accepted or ca
 pushes whose own outcome named them."""
 
 
-def _pool_of(e: dict[str, Any]) -> str:
+def _pool_of(e: PushSuperseded) -> str:
     """The pool of a push_superseded event: its typed cause; for run directories recorded before events
-    carried one, the start of its reason."""
-    cause = e.get("cause")
-    if isinstance(cause, str) and cause in _POOL_OF_CAUSE:
-        return _POOL_OF_CAUSE[cause]
-    reason = str(e.get("reason") or "")
+    carried one (cause None), the start of its reason."""
+    if e.cause is not None and e.cause.value in _POOL_OF_CAUSE:
+        return _POOL_OF_CAUSE[e.cause.value]
+    reason = str(e.reason or "")
     for prefix, pool in (("late", "late"), ("stale", "stale"), ("before rejoin", "before_rejoin"),
                          ("lagging", "lagging")):
         if reason.startswith(prefix):
@@ -250,6 +249,18 @@ def _pool_of(e: dict[str, Any]) -> str:
     return "newer"
 
 
-def _push_id(e: dict[str, Any]) -> str:
-    return (f"push of learner {e['learner']} fragment {e['fragment']} round {e.get('round')} "
-            f"steps {e['first_step']}-{e['last_step']}")
+def _push_id(e: Push) -> str:
+    return f"push of learner {e.learner} fragment {e.fragment} round {e.round} steps {e.first_step}-{e.last_step}"
+
+
+def _outcome(e: Push) -> str:
+    """A push's outcome as written: a PushOutcome value, or "late" in a run directory written before late answers
+    were carried."""
+    return e.outcome.value if isinstance(e.outcome, PushOutcome) else e.outcome
+
+
+def _fragment(e: Merge) -> int:
+    """A decoupled merge's fragment (every decoupled merge names one; None is a barrier algorithm's merge)."""
+    if e.fragment is None:
+        raise ValueError(f"decoupled merge at t={e.t} names no fragment")
+    return e.fragment
