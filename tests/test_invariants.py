@@ -153,9 +153,9 @@ def holds(res: InvariantResult) -> InvariantResult:
 
 def test_load_run_sorts_events_by_time_and_reads_config_and_report(tmp_path: Path) -> None:
     evs = decoupled_log()
-    d = write_run(tmp_path, list(reversed(evs)), report={"final_eval_loss": 2.5})
+    d = write_run(tmp_path, complete(list(reversed(evs))), report={"final_eval_loss": 2.5})
     r = load_run(d)
-    assert [e["t"] for e in r.events] == sorted(e["t"] for e in evs)
+    assert [e.t for e in r.all_records] == sorted(e["t"] for e in evs)
     assert r.algorithm == "decoupled" and r.fragments == P and r.min_quorum == 1
     assert r.report == {"final_eval_loss": 2.5} and r.run_dir == d
     assert r.train_span() == (step_t(0, 1), step_t(1, 8))
@@ -256,13 +256,13 @@ def test_no_global_downtime_is_not_vacuous(tmp_path: Path) -> None:
 # -- availability ---------------------------------------------------------------------------------------------
 
 def test_availability(tmp_path: Path) -> None:
-    holds(availability(write_run(tmp_path, decoupled_log(), name="a"), min_uptime=0.99))
-    run = write_run(tmp_path, decoupled_log(pause_after=4, pause_s=2.0), name="b")
+    holds(availability(write_run(tmp_path, complete(decoupled_log()), name="a"), min_uptime=0.99))
+    run = write_run(tmp_path, complete(decoupled_log(pause_after=4, pause_s=2.0)), name="b")
     res = availability(run, min_uptime=0.9)
     # one 2.5 s gap in a 3.76 s span, counted beyond its first 1 s: uptime 1 - 1.5 / 3.76
     assert res.figure == pytest.approx(1 - 1.5 / 3.76, abs=1e-3)
     violated(res, f"uptime {res.figure} < bound 0.9", "downtime 1.5 s")
-    violated(availability(write_run(tmp_path, [e for e in decoupled_log() if e["ev"] != "step"], name="c"),
+    violated(availability(write_run(tmp_path, complete([e for e in decoupled_log() if e["ev"] != "step"]), name="c"),
                           min_uptime=0.5), "n/a < bound 0.5")
 
 
@@ -560,7 +560,7 @@ def test_model_finite_flag_and_no_evidence(tmp_path: Path) -> None:
 def test_check_all(tmp_path: Path) -> None:
     from test_protocol_invariants import with_protocol_facts  # it imports this module
 
-    run = load_run(write_run(tmp_path, with_protocol_facts(decoupled_log()), params={"w": torch.ones(2)}))
+    run = load_run(write_run(tmp_path, complete(with_protocol_facts(decoupled_log())), params={"w": torch.ones(2)}))
     results = check_all(run, max_loss=3.0, bound_s=1.0, min_uptime=0.9, within_s=5.0)
     assert [r.name for r in results] == ["converged", "no_global_downtime", "availability", "faults_fired",
                                          "rejoined", "updates_accounted", "token_accounting", "model_finite",

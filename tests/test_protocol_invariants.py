@@ -23,6 +23,7 @@ from harness.protocol_invariants import (
     token_weights,
 )
 from harness.pytest_plugin import INVARIANTS
+from harness.record.learner import InitialPull
 from trainers.config import DilocoConfig
 
 LR = DilocoConfig().outer_lr
@@ -185,4 +186,4 @@ def test_initial_pull(tmp_path: Path) -> None:
     violated(initial_pull(write_run(tmp_path, complete(restart_log(None)), name="e")),
              "stepped without an initial pull")
     holds(initial_pull(write_run(tmp_path, complete(restart_log(None, step_back=False)), name="f")))  # never came back
-    assert load_run(write_run(tmp_path, complete(restart_log(full)), name="g")).of("initial_pull")
+    assert load_run(write_run(tmp_path, complete(restart_log(full)), name="g")).records(InitialPull)

@@ -19,8 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from harness.events import EVENTS_FILE, read_events
+from harness.events import EVENTS_FILE
 from harness.record import Event, RunLog
+from harness.record.learner import Step
+from harness.record.run import RunStart
+from harness.record.syncer import SyncerStart
 from harness.rundir import CONFIG_FILE, REPORT_FILE, read_json
 
 R = TypeVar("R", bound=Event)
@@ -84,45 +87,33 @@ class InvariantResult:
 
 @dataclass(frozen=True)
 class RunRecord:
-    """A run directory read once: the event log sorted by `t` (several processes append to one file, so file
-    order is not time order; the sort is stable), report.json and config.json ({} when absent).
+    """A run directory read once: its event log as typed records sorted by `t` (several processes append to one
+    file, so file order is not time order; the sort is stable), report.json and config.json ({} when absent).
 
-    `log` holds the events as typed records (harness.record.RunLog, lenient for older runs), which the checks
-    read through `records(Kind)`; `events` holds them as decoded dicts for the checks not yet moved to records
-    (no_global_downtime, updates_accounted)."""
+    `log` is harness.record.RunLog, loaded leniently so older runs still load; the checks read it through
+    `records(Kind)` and `all_records`."""
 
-    events: list[dict[str, Any]]
+    log: RunLog
+    """The events as typed records, in time order."""
     report: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     run_dir: Path | None = None
-    log: RunLog | None = None
-    """The events as typed records; None: parsed from `events` on first use."""
-
-    def _log(self) -> RunLog:
-        if self.log is None:
-            object.__setattr__(self, "log", RunLog.from_dicts(self.events))
-        assert self.log is not None
-        return self.log
 
     @property
     def all_records(self) -> list[Event]:
         """Every record, in time order."""
-        return self._log().records
+        return self.log.records
 
     def records(self, kind: type[R]) -> list[R]:
         """The records of one kind, in time order (typed: `run.records(Step)` is a list[Step])."""
-        return self._log().of(kind)
-
-    def of(self, *kinds: str) -> list[dict[str, Any]]:
-        """Events of the given kinds, in time order."""
-        return [e for e in self.events if e.get("ev") in kinds]
+        return self.log.of(kind)
 
     @property
     def algorithm(self) -> str:
         if "algorithm" in self.config:
             return str(self.config["algorithm"])
-        start = next(iter(self.of("run_start")), {})
-        return str(start.get("algorithm", "decoupled"))
+        start = self.log.first(RunStart)
+        return start.algorithm if start is not None else "decoupled"
 
     @property
     def min_quorum(self) -> int:
@@ -135,18 +126,17 @@ class RunRecord:
             return 1
         p = self.config.get("diloco", {}).get("fragments")
         if p is None:
-            p = next((e.get("fragments") for e in self.of("syncer_start") if e.get("fragments")), 1)
+            p = next((e.fragments for e in self.log.of(SyncerStart) if e.fragments), 1)
         return int(p)
 
     @property
     def start(self) -> float:
         """run_start (the supervisor's clock), else the first event."""
-        s = self.of("run_start")
-        return float(s[0]["t"]) if s else (float(self.events[0]["t"]) if self.events else 0.0)
+        return self.log.start
 
     def train_span(self) -> tuple[float, float] | None:
         """(first inner step, last inner step) of any learner; None if no step was logged."""
-        ts = [float(e["t"]) for e in self.of("step")]
+        ts = [e.t for e in self.log.of(Step)]
         return (min(ts), max(ts)) if ts else None
 
 
@@ -156,10 +146,9 @@ Run = RunRecord | str | os.PathLike[str]
 def load_run(run_dir: str | os.PathLike[str]) -> RunRecord:
     """Read a run directory's events.jsonl (required), report.json and config.json (optional)."""
     d = Path(run_dir)
-    evs = sorted(read_events(d / EVENTS_FILE), key=lambda e: float(e.get("t", 0.0)))
     report = read_json(d / REPORT_FILE) if (d / REPORT_FILE).exists() else {}
     config = read_json(d / CONFIG_FILE) if (d / CONFIG_FILE).exists() else {}
-    return RunRecord(evs, report, config, d, RunLog.from_dicts(evs))
+    return RunRecord(RunLog.load(d / EVENTS_FILE), report, config, d)
 
 
 def _run(run: Run) -> RunRecord:
