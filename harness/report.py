@@ -30,7 +30,7 @@ from harness.record import Event, RunLog
 from harness.record.learner import ChipStart, FrameRejected, GlooGroup, LinkDown, LinkUp, Rtt, Step
 from harness.record.run import FaultEnd, FaultStart, LinksReady, RunEnd, RunStart, SyncerRestart
 from harness.record.syncer import Eval, LinkStats, Merge, Push, PushRejected, PushSuperseded
-from harness.run_errors import classify_errors
+from harness.run_errors import classify_errors, settle_window_s
 from harness.rundir import CHECKPOINT_FILE, CONFIG_FILE, read_json
 from harness.scenario import Scenario, from_dict
 from harness.wire_precision import wire_dtype_for
@@ -109,7 +109,7 @@ def build_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     train_start = min((e.t for e in steps), default=start)
     train_end = max((e.t for e in steps), default=end)
     groups = {e.group for e in log.of(GlooGroup)}
-    errors = classify_errors(recs, start, sc.timeouts.gloo_s + sc.timeouts.liveness_s)
+    errors = classify_errors(recs, start, settle_window_s(sc.timeouts.gloo_s, sc.timeouts.liveness_s))
     links_ready = log.first(LinksReady)
     return {
         "name": sc.name,

@@ -10,19 +10,17 @@ longest a consequence of a fault may take to surface. Everything else is unexpec
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from harness.record import Event, parse
+from harness.record import Event
 from harness.record.learner import ChipError, LinkFatal
 from harness.record.run import FaultEnd, FaultStart
 from harness.record.syncer import SyncerError
 
 ERROR_EVENTS = ("chip_error", "syncer_error", "link_fatal")
 """Event kinds that report an error of a run process."""
-READS = ("fault_start", "fault_end", *ERROR_EVENTS)
-"""The event kinds classify_errors reads: a caller holding decoded dicts parses only these (`records`)."""
 
 ErrorEvent = ChipError | SyncerError | LinkFatal
 
@@ -48,9 +46,10 @@ class RunError:
         return asdict(self)
 
 
-def records(evs: Iterable[Mapping[str, Any]]) -> list[Event]:
-    """The events classify_errors reads, parsed into their records (the others are left alone)."""
-    return [parse(e) for e in evs if e.get("ev") in READS]
+def settle_window_s(gloo_s: float, liveness_s: float) -> float:
+    """The settle window: how long after a fault starts (or while it lasts) its consequences may surface, the
+    failure detection bounds of the timeout hierarchy (a Gloo collective's timeout, then the syncer's liveness)."""
+    return gloo_s + liveness_s
 
 
 def _window(start: FaultStart, end: FaultEnd | None, settle_s: float) -> tuple[float, float]:

@@ -188,13 +188,15 @@ class Supervisor:
     def _label_errors(self, t0: float) -> None:
         """One `errors_labelled` event: each error the run's processes logged, expected (with the injected
         fault that explains it) or not, so the event log itself says which errors were the scenario's doing."""
-        from harness.events import EVENTS_FILE, read_events
-        from harness.run_errors import classify_errors, records
+        from harness.record.run import RunStart
+        from harness.record.run_record import RunLog
+        from harness.run_errors import classify_errors, settle_window_s
 
         t = self.sc.timeouts
-        evs = read_events(self.run_dir / EVENTS_FILE)
-        start = next((e["t"] for e in evs if e["ev"] == "run_start"), t0)
-        errors = classify_errors(records(evs), start, t.gloo_s + t.liveness_s)
+        log = RunLog.load(self.run_dir)
+        run_start = log.first(RunStart)
+        errors = classify_errors(log.records, run_start.t if run_start is not None else t0,
+                                 settle_window_s(t.gloo_s, t.liveness_s))
         self.events.log("errors_labelled", expected=sum(e.expected for e in errors),
                         unexpected=sum(not e.expected for e in errors), errors=[e.as_dict() for e in errors])
 

@@ -7,6 +7,7 @@ from the code; tests/test_event_records.py asserts the committed file equals thi
 
 from __future__ import annotations
 
+import argparse
 import ast
 import dataclasses
 import inspect
@@ -15,7 +16,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-from harness import generated_doc
 from harness.record import REGISTRY, SCHEMA_VERSION
 from harness.record.base import Event, hints, required, type_name
 
@@ -96,7 +96,18 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return generated_doc.main(DOC, render, "python -m harness.record.doc", __doc__, argv)
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--check", action="store_true", help="exit 1 if the committed doc differs, write nothing")
+    args = ap.parse_args(argv)
+    text = render()
+    if args.check:
+        same = DOC.exists() and DOC.read_text() == text
+        if not same:
+            log.error("%s is out of date: run python -m harness.record.doc", DOC)
+        return 0 if same else 1
+    DOC.write_text(text)
+    log.info("wrote %s", DOC)
+    return 0
 
 
 if __name__ == "__main__":
