@@ -302,6 +302,9 @@ class Transport:
             pass
         conn.sock.close()
         self.events.log("conn_closed", learner=conn.learner, peer=conn.peer, reason=reason)
+        # here, not only when its reader thread ends: the syncer may exit before a closed connection's
+        # reader wakes, and the link's bytes must still reach the run's record
+        self.log_link_stats(conn)
 
     def shutdown(self) -> None:
         """Stop accepting and close every connection (each logs its link stats once)."""
@@ -311,7 +314,6 @@ class Transport:
             conns = list(self.conns.values())
         for conn in conns:
             self.close(conn, "syncer finished")
-            self.log_link_stats(conn)
 
     # -- sending (main loop) ---------------------------------------------------------------------
     def send_fragment(self, conn: Conn, p: int, msg: Message) -> None:
