@@ -2,6 +2,9 @@
 
 Every learner reaches the syncer only through its proxy `learner-<i>`, so a
 toxic on that proxy is a fault on that learner's WAN link and nowhere else.
+With netns hosts the same API drives the kernel link backend instead
+(chaos/kernel_links.py: the same toxics as tc qdiscs and nftables rules on
+the host's veth), through `ToxicApi`.
 Each call returns a `LinkFault`: a scope that is removed by `clear()`, by
 leaving its `with` block, or by `LinkChaos.clear_all()` (which the supervisor
 calls at the end of every run, failed or not).
@@ -28,7 +31,7 @@ import random
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from chaos import faults
 from chaos.schedule import FaultSpec
@@ -44,6 +47,22 @@ STREAMS = ("upstream", "downstream")
 
 def _no_event(ev: str, /, **fields: Any) -> None:
     pass
+
+
+class ToxicApi(Protocol):
+    """What LinkChaos needs of a link backend: a Toxiproxy client (chaos/toxiproxy_client.py), or tc and nft
+    on a learner host's veth (chaos/kernel_links.py `KernelToxics`)."""
+
+    timeout_s: float
+
+    def add_toxic(self, proxy: str, name: str, type_: str, /, stream: str = ..., toxicity: float = ...,
+                  **attributes: float) -> object: ...
+
+    def update_toxic(self, proxy: str, name: str, /, toxicity: float | None = ..., **attributes: float) -> object: ...
+
+    def remove_toxic(self, proxy: str, name: str, /, missing_ok: bool = ...) -> None: ...
+
+    def set_enabled(self, proxy: str, enabled: bool, /) -> object: ...
 
 
 def proxy_name(learner: int) -> str:
@@ -77,7 +96,7 @@ class LinkFault:
 class LinkChaos:
     """Faults on learner links; every fault it made is removed by `clear_all()`."""
 
-    def __init__(self, client: ToxiproxyClient, learners: int, seed: int = 0,
+    def __init__(self, client: ToxiproxyClient | ToxicApi, learners: int, seed: int = 0,
                  on_event: Callable[..., None] | None = None, fragment_bytes: int = 0, step_s: float = 0.1) -> None:
         self.client = client
         self.learners = learners

@@ -90,6 +90,10 @@ class ChipSpec:
     """Chip ids (ranks at generation 0) in this generation's group, in rank order; empty: all `size` chips."""
     joining: bool = False
     """A repaired chip joining a running learner (shrink policy): it takes the host's state, then trains."""
+    netns: str = ""
+    """The learner host's network namespace (`[launch] hosts = "netns"`), entered first; "": this machine's."""
+    syncer_host: str = "127.0.0.1"
+    """Where the syncer and the rendezvous store listen (the netns hosts' bridge address, or loopback)."""
 
 
 def members_key(learner: int, generation: int) -> str:
@@ -168,13 +172,17 @@ class GlooCollective:
 
 
 def chip_main(spec: ChipSpec) -> None:
+    if spec.netns:  # before any thread or socket exists: all of them, and the link process, live in the host
+        from harness.netns_hosts import enter_netns
+
+        enter_netns(spec.netns)
     become_run_process(spec.parent_pid)
     sc = spec.scenario
     proc = f"learner{spec.learner}.chip{spec.rank}"
     events = EventLog(os.path.join(spec.run_dir, EVENTS_FILE), proc)
     events.log("chip_start", learner=spec.learner, rank=spec.rank, size=spec.size, generation=spec.generation)
     t = sc.timeouts
-    store = dist.TCPStore("127.0.0.1", spec.store_port, is_master=False,
+    store = dist.TCPStore(spec.syncer_host, spec.store_port, is_master=False,
                           timeout=datetime.timedelta(seconds=t.startup_s))
     # Build the replica and load the data before joining the group: a repaired chip joining a running
     # learner keeps the others waiting in the group's first collective only for the state transfer.
@@ -186,7 +194,7 @@ def chip_main(spec: ChipSpec) -> None:
     link = None
     failed = False
     if members.index(spec.rank) == 0:  # the host: fork its link process now, while no Gloo thread exists
-        link = LinkProcess("127.0.0.1", spec.syncer_port, spec.learner, bytes.fromhex(spec.secret_hex), t,
+        link = LinkProcess(spec.syncer_host, spec.syncer_port, spec.learner, bytes.fromhex(spec.secret_hex), t,
                            max_frame_bytes(sc), os.path.join(spec.run_dir, EVENTS_FILE),
                            {n: p.shape for n, p in core.named.items()}, core.partition,
                            wire_dtype_for(sc.algorithm, sc.diloco.wire_dtype)).start()

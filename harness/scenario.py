@@ -106,6 +106,23 @@ class LinksConfig:
     """Timeout of every call to the Toxiproxy HTTP API (toxiproxy-python sets none of its own)."""
     step_time_s: float = bounded(0.15, 0.001, 3600.0)
     """Inner-step time WAN profiles are scaled to (0.15 s: the default scenario on 2 cores)."""
+    backend: Literal["toxiproxy", "kernel"] = choice("toxiproxy", ("toxiproxy", "kernel"))
+    """What carries link faults. toxiproxy: a proxy per learner (`proxy` picks the server); kernel: tc and
+    nftables on each learner host's veth (chaos/kernel_links.py), which needs `[launch] hosts = "netns"` and
+    `proxy = "off"` (learners reach the syncer over the kernel's network path); each fault kind says which
+    backends carry it (docs/multi-host.md, the capability table)."""
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How and where the run's processes start (docs/multi-host.md)."""
+
+    backend: Literal["local"] = choice("local", ("local",))
+    """local: the supervisor forks every process on this machine (a torchrun launcher is not built yet)."""
+    hosts: Literal["local", "netns"] = choice("local", ("local", "netns"))
+    """local: every process shares this machine's network (loopback); netns: each learner host gets its own
+    Linux network namespace with a veth on a bridge, so learner<->syncer traffic crosses a real kernel network
+    path (harness/netns_hosts.py; needs root, `ip` and `nft`)."""
 
 
 ELASTIC_ALGORITHMS = ("decoupled", "elastic_ddp")
@@ -198,6 +215,7 @@ class Scenario:
     timeouts: Timeouts = field(default_factory=Timeouts)
     eval: EvalConfig = field(default_factory=EvalConfig)
     links: LinksConfig = field(default_factory=LinksConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     faults: tuple[FaultSpec, ...] = ()
     """Scheduled faults, `[[faults]]` tables (chaos/schedule.py): action, learner, at, until, parameters."""

@@ -297,7 +297,8 @@ def rules(sc: Scenario, keys: Sequence[str], found: Found) -> None:
         found.add("recovery.policy", f"recovery.policy = 'shrink': supported for algorithm in {ELASTIC_ALGORITHMS} "
                                      f"only, not {sc.algorithm!r}; use 'restart', or 'elastic' (shrink where the "
                                      "algorithm has it, restart elsewhere)")
-    if found.ok("links.proxy"):
+    _launch(sc, found)
+    if found.ok("links.proxy", "links.backend", "launch.hosts"):
         _link_backend(sc, keys, found)
     m = sc.topology.learners
     if sc.diloco.min_quorum > m and found.ok("diloco.min_quorum", "topology.learners"):
@@ -332,6 +333,16 @@ def _timeouts(sc: Scenario, found: Found) -> None:
                                           f"timeouts.liveness_s / 3 = {t.liveness_s / 3:g}")
 
 
+def _launch(sc: Scenario, found: Found) -> None:
+    """The kernel link backend acts on netns hosts' veths, and proxies on loopback cannot reach netns hosts."""
+    if sc.links.backend == "kernel" and sc.launch.hosts != "netns" and found.ok("links.backend", "launch.hosts"):
+        found.add("links.backend", "links.backend = 'kernel': needs launch.hosts = 'netns' (the faults are made on "
+                                   "each learner host's veth)")
+    if sc.launch.hosts == "netns" and sc.links.proxy != "off" and found.ok("launch.hosts", "links.proxy"):
+        found.add("links.proxy", f"links.proxy = {sc.links.proxy!r}: netns hosts reach the syncer directly; set "
+                                 "links.proxy = 'off' (and links.backend = 'kernel' for link faults)")
+
+
 def _link_backend(sc: Scenario, keys: Sequence[str], found: Found) -> None:
     """Every link fault must be one the run's Toxiproxy server implements (e.g. corrupt is an extension of the
     embedded server): decided from links.proxy and the environment (TOXIPROXY_URL, toxiproxy-server on PATH)
@@ -339,9 +350,17 @@ def _link_backend(sc: Scenario, keys: Sequence[str], found: Found) -> None:
     link_faults = [(k, f) for k, f in zip(keys, sc.faults, strict=True) if faults.get(f.action).target == "link"]
     if not link_faults:
         return
+    if sc.links.backend == "kernel":
+        for key, f in link_faults:
+            why = faults.get(f.action).backend_problem("kernel", f)
+            if why is not None:
+                found.add(key, f"{key}.action = {f.action!r}: not supported by the kernel backend (links.backend = "
+                               f"'kernel'): {why}")
+        return
     backend = resolve_backend(sc.links.proxy)
     if backend.family is None:
-        found.add("links.proxy", "links.proxy = 'off': link faults need proxies; use auto or embedded")
+        found.add("links.proxy", "links.proxy = 'off': link faults need proxies; use auto or embedded "
+                                 "(or links.backend = 'kernel' with launch.hosts = 'netns')")
         return
     for key, f in link_faults:
         kind = faults.get(f.action)

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import torch.distributed as dist
@@ -36,6 +36,9 @@ from harness.rundir import CONFIG_FILE, PROCESSES_FILE, REPORT_FILE, make_run_di
 from harness.scenario import Scenario, learner_policy, validate
 from harness.syncer_service import SyncerSpec, syncer_main
 from trainers import mutations
+
+if TYPE_CHECKING:
+    from harness.netns_run import NetnsRun
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +126,7 @@ class Supervisor:
         self.syncer_restart_at: float | None = None  # set while the syncer is down, waiting for its repair
         self.syncer_restarts = 0
         self._syncer_stop: Any = None
+        self.netns: NetnsRun | None = None  # with [launch] hosts = "netns"
 
     def _start(self, name: str, target: Any, args: tuple) -> None:
         p = context().Process(target=target, args=args, name=name, daemon=False)
@@ -141,14 +145,20 @@ class Supervisor:
                         chips_per_learner=sc.topology.chips_per_learner, seed=sc.seed, learner_policy=policy,
                         learner_policy_why=why, schema_version=SCHEMA_VERSION)
         try:
-            self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+            if sc.launch.hosts == "netns":
+                from harness.netns_run import NetnsRun
+
+                self.netns = NetnsRun.open(sc, self.events)
+            self.store = dist.TCPStore(self._syncer_host(), 0, is_master=True, wait_for_workers=False,
                                        timeout=datetime.timedelta(seconds=t.startup_s))
             self.events.log("store_ready", port=self.store.port)
             stop = context().Event()
             self._syncer_stop = stop
             port = self._start_syncer(restore=False)
             ports = {m: port for m in range(sc.topology.learners)}
-            if sc.links.proxy != "off":
+            if self.netns is not None and sc.links.backend == "kernel":
+                self.links = self.netns.open_links(sc, port, self.events, fragment_bytes(sc))
+            elif sc.links.proxy != "off":
                 from harness.link_proxies import RunLinks
 
                 self.links = RunLinks.open(sc, port, self.events, fragment_bytes(sc))
@@ -173,6 +183,8 @@ class Supervisor:
             self._stop_all()
             if self.links is not None:
                 self.links.close(t.shutdown_s)
+            if self.netns is not None:
+                self.netns.close(self.events)
             if old_term is not None:
                 signal.signal(signal.SIGTERM, old_term)
             self.events.log("run_end", wall_s=time.monotonic() - t0)
@@ -207,7 +219,8 @@ class Supervisor:
         if "syncer" in self.procs:
             self.retired.append(self.procs["syncer"])
         spec = SyncerSpec(str(self.run_dir), self.sc, self.secret.hex(), os.getpid(),
-                          port=self.syncer_port, restore=restore)
+                          port=self.syncer_port, restore=restore,
+                          host=self._syncer_host())
         self._start("syncer", syncer_main, (spec, child, self._syncer_stop))
         child.close()
         if not parent.poll(t.startup_s):
@@ -215,6 +228,14 @@ class Supervisor:
         self.syncer_port = parent.recv()
         parent.close()
         return self.syncer_port
+
+    def _netns_of(self, m: int) -> str:
+        """Learner m's host namespace ("": this machine's network)."""
+        return self.netns.netns_of(m) if self.netns is not None else ""
+
+    def _syncer_host(self) -> str:
+        """Where the syncer and the store listen: the netns hosts' bridge, or loopback."""
+        return self.netns.syncer_address if self.netns is not None else "127.0.0.1"
 
     def _syncer_pid(self) -> int | None:
         p = self.procs.get("syncer")
@@ -252,7 +273,8 @@ class Supervisor:
             if name in self.procs:
                 self.retired.append(self.procs[name])
             cs = ChipSpec(str(self.run_dir), sc, m, r, sc.topology.chips_per_learner, generation,
-                          self.store.port, self.ports[m], self.secret.hex(), os.getpid(), start_step)
+                          self.store.port, self.ports[m], self.secret.hex(), os.getpid(), start_step,
+                          netns=self._netns_of(m), syncer_host=self._syncer_host())
             self._start(name, chip_main, (cs,))
         self.generation[m] = generation
         self.learner_state[m] = "up"
@@ -286,7 +308,7 @@ class Supervisor:
         self.retired.append(self.procs[name])
         cs = ChipSpec(str(self.run_dir), sc, m, r, sc.topology.chips_per_learner, self.generation[m],
                       self.store.port, self.ports[m], self.secret.hex(), os.getpid(), members=tuple(members),
-                      joining=True)
+                      joining=True, netns=self._netns_of(m), syncer_host=self._syncer_host())
         self._start(name, chip_main, (cs,))
         self.members[m] = members
         self.joining[m].add(r)  # it publishes the membership itself once its replica is built

@@ -42,12 +42,12 @@ class SyncerService:
     """Runs one algorithm's syncer handler behind a TCP listener until told to stop."""
 
     def __init__(self, sc: Scenario, run_dir: str, secret: bytes, events: EventLog, port: int = 0,
-                 restore: bool = False) -> None:
+                 restore: bool = False, host: str = "127.0.0.1") -> None:
         self.sc = sc
         self.run_dir = run_dir
         self.events = events
         self.algorithm = sc.algorithm
-        self.transport = Transport(sc, secret, events, port)
+        self.transport = Transport(sc, secret, events, port, host)
         self.handler: AlgorithmHandler = HANDLERS[sc.algorithm](sc, run_dir, events, self.transport)
         self.evaluator = Evaluator(sc, events)
         if restore:
@@ -174,6 +174,8 @@ class SyncerSpec:
     """0: any free port; a restarted syncer rebinds the port the learners' links (and proxies) point at."""
     restore: bool = False
     """Load the per-fragment checkpoint of a syncer that crashed."""
+    host: str = "127.0.0.1"
+    """Address to listen on: loopback, or the netns hosts' bridge (harness/netns_hosts.py)."""
 
 
 def syncer_main(spec: SyncerSpec, port_conn: Any, stop_requested: Any) -> None:
@@ -184,7 +186,7 @@ def syncer_main(spec: SyncerSpec, port_conn: Any, stop_requested: Any) -> None:
     become_run_process(spec.parent_pid)
     sc = spec.scenario
     events = EventLog(os.path.join(spec.run_dir, EVENTS_FILE), "syncer")
-    svc = SyncerService(sc, spec.run_dir, bytes.fromhex(spec.secret_hex), events, spec.port, spec.restore)
+    svc = SyncerService(sc, spec.run_dir, bytes.fromhex(spec.secret_hex), events, spec.port, spec.restore, spec.host)
     port_conn.send(svc.port)
     port_conn.close()
     try:

@@ -92,7 +92,7 @@ def max_frame_bytes(sc: Scenario) -> int:
 class Transport:
     """The listener and every learner connection; who is connected (`by_learner`) and who said BYE."""
 
-    def __init__(self, sc: Scenario, secret: bytes, events: EventLog, port: int = 0) -> None:
+    def __init__(self, sc: Scenario, secret: bytes, events: EventLog, port: int = 0, host: str = "127.0.0.1") -> None:
         self.sc = sc
         self.secret = secret
         self.events = events
@@ -106,7 +106,7 @@ class Transport:
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.frames_rejected = 0
-        self.listener = socket.create_server(("127.0.0.1", port))  # SO_REUSEADDR: a restart rebinds at once
+        self.listener = socket.create_server((host, port))  # SO_REUSEADDR: a restart rebinds at once
         self.listener.settimeout(0.2)
         self.port: int = self.listener.getsockname()[1]
         self._cids = itertools.count(1)

@@ -88,7 +88,7 @@ def _required(name: str) -> dict:
     raw: dict = {"action": name} if kind.target == "syncer" else {"action": name, "learner": 0}
     raw.update({"degrade": {"latency_ms": 10}, "flap": {"period_s": 1.0, "duty": 0.5}, "limit_data": {"bytes": 10},
                 "slow": {"speed": 0.5}, "freeze": {"until": {"after_s": 1.0}},
-                "corrupt": {"probability": 0.01}}.get(name, {}))
+                "corrupt": {"probability": 0.01}, "loss": {"percent": 1.0}}.get(name, {}))
     return raw
 
 

@@ -19,6 +19,18 @@ from chaos.faults import freeze  # noqa: F401
 from chaos.faults import slow  # noqa: F401
 from chaos.faults import kill_syncer  # noqa: F401
 from chaos.faults import corrupt  # noqa: F401
-from chaos.faults.base import FaultContext, FaultKind, ScheduleError, find, get, kinds, names, register
+from chaos.faults import loss  # noqa: F401
+from chaos.faults.base import (
+    FaultContext,
+    FaultKind,
+    ScheduleError,
+    capabilities,
+    find,
+    get,
+    kinds,
+    names,
+    register,
+)
 
-__all__ = ["FaultContext", "FaultKind", "ScheduleError", "find", "get", "kinds", "names", "register"]
+__all__ = ["FaultContext", "FaultKind", "ScheduleError", "capabilities", "find", "get", "kinds", "names",
+           "register"]

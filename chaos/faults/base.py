@@ -12,8 +12,10 @@ it with `@register`. The class says everything the rest of the harness needs:
     (`bounded`) or choices (`choice`) in the field's metadata, checked here;
   * `validate(spec, key)`: rules between fields (e.g. flap needs period_s and
     duty; freeze needs `until`);
-  * `backends`: the link backends that can carry it ("embedded", "toxiproxy")
-    or {"local"} for signals to local processes;
+  * `backends`: the link backends that can carry it ("embedded", "toxiproxy",
+    "kernel") or {"local"} for signals to local processes, and
+    `backend_params`: for a backend that carries only some of its parameters,
+    which ones (the capability table, `capabilities()`, docs/multi-host.md);
   * `apply(ctx, spec)`: start it, returning a handle whose `clear()` ends it;
   * `label(spec)` and `colour`: how reports show it.
 
@@ -39,6 +41,10 @@ if TYPE_CHECKING:
 Target = Literal["link", "process", "syncer"]
 LINK_BACKENDS = frozenset({"embedded", "toxiproxy"})
 """Link kinds every Toxiproxy server implements: the embedded one and a real (upstream) one."""
+KERNEL = frozenset({"kernel"})
+"""tc and nftables on a learner host's veth (chaos/kernel_links.py; `[launch] hosts = "netns"`)."""
+ALL_LINK_BACKENDS = ("embedded", "toxiproxy", "kernel")
+"""Every link backend, in the capability table's column order."""
 LOCAL = frozenset({"local"})
 """Process kinds: signals to this machine's processes."""
 
@@ -85,6 +91,8 @@ class FaultKind:
     target: ClassVar[Target]
     params: ClassVar[type] = NoParams
     backends: ClassVar[frozenset[str]] = LOCAL
+    backend_params: ClassVar[dict[str, frozenset[str]]] = {}
+    """backend -> the only parameters it can carry, for a backend in `backends` that cannot carry them all."""
     colour: ClassVar[str] = "#7f7f7f"
     summary: ClassVar[str] = ""
     """One line for docs and error messages."""
@@ -98,6 +106,17 @@ class FaultKind:
         """ScheduleError naming `key` when a `required` parameter is unset."""
         if any(getattr(spec.options, name) is None for name in self.required):
             raise ScheduleError(f"{key}: {self.name} needs {' and '.join(self.required)}")
+
+    def backend_problem(self, backend: str, spec: FaultSpec) -> str | None:
+        """Why `backend` cannot carry this fault (None: it can): the kind, or one of the set parameters."""
+        if backend not in self.backends:
+            return f"{backend} cannot carry {self.name} (it runs on: {', '.join(sorted(self.backends))})"
+        allowed = self.backend_params.get(backend)
+        unsupported = sorted(set(spec.params()) - allowed) if allowed is not None else []
+        if unsupported:
+            return (f"{backend} cannot carry {self.name}'s {', '.join(unsupported)} "
+                    f"(it carries only {', '.join(sorted(allowed or ()))})")
+        return None
 
     def validate(self, spec: FaultSpec, key: str) -> None:
         """Rules between fields, after each value passed its range and `required` is set; raise ScheduleError
@@ -199,3 +218,18 @@ def remember_repair(ctx: FaultContext, spec: FaultSpec) -> None:
     """A kill's own repair delay, for the supervisor to pop when it restarts the learner (or "syncer")."""
     if spec.repair_s is not None:
         ctx.process().repair_s["syncer" if spec.learner is None else spec.learner] = spec.repair_s
+
+
+def capabilities() -> list[tuple[str, dict[str, str]]]:
+    """The capability table: for each link kind, what each link backend (ALL_LINK_BACKENDS) carries: "yes",
+    "no" or "only <params>"."""
+    rows = []
+    for name, kind in kinds().items():
+        if kind.target != "link":
+            continue
+        cells = {}
+        for b in ALL_LINK_BACKENDS:
+            only = kind.backend_params.get(b)
+            cells[b] = "no" if b not in kind.backends else f"only {', '.join(sorted(only))}" if only else "yes"
+        rows.append((name, cells))
+    return rows

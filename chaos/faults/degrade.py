@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from chaos.faults.base import LINK_BACKENDS, FaultContext, FaultHandle, FaultKind, ScheduleError, register
+from chaos.faults.base import KERNEL, LINK_BACKENDS, FaultContext, FaultHandle, FaultKind, ScheduleError, register
 from chaos.wan_profiles import WAN_PROFILES
 from trainers.config import bounded, choice
 
@@ -32,7 +32,9 @@ class Degrade(FaultKind):
     name = "degrade"
     target = "link"
     params = DegradeParams
-    backends = LINK_BACKENDS
+    backends = LINK_BACKENDS | KERNEL
+    backend_params = {"kernel": frozenset({"bandwidth_kbps"})}
+    """The kernel backend has tbf but no netem: a rate, no added latency or jitter (so no WAN profile)."""
     colour = "#ff7f0e"
     summary = "added latency (+- jitter) and/or a bandwidth cap on one learner's link"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from chaos.faults.base import LINK_BACKENDS, FaultContext, FaultHandle, FaultKind, register
+from chaos.faults.base import KERNEL, LINK_BACKENDS, FaultContext, FaultHandle, FaultKind, register
 from trainers.config import bounded
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ class Flap(FaultKind):
     name = "flap"
     target = "link"
     params = FlapParams
-    backends = LINK_BACKENDS
+    backends = LINK_BACKENDS | KERNEL
     colour = "#e377c2"
     summary = "one learner's link down for duty x period_s of every period_s"
     required = ("period_s", "duty")

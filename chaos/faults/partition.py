@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from chaos.faults.base import LINK_BACKENDS, FaultContext, FaultHandle, FaultKind, register
+from chaos.faults.base import KERNEL, LINK_BACKENDS, FaultContext, FaultHandle, FaultKind, register
 from trainers.config import choice
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ class Partition(FaultKind):
     name = "partition"
     target = "link"
     params = PartitionParams
-    backends = LINK_BACKENDS
+    backends = LINK_BACKENDS | KERNEL
     colour = "#d62728"
     summary = "one learner's link cut (blackhole or refuse) until healed"
 

@@ -286,19 +286,20 @@ class ProcessFaultOff(Event):
 LINKS = "supervisor (chaos/links.py)"
 
 
-@event("links_ready", "supervisor (harness/link_proxies.py)")
+@event("links_ready", "supervisor (harness/link_proxies.py, harness/netns_hosts.py)")
 @dataclass(frozen=True, kw_only=True)
 class LinksReady(Event):
-    """The learners' links run through Toxiproxy proxies."""
+    """The learners' links are ready for faults: through Toxiproxy proxies, or (backend "kernel") through tc and
+    nftables on each netns host's veth."""
 
     backend: str
-    """Which Toxiproxy: "builtin" (chaos/toxiproxy_server) or "external"."""
+    """Which Toxiproxy: "embedded" (chaos/toxiproxy_server), "toxiproxy-server" or "external"; or "kernel"."""
     url: str
-    """Its HTTP API."""
+    """Its HTTP API; for the kernel backend the syncer's address the hosts connect to (tcp://host:port)."""
     version: str | None
-    """The server's version string."""
+    """The server's version string; for the kernel backend the kernel's release."""
     proxies: dict[str, int]
-    """Learner -> the proxy port its link connects to."""
+    """Learner -> the proxy port its link connects to (the kernel backend: the syncer's port)."""
 
 
 @event("link_fault_on", LINKS)
@@ -370,3 +371,41 @@ class LinkConnectionsDropped(Event):
     """The learner."""
     already_refused: bool
     """True when a refuse partition already held the link down (nothing to drop)."""
+
+
+HOSTS = "supervisor (harness/netns_hosts.py)"
+
+
+@event("hosts_swept", HOSTS)
+@dataclass(frozen=True, kw_only=True)
+class HostsSwept(Event):
+    """Before its own hosts were made, the run removed what a supervisor that died without its clean-up (e.g.
+    SIGKILLed) left behind: namespaces, veths and bridges named after a pid that no longer runs."""
+
+    removed: list[str]
+    """The names removed (namespaces, then links)."""
+
+
+@event("hosts_ready", HOSTS)
+@dataclass(frozen=True, kw_only=True)
+class HostsReady(Event):
+    """`[launch] hosts = "netns"`: each learner host is a network namespace with a veth on the run's bridge."""
+
+    prefix: str
+    """What every name the run made starts with (dc<pid, 6 hex><run, 2 hex>)."""
+    bridge: str
+    """The bridge in the root namespace."""
+    syncer_address: str
+    """The bridge's address: where the syncer (and the rendezvous store) listen for the hosts."""
+    hosts: dict[str, dict[str, str]]
+    """Learner -> {"netns", "address", "veth"}: its namespace, its address on the bridge, its veth end on the
+    bridge."""
+
+
+@event("hosts_removed", HOSTS)
+@dataclass(frozen=True, kw_only=True)
+class HostsRemoved(Event):
+    """The run's namespaces, veths, bridge, qdiscs and nft tables were removed (at the end of every run)."""
+
+    left: list[str]
+    """What could not be removed, one line each (empty: nothing left)."""

@@ -1,0 +1,195 @@
+"""Netns hosts and the kernel link backend on real namespaces, veths, tc qdiscs and nft tables.
+
+What is checked: validation (runs anywhere) refuses a fault the kernel backend cannot carry and the settings
+that cannot work together; on a machine that allows it (root, `ip`, `tc`, `nft`; skipped with the reason
+elsewhere), a bandwidth limit's measured payload rate is within 10 % of the one set, a blackhole partition
+stops the flow and a refuse partition resets it, and nothing is left after a clean-up, nor after the owner of
+hosts is SIGKILLed and the next start sweeps (`ip netns list`, `ip link`, `tc qdisc`, `nft list tables`).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from chaos import faults
+from chaos.kernel_links import TABLE, HostLink, KernelToxics, sh
+from chaos.links import LinkChaos, proxy_name
+from harness.netns_hosts import INNER_DEV, NetnsHosts, availability
+from harness.netns_hosts import remaining as residue
+from harness.scenario import ScenarioError, from_dict
+
+WHY = availability()
+needs_netns = pytest.mark.skipif(WHY is not None, reason=f"{WHY}")
+RATE_TOLERANCE = 0.10
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _kernel(extra: dict | None = None, **faults_: dict) -> dict:
+    table = {"algorithm": "decoupled", "topology": {"learners": 2, "chips_per_learner": 1},
+             "launch": {"hosts": "netns"}, "links": {"backend": "kernel", "proxy": "off"},
+             "faults": [{"learner": 1, **f} for f in faults_.values()]}
+    table.update(extra or {})
+    return table
+
+
+def test_validation_refuses_what_the_kernel_backend_cannot_carry() -> None:
+    sc = from_dict(_kernel(a={"action": "partition", "mode": "refuse"}, b={"action": "degrade",
+                                                                          "bandwidth_kbps": 800},
+                           c={"action": "loss", "percent": 5}, d={"action": "flap", "period_s": 1, "duty": 0.5}))
+    assert sc.links.backend == "kernel" and sc.launch.hosts == "netns"
+    with pytest.raises(ScenarioError) as e:
+        from_dict(_kernel(a={"action": "reset_peer"}, b={"action": "degrade", "latency_ms": 40,
+                                                         "bandwidth_kbps": 800}))
+    msg = str(e.value)
+    assert "faults[0].action = 'reset_peer': not supported by the kernel backend" in msg
+    assert "faults[1].action = 'degrade'" in msg and "cannot carry degrade's latency_ms" in msg, msg
+    with pytest.raises(ScenarioError, match="loss.*runs on: kernel"):
+        from_dict({"faults": [{"action": "loss", "learner": 0, "percent": 1}], "links": {"proxy": "embedded"}})
+    with pytest.raises(ScenarioError) as e:
+        from_dict({"links": {"backend": "kernel"}})
+    assert "links.backend = 'kernel': needs launch.hosts = 'netns'" in str(e.value)
+    with pytest.raises(ScenarioError, match="links.proxy = 'auto': netns hosts reach the syncer directly"):
+        from_dict({"launch": {"hosts": "netns"}})
+
+
+def test_the_capability_table_names_every_link_kind() -> None:
+    table = dict(faults.capabilities())
+    assert table["partition"] == {"embedded": "yes", "toxiproxy": "yes", "kernel": "yes"}
+    assert table["degrade"]["kernel"] == "only bandwidth_kbps"
+    assert table["loss"] == {"embedded": "no", "toxiproxy": "no", "kernel": "yes"}
+    assert table["corrupt"]["kernel"] == "no" and table["reset_peer"]["kernel"] == "no"
+    doc = (REPO / "docs" / "multi-host.md").read_text()
+    for name, cells in table.items():
+        assert f"| `{name}` | {' | '.join(cells.values())} |" in doc, f"docs/multi-host.md: row of {name}"
+
+
+@pytest.fixture
+def hosts():
+    made = NetnsHosts.create(1)
+    yield made
+    assert made.close() == []
+    assert residue(made.prefix) == []
+
+
+@needs_netns
+def test_hosts_reach_the_bridge_and_leave_nothing_after_close(hosts) -> None:
+    from harness.netns_probe import in_netns
+
+    h = hosts.hosts[0]
+    assert residue(hosts.prefix), "the namespace, veth and bridge exist while the hosts are up"
+    with socket.create_server((hosts.syncer_address, 0)) as listener:
+        port = listener.getsockname()[1]
+
+        def connect() -> str:
+            with socket.create_connection((hosts.syncer_address, port), timeout=5) as s:
+                return s.getsockname()[0]
+
+        assert in_netns(h.netns, connect, 10) == h.address, "the host's traffic leaves from its own address"
+
+
+@needs_netns
+@pytest.mark.parametrize("upstream", [True, False], ids=["upstream", "downstream"])
+def test_a_kernel_bandwidth_limit_gives_the_rate_set(hosts, upstream: bool) -> None:
+    from harness.netns_probe import measure_rate
+
+    h = hosts.hosts[0]
+    toxics = KernelToxics({proxy_name(0): HostLink(h.netns, INNER_DEV, h.outer_dev, 0)})
+    toxics.prepare()
+    chaos = LinkChaos(toxics, 1)
+    kbps = 4000.0
+    try:
+        with chaos.degrade(0, bandwidth_kbps=kbps):
+            sample = measure_rate(h.netns, hosts.syncer_address, upstream, seconds=1.5)
+        free = measure_rate(h.netns, hosts.syncer_address, upstream, seconds=0.5, warmup_s=0.2)
+    finally:
+        chaos.clear_all()
+        assert toxics.close() == []
+    print(f"set {kbps:g} kbps, measured {sample.kbps:.0f} kbps; unlimited {free.kbps:.0f} kbps")
+    assert abs(sample.kbps - kbps) <= RATE_TOLERANCE * kbps, sample
+    assert free.kbps > 5 * kbps, "the limit is gone once the fault is cleared"
+
+
+@needs_netns
+def test_kernel_partitions_blackhole_and_refuse(hosts) -> None:
+    from harness.netns_probe import in_netns
+
+    h = hosts.hosts[0]
+    with socket.create_server((hosts.syncer_address, 0)) as listener:
+        port = listener.getsockname()[1]
+        toxics = KernelToxics({proxy_name(0): HostLink(h.netns, INNER_DEV, h.outer_dev, port)})
+        toxics.prepare()
+        chaos = LinkChaos(toxics, 1)
+
+        def attempt(timeout_s: float) -> str:
+            try:
+                with socket.create_connection((hosts.syncer_address, port), timeout=timeout_s):
+                    return "connected"
+            except TimeoutError:
+                return "timeout"
+            except ConnectionRefusedError:
+                return "refused"
+
+        try:
+            assert in_netns(h.netns, lambda: attempt(5), 10) == "connected"
+            with chaos.partition(0, "blackhole"):
+                assert in_netns(h.netns, lambda: attempt(0.5), 10) == "timeout"
+            assert in_netns(h.netns, lambda: attempt(5), 10) == "connected"
+            with chaos.partition(0, "refuse"):
+                assert in_netns(h.netns, lambda: attempt(5), 10) == "refused"
+            assert in_netns(h.netns, lambda: attempt(5), 10) == "connected"
+            rules = sh(["ip", "netns", "exec", h.netns, "nft", "list", "table", "inet", TABLE])
+            assert "drop" not in rules and "reject" not in rules, rules
+        finally:
+            chaos.clear_all()
+            assert toxics.close() == []
+
+
+OWNER = """
+import sys
+from chaos.kernel_links import HostLink, KernelToxics
+from chaos.links import LinkChaos
+from harness.netns_hosts import INNER_DEV, NetnsHosts
+hosts = NetnsHosts.create(2)
+h = hosts.hosts[0]
+toxics = KernelToxics({"learner-0": HostLink(h.netns, INNER_DEV, h.outer_dev, 9)})
+toxics.prepare()
+chaos = LinkChaos(toxics, 1)
+chaos.degrade(0, bandwidth_kbps=800)
+chaos.partition(0)
+print(hosts.prefix, flush=True)
+sys.stdin.read()
+"""
+
+
+@needs_netns
+def test_a_sigkilled_owner_leaves_hosts_that_the_next_start_removes() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", OWNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO)
+    try:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        assert ready, "the owner did not make its hosts within 30 s"
+        prefix = proc.stdout.readline().decode().strip()
+        assert prefix.startswith("dc"), prefix
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    left = residue(prefix)
+    assert any(x.startswith("netns") for x in left) and any(x.startswith("qdisc") for x in left), left
+    t0 = time.monotonic()
+    made = NetnsHosts.create(1)
+    try:
+        assert {f"{prefix}n00", f"{prefix}n01", f"{prefix}b"} <= set(made.swept), made.swept
+        assert residue(prefix) == [], "the next start removed every leftover of the killed owner"
+    finally:
+        assert made.close() == []
+    print(f"sweep and create took {time.monotonic() - t0:.2f} s")
