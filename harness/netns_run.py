@@ -13,7 +13,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 
-from chaos.kernel_links import HostLink, KernelToxics
+from chaos.kernel_links import HostLink, KernelLinkError, KernelToxics
 from chaos.links import LinkChaos, proxy_name
 from harness.events import EventLog
 from harness.netns_hosts import INNER_DEV, NetnsHosts, availability
@@ -23,7 +23,8 @@ log = logging.getLogger(__name__)
 
 
 class HostsUnavailable(RuntimeError):
-    """`[launch] hosts = "netns"` cannot run here (not root, or a tool is missing); the message says which."""
+    """`[launch] hosts = "netns"` cannot run here (not root, a tool missing, a command that failed); the message
+    says which (the supervisor raises it as a RunFailed)."""
 
 
 @dataclass
@@ -54,7 +55,10 @@ class NetnsRun:
         why = availability()
         if why is not None:
             raise HostsUnavailable(f"launch.hosts = 'netns': {why}")
-        hosts = NetnsHosts.create(sc.topology.learners)
+        try:
+            hosts = NetnsHosts.create(sc.topology.learners)
+        except KernelLinkError as e:
+            raise HostsUnavailable(f"launch.hosts = 'netns': the hosts could not be made: {e}") from e
         if hosts.swept:
             events.log("hosts_swept", removed=hosts.swept)
         events.log("hosts_ready", prefix=hosts.prefix, bridge=hosts.bridge, syncer_address=hosts.syncer_address,

@@ -146,9 +146,12 @@ class Supervisor:
                         learner_policy_why=why, schema_version=SCHEMA_VERSION)
         try:
             if sc.launch.hosts == "netns":
-                from harness.netns_run import NetnsRun
+                from harness.netns_run import HostsUnavailable, NetnsRun
 
-                self.netns = NetnsRun.open(sc, self.events)
+                try:
+                    self.netns = NetnsRun.open(sc, self.events)
+                except HostsUnavailable as e:
+                    raise RunFailed(str(e)) from e
             self.store = dist.TCPStore(self._syncer_host(), 0, is_master=True, wait_for_workers=False,
                                        timeout=datetime.timedelta(seconds=t.startup_s))
             self.events.log("store_ready", port=self.store.port)

@@ -193,3 +193,13 @@ def test_a_sigkilled_owner_leaves_hosts_that_the_next_start_removes() -> None:
     finally:
         assert made.close() == []
     print(f"sweep and create took {time.monotonic() - t0:.2f} s")
+
+
+def test_a_run_on_netns_hosts_where_they_cannot_be_made_fails_before_any_process(tmp_path, monkeypatch) -> None:
+    from harness.supervisor import RunFailed, Supervisor
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no ip, tc or nft
+    sup = Supervisor(from_dict(_kernel()), tmp_path / "runs")
+    with pytest.raises(RunFailed, match="launch.hosts = 'netns': netns hosts need"):
+        sup.run()
+    assert sup.procs == {}, "nothing was started"
