@@ -203,3 +203,32 @@ def test_a_run_on_netns_hosts_where_they_cannot_be_made_fails_before_any_process
     with pytest.raises(RunFailed, match="launch.hosts = 'netns': netns hosts need"):
         sup.run()
     assert sup.procs == {}, "nothing was started"
+
+
+@needs_netns
+def test_a_kernel_flap_goes_down_and_up_and_leaves_no_rule(hosts) -> None:
+    import threading
+
+    h = hosts.hosts[0]
+    toxics = KernelToxics({proxy_name(0): HostLink(h.netns, INNER_DEV, h.outer_dev, 9)})
+    toxics.prepare()
+    flaps: list[bool] = []
+    two_cycles = threading.Event()
+
+    def on_event(ev: str, /, **fields: object) -> None:
+        if ev == "link_flap":
+            flaps.append(bool(fields["down"]))
+            if len(flaps) >= 4:
+                two_cycles.set()
+
+    chaos = LinkChaos(toxics, 1, on_event=on_event)
+    try:
+        fault = chaos.flap(0, period_s=0.2, duty=0.5)
+        assert two_cycles.wait(10), f"the link flapped only {flaps} in 10 s"
+        fault.clear()
+        rules = sh(["ip", "netns", "exec", h.netns, "nft", "list", "table", "inet", TABLE])
+        assert "drop" not in rules, rules
+        assert flaps[:4] == [True, False, True, False]
+    finally:
+        chaos.clear_all()
+        assert toxics.close() == []
