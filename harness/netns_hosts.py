@@ -24,6 +24,7 @@ leftovers until that process ends too; nothing of a live run is ever touched.
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
 import logging
 import os
@@ -54,9 +55,31 @@ def availability() -> str | None:
     for tool in ("ip", "tc", "nft"):
         if shutil.which(tool) is None:
             return f"netns hosts need `{tool}` on PATH (Debian: apt-get install iproute2 nftables)"
-    if not os.path.isdir("/proc/self/ns") or not os.path.exists("/proc/self/ns/net"):
+    if not os.path.exists("/proc/self/ns/net"):
         return "this kernel has no network namespaces"
-    return None
+    return _probe()
+
+
+@functools.lru_cache(maxsize=1)
+def _probe() -> str | None:
+    """Root is not always enough (a container without CAP_SYS_ADMIN or CAP_NET_ADMIN): make one namespace, a
+    veth and an nft table for real, once per process, and remove them. Named like a run's (run ff), so a probe
+    cut short is swept like any leftover."""
+    netns, dev = f"dc{os.getpid():06x}ffn99", f"dc{os.getpid():06x}ffh99"
+    try:
+        for args in (["ip", "netns", "add", netns],
+                     ["ip", "link", "add", dev, "type", "veth", "peer", "name", INNER_DEV, "netns", netns],
+                     ["ip", "netns", "exec", netns, "nft", "add", "table", "inet", "probe"],
+                     ["tc", "-n", netns, "qdisc", "add", "dev", "lo", "root", "tbf", "rate", "1mbit", "burst", "32kb",
+                      "latency", "50ms"]):
+            try:
+                sh(args)
+            except KernelLinkError as e:
+                return f"netns hosts cannot be made here: {e}"
+        return None
+    finally:
+        sh(["ip", "link", "del", dev], check=False)
+        sh(["ip", "netns", "del", netns], check=False)
 
 
 def enter_netns(name: str) -> None:
