@@ -28,6 +28,10 @@ class SyncerStart(Event):
     """The run's algorithm."""
     fragments: int | None
     """decoupled: fragments of the model (None for the barrier algorithms)."""
+    shard: int | None = None
+    """syncer.shards > 1: which shard of the synchronizer this is (absent: one syncer)."""
+    owned: list[int] | None = None
+    """syncer.shards > 1: the fragments this shard owns (trainers/shards.py)."""
 
 
 @event("learner_join", SERVICE)
