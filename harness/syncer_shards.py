@@ -16,12 +16,12 @@ See docs/sharded-syncer.md.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 
 import torch
 
 from harness.fragment_checkpoint import FragmentCheckpoints
+from harness.record.syncer import shard_of
 from harness.rundir import CHECKPOINT_FILE, atomic_torch_save
 from harness.scenario import Scenario
 from harness.syncer_accounting import STATE_DIR
@@ -29,18 +29,13 @@ from trainers.fragments import partition_tensors
 from trainers.model import build_model
 from trainers.shards import assign_shards, fragment_sizes
 
-_PROC = re.compile(r"syncer\.s(\d+)$")
+__all__ = ["assemble_final", "assembled_params", "checkpoint_name", "fragment_owners", "proc_name", "shard_of",
+           "state_dir"]
 
 
 def proc_name(shard: int, shards: int) -> str:
     """The process (and event `proc`) name of a shard."""
     return "syncer" if shards == 1 else f"syncer.s{shard}"
-
-
-def shard_of(proc: str) -> int:
-    """The shard an event's `proc` names (0 for the unsharded `syncer`, and for anything else)."""
-    m = _PROC.match(proc)
-    return int(m.group(1)) if m else 0
 
 
 def state_dir(shard: int, shards: int) -> str:
