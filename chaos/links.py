@@ -18,8 +18,11 @@ by the seed, only their timing is wall-clock.
 Units: `latency_ms` and `jitter_ms` are round-trip figures, applied half on
 each direction; `bandwidth_kbps` is kilobits per second on each direction,
 sent to Toxiproxy as `rate` = kbps / 8 KB/s (Toxiproxy's KB is 1000 bytes
-and its rate is per connection, which is per learner here: one connection
-per link).
+and its rate is per connection). With a sharded synchronizer (syncer.shards
+= S) a learner's link is S proxies (`learner-<i>`, `learner-<i>-shard<k>`),
+one connection each: every fault applies to all of them, and a bandwidth cap
+is split evenly across them (`shard_rate`: 1/S of it each), so the learner's
+total is the rate set, as on one WAN pipe.
 """
 
 from __future__ import annotations
@@ -65,8 +68,18 @@ class ToxicApi(Protocol):
     def set_enabled(self, proxy: str, enabled: bool, /) -> object: ...
 
 
-def proxy_name(learner: int) -> str:
-    return f"learner-{learner}"
+
+
+def shard_rate(bandwidth_kbps: float, shards: int) -> int:
+    """Toxiproxy's `rate` (KB/s, per connection) of each of a learner's `shards` connections, so that their sum
+    is the learner's bandwidth: a learner's WAN link is one pipe, whatever number of shards it reaches."""
+    return max(1, round(bandwidth_kbps / 8 / shards))
+
+
+def proxy_name(learner: int, shard: int = 0) -> str:
+    """The proxy of learner's connection to synchronizer shard `shard` (`learner-<i>` for shard 0, the only one
+    without sharding)."""
+    return f"learner-{learner}" if shard == 0 else f"learner-{learner}-shard{shard}"
 
 
 @dataclass
@@ -97,9 +110,12 @@ class LinkChaos:
     """Faults on learner links; every fault it made is removed by `clear_all()`."""
 
     def __init__(self, client: ToxiproxyClient | ToxicApi, learners: int, seed: int = 0,
-                 on_event: Callable[..., None] | None = None, fragment_bytes: int = 0, step_s: float = 0.1) -> None:
+                 on_event: Callable[..., None] | None = None, fragment_bytes: int = 0, step_s: float = 0.1,
+                 shards: int = 1) -> None:
         self.client = client
         self.learners = learners
+        self.shards = shards
+        """Synchronizer shards: a learner's link is one proxy per shard, and a fault on it hits all of them."""
         self.seed = seed
         self.on_event = on_event or _no_event
         self.fragment_bytes = fragment_bytes
@@ -123,11 +139,11 @@ class LinkChaos:
         with self._building(fault):
             if latency_ms > 0 or jitter_ms > 0:
                 for stream in STREAMS:
-                    n.append(self._add(learner, "latency", stream, latency=round(latency_ms / 2)))
+                    n.extend(self._add(learner, "latency", stream, latency=round(latency_ms / 2)))
             if bandwidth_kbps is not None:
-                rate = max(1, round(bandwidth_kbps / 8))
+                rate = shard_rate(bandwidth_kbps, self.shards)
                 for stream in STREAMS:
-                    n.append(self._add(learner, "bandwidth", stream, rate=rate))
+                    n.extend(self._add(learner, "bandwidth", stream, rate=rate))
         if jitter_ms > 0:
             fault.thread = threading.Thread(target=self._jitter, args=(fault, latency_ms, jitter_ms),
                                             name=f"jitter-{learner}", daemon=True)
@@ -164,7 +180,7 @@ class LinkChaos:
         """While active, every connection of the link is reset (RST) timeout_ms after data arrives."""
         fault = self._new("reset_peer", learner)
         with self._building(fault):
-            fault.toxics.append(self._add(learner, "reset_peer", "upstream", timeout=timeout_ms))
+            fault.toxics.extend(self._add(learner, "reset_peer", "upstream", timeout=timeout_ms))
         return self._register(fault, timeout_ms=timeout_ms)
 
     def reset_connections(self, learner: int) -> None:
@@ -174,9 +190,10 @@ class LinkChaos:
         with self._lock:
             refused = self._refused.get(learner, 0) > 0
         if not refused:
-            name = proxy_name(learner)
-            self.client.set_enabled(name, False)
-            self.client.set_enabled(name, True)
+            for name in self.proxies(learner):
+                self.client.set_enabled(name, False)
+            for name in self.proxies(learner):
+                self.client.set_enabled(name, True)
         self.on_event("link_connections_dropped", learner=learner, already_refused=refused)
 
     def corrupt_by_slicing(self, learner: int, average_size: int = 64, size_variation: int = 32,
@@ -186,10 +203,10 @@ class LinkChaos:
         fault = self._new("slice", learner)
         with self._building(fault):
             for stream in STREAMS:
-                fault.toxics.append(self._add(learner, "slicer", stream, average_size=average_size,
+                fault.toxics.extend(self._add(learner, "slicer", stream, average_size=average_size,
                                               size_variation=size_variation, delay=delay_us))
             if limit_bytes is not None:
-                fault.toxics.append(self._add(learner, "limit_data", "upstream", bytes=limit_bytes))
+                fault.toxics.extend(self._add(learner, "limit_data", "upstream", bytes=limit_bytes))
         return self._register(fault, average_size=average_size, size_variation=size_variation,
                               delay_us=delay_us, limit_bytes=limit_bytes)
 
@@ -197,7 +214,7 @@ class LinkChaos:
         """Close each of the link's connections after nbytes from the learner (a frame cut short)."""
         fault = self._new("limit_data", learner)
         with self._building(fault):
-            fault.toxics.append(self._add(learner, "limit_data", "upstream", bytes=nbytes))
+            fault.toxics.extend(self._add(learner, "limit_data", "upstream", bytes=nbytes))
         return self._register(fault, bytes=nbytes)
 
     def add_toxics(self, learner: int, kind: str, toxics: list[tuple[str, str, dict[str, float]]],
@@ -208,7 +225,7 @@ class LinkChaos:
         fault = self._new(kind, learner)
         with self._building(fault):
             for type_, stream, attributes in toxics:
-                fault.toxics.append(self._add(learner, type_, stream, **attributes))
+                fault.toxics.extend(self._add(learner, type_, stream, **attributes))
         return self._register(fault, params={k: v for k, v in params.items() if v is not None})
 
     def apply(self, spec: FaultSpec) -> LinkFault:
@@ -261,11 +278,19 @@ class LinkChaos:
                       **{k: v for k, v in params.items() if v is not None})
         return fault
 
-    def _add(self, learner: int, type_: str, stream: str, **attributes: float) -> tuple[str, str]:
-        """Add one toxic. Callers build a fault's toxics in `_building`, which removes them if one fails."""
+    def proxies(self, learner: int) -> list[str]:
+        """The proxies of one learner's link: one per synchronizer shard."""
+        return [proxy_name(learner, k) for k in range(self.shards)]
+
+    def _add(self, learner: int, type_: str, stream: str, **attributes: float) -> list[tuple[str, str]]:
+        """Add one toxic to each of the learner's proxies. Callers build a fault's toxics in `_building`, which
+        removes them if one fails."""
         name = f"{type_}-{stream}-{next(self._ids)}"
-        self.client.add_toxic(proxy_name(learner), name, type_, stream=stream, toxicity=1.0, **attributes)
-        return proxy_name(learner), name
+        added = []
+        for proxy in self.proxies(learner):
+            self.client.add_toxic(proxy, name, type_, stream=stream, toxicity=1.0, **attributes)
+            added.append((proxy, name))
+        return added
 
     def _cut(self, fault: LinkFault, mode: str) -> None:
         if mode == "refuse":  # counted: overlapping refuse faults keep the proxy down until the last ends
@@ -274,10 +299,11 @@ class LinkChaos:
                 self._refused[fault.learner] = self._refused.get(fault.learner, 0) + 1
                 fault.disabled = True
             if first:
-                self.client.set_enabled(proxy_name(fault.learner), False)
+                for proxy in self.proxies(fault.learner):
+                    self.client.set_enabled(proxy, False)
         else:
             for stream in STREAMS:
-                fault.toxics.append(self._add(fault.learner, "timeout", stream, timeout=0))
+                fault.toxics.extend(self._add(fault.learner, "timeout", stream, timeout=0))
 
     def _uncut(self, fault: LinkFault) -> None:
         toxics, fault.toxics = fault.toxics, []
@@ -289,7 +315,8 @@ class LinkChaos:
                 last = self._refused[fault.learner] == 0
                 fault.disabled = False
             if last:
-                self.client.set_enabled(proxy_name(fault.learner), True)
+                for proxy in self.proxies(fault.learner):
+                    self.client.set_enabled(proxy, True)
 
     def _clear(self, fault: LinkFault) -> None:
         with self._lock:
@@ -312,12 +339,12 @@ class LinkChaos:
 
     def _jitter(self, fault: LinkFault, latency_ms: float, jitter_ms: float) -> None:
         rng = random.Random(f"{self.seed}/jitter/{fault.learner}")
-        names = [n for _, n in fault.toxics if n.startswith("latency-")]
+        names = [(proxy, n) for proxy, n in fault.toxics if n.startswith("latency-")]
         while not fault.stop.wait(JITTER_PERIOD_S):
             value = max(0.0, latency_ms + rng.uniform(-jitter_ms, jitter_ms))
             try:
-                for name in names:
-                    self.client.update_toxic(proxy_name(fault.learner), name, latency=round(value / 2))
+                for proxy, name in names:
+                    self.client.update_toxic(proxy, name, latency=round(value / 2))
             except ToxiproxyError as e:
                 if not fault.stop.is_set():
                     log.warning("jitter update on learner %d failed: %s", fault.learner, e)

@@ -7,8 +7,8 @@ runs, like a chip or host that dies); the learner's recovery policy decides
 what happens next. `freeze` sends SIGSTOP to the learner's chips (and the
 host's link process) and returns a scope whose `clear()` sends SIGCONT: a hung
 host that comes back.
-`kill_syncer` SIGKILLs the synchronizer; the supervisor restores it from its
-checkpoint after the repair delay.
+`kill_syncer` SIGKILLs the synchronizer (one shard, or every shard); the
+supervisor restores each from its checkpoint after the repair delay.
 
 `slow` holds a learner to `speed` of the others (an older hardware
 generation, or, scoped, a transient straggler) from outside its training
@@ -52,6 +52,13 @@ PidsOf = Callable[[int], list[int]]
 """learner -> pids of its live chip processes, ordered by rank (rank 0 is the learner's host)."""
 ProgressOf = Callable[[], dict[int, int]]
 """-> the highest inner step seen so far per learner (the supervisor's view of the event log)."""
+SyncerPids = Callable[[], dict[int, int]]
+"""-> shard -> pid of each synchronizer shard that is running now (shard 0 alone without sharding)."""
+
+
+def syncer_repair_key(shard: int) -> str:
+    """The `ProcessChaos.repair_s` key of a killed synchronizer shard's repair delay."""
+    return f"syncer.s{shard}"
 
 
 def _no_event(ev: str, /, **fields: Any) -> None:
@@ -102,17 +109,18 @@ class ProcessChaos:
     """Signals to a run's chip processes; counts what it sent."""
 
     def __init__(self, pids_of: PidsOf, learners: int, on_event: Callable[..., None] | None = None,
-                 syncer_pid: Callable[[], int | None] | None = None, progress: ProgressOf | None = None,
+                 syncer_pids: SyncerPids | None = None, progress: ProgressOf | None = None,
                  seed: int = 0) -> None:
         self.pids_of = pids_of
         self.learners = learners
         self.on_event = on_event or _no_event
-        self.syncer_pid = syncer_pid
+        self.syncer_pids = syncer_pids
         self.progress = progress
         self.seed = seed
         self.sent: dict[str, int] = {}
         self.repair_s: dict[int | str, float] = {}
-        """Repair delays asked for by kills that fired (learner, or "syncer"); the supervisor pops them."""
+        """Repair delays asked for by kills that fired (learner, or `syncer_repair_key(shard)`); the supervisor
+        pops them."""
         self._slowed: dict[int, ProcessFault] = {}
         self._lock = threading.Lock()
 
@@ -121,14 +129,18 @@ class ProcessChaos:
         with self._lock:
             return bool(self._slowed)
 
-    def kill_syncer(self, repair_s: float | None = None) -> ProcessFault:
-        """SIGKILL the synchronizer; it is restored from its last checkpoint after the repair delay."""
-        pid = self.syncer_pid() if self.syncer_pid is not None else None
-        if pid is None:
-            raise ProcessLookupError("the syncer is not running")
+    def kill_syncer(self, repair_s: float | None = None, shard: int | None = None) -> ProcessFault:
+        """SIGKILL the synchronizer's shard `shard` (None: every shard); each is restored from its last
+        checkpoint after the repair delay."""
+        live = self.syncer_pids() if self.syncer_pids is not None else {}
+        hit = {k: pid for k, pid in live.items() if shard is None or k == shard}
+        if not hit:
+            raise ProcessLookupError("the syncer is not running" if shard is None
+                                     else f"syncer shard {shard} is not running")
         if repair_s is not None:
-            self.repair_s["syncer"] = repair_s
-        return self._signal("kill_syncer", -1, [pid], signal.SIGKILL)
+            for k in hit:
+                self.repair_s[syncer_repair_key(k)] = repair_s
+        return self._signal("kill_syncer", -1, list(hit.values()), signal.SIGKILL, shard=shard)
 
     def kill_chip(self, learner: int, chip: int) -> ProcessFault:
         """SIGKILL one chip of a learner: its Gloo group breaks and the learner fails as a whole."""

@@ -34,6 +34,7 @@ from trainers.learner import (
     sync_replicas,
 )
 from trainers.lockstep import await_round, due_here
+from trainers.shards import assign_shards, fragment_sizes
 
 CPU_MARK_EVERY = 50
 """Every this many steps, the host's step event carries the process's CPU seconds so far (cost accounting)."""
@@ -94,6 +95,13 @@ class ChipSpec:
     """The learner host's network namespace (`[launch] hosts = "netns"`), entered first; "": this machine's."""
     syncer_host: str = "127.0.0.1"
     """Where the syncer and the rendezvous store listen (the netns hosts' bridge address, or loopback)."""
+    shard_ports: tuple[int, ...] = ()
+    """syncer.shards > 1: where the host's link reaches shards 1..S-1 (`syncer_port` is shard 0's)."""
+
+
+def _owners(partition: list[list[str]], numel: dict[str, int], shards: int) -> tuple[int, ...]:
+    """The owning synchronizer shard of each fragment (empty without sharding)."""
+    return tuple(assign_shards(fragment_sizes(partition, numel), shards)) if shards > 1 else ()
 
 
 def members_key(learner: int, generation: int) -> str:
@@ -197,7 +205,9 @@ def chip_main(spec: ChipSpec) -> None:
         link = LinkProcess(spec.syncer_host, spec.syncer_port, spec.learner, bytes.fromhex(spec.secret_hex), t,
                            max_frame_bytes(sc), os.path.join(spec.run_dir, EVENTS_FILE),
                            {n: p.shape for n, p in core.named.items()}, core.partition,
-                           wire_dtype_for(sc.algorithm, sc.diloco.wire_dtype)).start()
+                           wire_dtype_for(sc.algorithm, sc.diloco.wire_dtype), spec.shard_ports,
+                           _owners(core.partition, {n: p.numel() for n, p in core.named.items()},
+                                   sc.syncer.shards)).start()
     coll = None
     try:
         coll = GlooCollective(store, spec.learner, spec.rank, spec.generation, members, gloo_timeout_s(sc),

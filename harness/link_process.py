@@ -66,6 +66,7 @@ from harness.codec import (
 )
 from harness.events import EventLog
 from harness.link import LinkFatal, SyncerLink
+from harness.link_shards import ShardedLink
 from harness.procutil import cpu_seconds, die_with_parent, reset_compute_pool
 from harness.scenario import Timeouts
 from harness.shared_state import Doorbell, SharedInbox, SharedSnapshot
@@ -96,7 +97,10 @@ class LinkProcess:
 
     def __init__(self, host: str, port: int, learner: int, secret: bytes, timeouts: Timeouts,
                  max_frame_bytes: int, events_path: str, shapes: dict[str, torch.Size],
-                 partition: list[list[str]], wire_dtype: str = "fp32") -> None:
+                 partition: list[list[str]], wire_dtype: str = "fp32", shard_ports: tuple[int, ...] = (),
+                 owners: tuple[int, ...] = ()) -> None:
+        """`port`: the syncer's (shard 0's); `shard_ports`: shards 1..S-1's, and `owners` the owning shard of each
+        fragment, for a sharded synchronizer (harness/link_shards.py)."""
         self.learner = learner
         self.t = timeouts
         self.max_frame_bytes = max_frame_bytes
@@ -113,7 +117,8 @@ class LinkProcess:
         self._proc = mp.get_context("fork").Process(
             target=_serve, name=f"learner{learner}.link", daemon=True,
             args=(child, self._sock, os.getpid(),
-                  _Shared(self.shared, self.shared_inbox, self.to_link, self.to_training), partition, (host, port),
+                  _Shared(self.shared, self.shared_inbox, self.to_link, self.to_training), partition,
+                  [(host, p) for p in (port, *shard_ports)], owners,
                   learner, secret, timeouts, max_frame_bytes, events_path, wire_dtype))
         self._child = child
         self._inbox: list[MergedFragment] = []
@@ -336,7 +341,7 @@ class _Shared:
 
 
 def _serve(sock: socket.socket, training_end: socket.socket, parent_pid: int, shared: _Shared,
-           partition: list[list[str]], addr: tuple[str, int],
+           partition: list[list[str]], addrs: list[tuple[str, int]], owners: tuple[int, ...],
            learner: int, secret: bytes, t: Timeouts, max_frame_bytes: int, events_path: str,
            wire_dtype: str) -> None:
     """The link process: wait for the host's HELLO, connect, then relay until BYE or the host's end."""
@@ -347,6 +352,8 @@ def _serve(sock: socket.socket, training_end: socket.socket, parent_pid: int, sh
     events.log("link_process_start", learner=learner)
     out = _ToTraining(sock.dup(), t.run_s)
 
+    one_writer = threading.Lock()  # the shared inbox has one writer: with shards, several links' readers take turns
+
     def forward(msg: Message) -> None:
         """What the syncer sent for the training process: merged fragments into the shared inbox, the rest
         as frames."""
@@ -354,7 +361,8 @@ def _serve(sock: socket.socket, training_end: socket.socket, parent_pid: int, sh
             out.put(msg)
             return
         try:
-            shared.inbox.put(message_to_merged(msg))
+            with one_writer:
+                shared.inbox.put(message_to_merged(msg))
         except (ValueError, KeyError) as e:  # not this model's fragment: never applied
             events.log("fragment_refused", learner=learner, fragment=msg.meta.get("fragment"), error=str(e))
             return
@@ -363,8 +371,10 @@ def _serve(sock: socket.socket, training_end: socket.socket, parent_pid: int, sh
     try:
         first = _next_frame(sock, None, max_frame_bytes, t)
         if first is not None and first.type is MsgType.HELLO:
-            link = SyncerLink(addr[0], addr[1], learner, secret, t, max_frame_bytes, events,
-                              forward=forward, wire_dtype=wire_dtype).start()
+            links = [SyncerLink(host, port, learner, secret, t, max_frame_bytes, events, forward=forward,
+                                wire_dtype=wire_dtype) for host, port in addrs]
+            link: SyncerLink | ShardedLink = (links[0] if len(links) == 1
+                                              else ShardedLink(links, owners)).start()
             flush_s = _relay(sock, link, shared, partition, out, max_frame_bytes, t)
             link.close(flush_timeout_s=flush_s or 0.0, bye=flush_s is not None)
             threads = dict(link.thread_cpu_s)
@@ -397,7 +407,7 @@ def _next_frame(sock: socket.socket, bell: Doorbell | None, max_frame_bytes: int
             return None
 
 
-def _relay(sock: socket.socket, link: SyncerLink, shared: _Shared, partition: list[list[str]],
+def _relay(sock: socket.socket, link: SyncerLink | ShardedLink, shared: _Shared, partition: list[list[str]],
            out: _ToTraining, max_frame_bytes: int, t: Timeouts) -> float | None:
     """Send the META of each new snapshot, and hand the training process's frames to the link, until BYE
     (returns its flush bound) or the training process's end without one (None: it died or failed)."""

@@ -2,8 +2,9 @@
 
 `RunLinks.open` finds or starts the Toxiproxy server (chaos/toxiproxy_backend),
 creates proxy `learner-<i>` for every learner (listening on a free
-127.0.0.1 port, upstream the syncer) and returns the port each learner must
-connect to. `close` removes every fault and every proxy it made and stops a
+127.0.0.1 port, upstream the syncer; with syncer.shards = S > 1 also
+`learner-<i>-shard<k>` upstream shard k) and returns the ports each learner
+must connect to. `close` removes every fault and every proxy it made and stops a
 server it started; it never raises, because it runs while a run is being torn
 down, possibly after a failure.
 """
@@ -33,21 +34,29 @@ class RunLinks:
     ports: dict[int, int] = field(default_factory=dict)
     created: list[str] = field(default_factory=list)
 
+    shard_ports: dict[int, list[int]] = field(default_factory=dict)
+    """syncer.shards > 1: learner -> the proxy ports of its connections to shards 1..S-1."""
+
     @classmethod
-    def open(cls, sc: Scenario, syncer_port: int, events: EventLog, fragment_bytes: int) -> RunLinks:
+    def open(cls, sc: Scenario, syncer_ports: list[int], events: EventLog, fragment_bytes: int) -> RunLinks:
+        """Proxies for every learner to every shard (`syncer_ports[k]`: shard k's port)."""
         t = sc.links
         backend = start_backend(sc.links.proxy, sc.seed, sc.timeouts.startup_s, t.http_timeout_s)
         if backend.proc is not None:
             events.log("process_start", name="toxiproxy", child_pid=backend.proc.pid)
         client = ToxiproxyClient(backend.url, timeout_s=t.http_timeout_s)
         chaos = LinkChaos(client, sc.topology.learners, sc.seed, on_event=events.log,
-                          fragment_bytes=fragment_bytes, step_s=t.step_time_s)
+                          fragment_bytes=fragment_bytes, step_s=t.step_time_s, shards=len(syncer_ports))
         links = cls(backend, client, chaos)
         try:
             for m in range(sc.topology.learners):
-                info = client.create_proxy(proxy_name(m), f"127.0.0.1:{syncer_port}", listen="127.0.0.1:0")
-                links.created.append(info.name)
-                links.ports[m] = info.listen_port
+                for k, port in enumerate(syncer_ports):
+                    info = client.create_proxy(proxy_name(m, k), f"127.0.0.1:{port}", listen="127.0.0.1:0")
+                    links.created.append(info.name)
+                    if k == 0:
+                        links.ports[m] = info.listen_port
+                    else:
+                        links.shard_ports.setdefault(m, []).append(info.listen_port)
         except ToxiproxyError as e:
             links.close(sc.timeouts.shutdown_s)
             if e.status == 409:
@@ -55,7 +64,9 @@ class RunLinks:
                                      "proxy names; runs sharing TOXIPROXY_URL must not overlap)") from None
             raise
         events.log("links_ready", backend=backend.kind, url=backend.url, version=backend.version,
-                   proxies={str(m): p for m, p in links.ports.items()})
+                   proxies={str(m): p for m, p in links.ports.items()},
+                   **({"shard_proxies": {str(m): ps for m, ps in links.shard_ports.items()}}
+                      if links.shard_ports else {}))
         return links
 
     def close(self, timeout_s: float) -> None:

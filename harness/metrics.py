@@ -35,7 +35,7 @@ from chaos.schedule import KILL_ACTIONS
 from harness.record import Event
 from harness.record.learner import Apply, ChipStart, InitialPull, LearnerDone, Resume, Step
 from harness.record.run import FaultEnd, FaultStart, LearnerRestart, ProcessFault, ProcessFaultOff, SyncerDown
-from harness.record.syncer import LearnerBye, LearnerJoin, LearnerLeave, Merge, SyncerStart
+from harness.record.syncer import LearnerBye, LearnerJoin, LearnerLeave, Merge, SyncerStart, shard_of
 
 DOWNTIME_WINDOW_S = 1.0
 """A gap between merges longer than this is downtime (beyond this allowance)."""
@@ -379,19 +379,28 @@ def merge_stats(evs: Sequence[Event], fragments: int) -> dict[str, Any]:
 
 def learner_availability(evs: Sequence[Event], learners: int, start: float, end: float) -> dict[str, Any]:
     """Per learner: the fraction of [start, end] (the training span) it was alive as the syncer saw it, i.e.
-    between its `learner_join` and the next `learner_leave` (or the syncer going down)."""
+    between its `learner_join` and the next `learner_leave` (or the syncer going down). With a sharded
+    synchronizer, alive while connected to any shard (each shard's view is its events' `proc`)."""
+    by_shard: dict[int, set[int]] = defaultdict(set)
     alive_since: dict[int, float] = {}
     up: dict[int, float] = defaultdict(float)
     for e in sorted(evs, key=lambda e: e.t):
         t = min(max(e.t, start), end)
         if isinstance(e, LearnerJoin):
-            alive_since.setdefault(e.learner, t)
-        elif isinstance(e, LearnerLeave | LearnerBye) and e.learner in alive_since:
-            up[e.learner] += t - alive_since.pop(e.learner)
-        elif isinstance(e, SyncerDown | SyncerStart):
-            for m, t0 in alive_since.items():
-                up[m] += t - t0
-            alive_since.clear()
+            by_shard[shard_of(e.proc)].add(e.learner)
+        elif isinstance(e, LearnerLeave | LearnerBye):
+            by_shard[shard_of(e.proc)].discard(e.learner)
+        elif isinstance(e, SyncerStart):
+            by_shard[shard_of(e.proc)].clear()
+        elif isinstance(e, SyncerDown):
+            by_shard[e.shard].clear()
+        else:
+            continue
+        alive = set().union(*by_shard.values())
+        for m in alive - set(alive_since):
+            alive_since[m] = t
+        for m in set(alive_since) - alive:
+            up[m] += t - alive_since.pop(m)
     for m, t0 in alive_since.items():
         up[m] += end - t0
     span = end - start

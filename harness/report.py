@@ -33,6 +33,8 @@ from harness.record.syncer import Eval, LinkStats, Merge, Push, PushRejected, Pu
 from harness.run_errors import classify_errors, settle_window_s
 from harness.rundir import CHECKPOINT_FILE, CONFIG_FILE, read_json
 from harness.scenario import Scenario, from_dict
+from harness.shard_metrics import shard_figures
+from harness.syncer_shards import shard_of
 from harness.wire_precision import wire_dtype_for
 from trainers.data import eval_batches, make_splits
 from trainers.model import TinyGPT, build_model
@@ -111,6 +113,8 @@ def build_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
     groups = {e.group for e in log.of(GlooGroup)}
     errors = classify_errors(recs, start, settle_window_s(sc.timeouts.gloo_s, sc.timeouts.liveness_s))
     links_ready = log.first(LinksReady)
+    last_per_shard = {shard_of(e.proc): e.tokens_merged for e in sorted(merges, key=lambda e: e.t)}
+    """Each shard's cumulative count at its last merge (one entry, the syncer's, when unsharded)."""
     return {
         "name": sc.name,
         "algorithm": sc.algorithm,
@@ -123,7 +127,7 @@ def build_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         "gloo_groups": sorted(groups),
         "per_learner": per_learner,
         "tokens_trained": sum(d["tokens"] for d in per_learner.values()),
-        "tokens_merged": round(merges[-1].tokens_merged, 1) if merges else 0,
+        "tokens_merged": round(sum(last_per_shard.values()), 1),
         "merge_count": len(merges),
         "pushes": log.count(Push),
         "pushes_rejected": log.count(PushRejected),
@@ -151,6 +155,8 @@ def build_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         "fault_response": fault_response(recs),
         "merges": merge_stats(recs, sc.diloco.fragments if sc.algorithm == "decoupled" else 1),
         "syncer_restarts": log.count(SyncerRestart),
+        "syncer_shards": sc.syncer.shards,
+        "shards": shard_figures(recs, start, train_start, train_end),
     }
 
 

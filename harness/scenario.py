@@ -177,6 +177,22 @@ class RecoveryConfig:
     alone covers: the page cache outlives the process), at the cost of a disk flush per merge."""
 
 
+MAX_SHARDS = 64
+"""Most synchronizer shards a scenario may ask for (each is a process, with one proxy per learner)."""
+
+
+@dataclass(frozen=True)
+class SyncerConfig:
+    """The synchronizer's processes (docs/sharded-syncer.md)."""
+
+    shards: int = bounded(1, 1, MAX_SHARDS)
+    """S: synchronizer shards, each its own process with its own port, checkpoint and restore, owning the
+    fragments trainers/shards.py assigns it (balanced by size). Every learner reaches every shard, through one
+    proxy per shard. S > 1: algorithm = "decoupled" only, S <= diloco.fragments, and
+    recovery.syncer_checkpoint = "every_merge" (shard 0's evaluations read the other shards' fragments from
+    their checkpoint slots). 1: one syncer, as before."""
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     """Eval loss of the global model, computed by the syncer off the learners' hot path."""
@@ -217,6 +233,7 @@ class Scenario:
     links: LinksConfig = field(default_factory=LinksConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
+    syncer: SyncerConfig = field(default_factory=SyncerConfig)
     faults: tuple[FaultSpec, ...] = ()
     """Scheduled faults, `[[faults]]` tables (chaos/schedule.py): action, learner, at, until, parameters."""
     random_faults_source: str = ""

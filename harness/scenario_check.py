@@ -292,6 +292,10 @@ def rules(sc: Scenario, keys: Sequence[str], found: Found) -> None:
                     and found.ok("recovery.syncer_policy", "recovery.syncer_checkpoint")):
                 found.add(key, f"{key}.action = {f.action!r}: needs recovery.syncer_policy = 'restart' "
                                "and recovery.syncer_checkpoint = 'every_merge'")
+        shard = getattr(f.options, "shard", None)
+        if kind.target == "syncer" and shard is not None and shard >= sc.syncer.shards and found.ok("syncer.shards"):
+            found.add(key, f"{key}.shard = {shard}: must be in [0, {sc.syncer.shards - 1}] (syncer.shards)")
+    _shards(sc, found)
     if sc.recovery.policy == "shrink" and sc.algorithm not in ELASTIC_ALGORITHMS and found.ok("recovery.policy",
                                                                                                "algorithm"):
         found.add("recovery.policy", f"recovery.policy = 'shrink': supported for algorithm in {ELASTIC_ALGORITHMS} "
@@ -316,6 +320,26 @@ def rules(sc: Scenario, keys: Sequence[str], found: Found) -> None:
         found.add("data.corpus", f"data.corpus = {sc.data.corpus!r}: no such file; use one of "
                                  f"{', '.join(CORPUS_NAMES)} or a text file path")
     _timeouts(sc, found)
+
+
+def _shards(sc: Scenario, found: Found) -> None:
+    """syncer.shards > 1: what a sharded synchronizer needs (docs/sharded-syncer.md)."""
+    s = sc.syncer.shards
+    if s == 1 or not found.ok("syncer.shards"):
+        return
+    if sc.algorithm != "decoupled" and found.ok("algorithm"):
+        found.add("syncer.shards", f"syncer.shards = {s}: supported for algorithm = 'decoupled' only, not "
+                                   f"{sc.algorithm!r} (the synchronous baselines' barrier needs every tensor in "
+                                   "one process)")
+    elif s > sc.diloco.fragments and found.ok("diloco.fragments"):
+        found.add("syncer.shards", f"syncer.shards = {s}: must be in [1, diloco.fragments = "
+                                   f"{sc.diloco.fragments}] (a shard would own no fragment)")
+    if sc.recovery.syncer_checkpoint != "every_merge" and found.ok("recovery.syncer_checkpoint"):
+        found.add("syncer.shards", f"syncer.shards = {s}: needs recovery.syncer_checkpoint = 'every_merge' "
+                                   "(shard 0's evaluations read the other shards' fragments from their slots)")
+    if sc.links.backend == "kernel" and found.ok("links.backend"):
+        found.add("syncer.shards", f"syncer.shards = {s}: not with links.backend = 'kernel' (its nft rules match "
+                                   "one syncer port; docs/multi-host.md)")
 
 
 def _timeouts(sc: Scenario, found: Found) -> None:

@@ -1,4 +1,5 @@
-"""Launching and supervising one run: the syncer and M x C chip processes.
+"""Launching and supervising one run: the syncer (S shard processes with syncer.shards = S) and M x C chip
+processes.
 
 Processes start from a forkserver that has torch and the training code
 preloaded (a fork costs ~0.1 s instead of ~0.5 s for a fresh interpreter
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 import torch.distributed as dist
 
-from chaos.processes import ProcessChaos
+from chaos.processes import ProcessChaos, syncer_repair_key
 from harness.chip import ChipSpec, chip_main, members_key
 from harness.events import EVENTS_FILE, EventLog, EventTail
 from harness.fault_runner import FaultRunner
@@ -35,6 +36,7 @@ from harness.record.base import SCHEMA_VERSION
 from harness.rundir import CONFIG_FILE, PROCESSES_FILE, REPORT_FILE, make_run_dir, write_json
 from harness.scenario import Scenario, learner_policy, validate
 from harness.syncer_service import SyncerSpec, syncer_main
+from harness.syncer_shards import proc_name
 from trainers import mutations
 
 if TYPE_CHECKING:
@@ -122,9 +124,11 @@ class Supervisor:
         self.joining: dict[int, set[int]] = {}  # repaired chips started but not yet in the group
         self.chip_repair_at: dict[tuple[int, int], float] = {}  # (learner, chip) -> when the lost chip returns
         self.procs_chaos: ProcessChaos | None = None
-        self.syncer_port = 0
-        self.syncer_restart_at: float | None = None  # set while the syncer is down, waiting for its repair
-        self.syncer_restarts = 0
+        self.shards = sc.syncer.shards
+        self.syncer_ports = [0] * self.shards  # per shard: its port (kept across its restarts)
+        self.syncer_restart_at: dict[int, float] = {}  # shard -> when it restarts, while it is down for repair
+        self.syncer_restarts: dict[int, int] = {}  # shard -> restarts so far
+        self.shard_ports: dict[int, tuple[int, ...]] = {}  # learner -> where it reaches shards 1..S-1
         self._syncer_stop: Any = None
         self.netns: NetnsRun | None = None  # with [launch] hosts = "netns"
 
@@ -157,18 +161,20 @@ class Supervisor:
             self.events.log("store_ready", port=self.store.port)
             stop = context().Event()
             self._syncer_stop = stop
-            port = self._start_syncer(restore=False)
-            ports = {m: port for m in range(sc.topology.learners)}
-            if self.netns is not None and sc.links.backend == "kernel":
-                self.links = self.netns.open_links(sc, port, self.events, fragment_bytes(sc))
+            sports = [self._start_syncer(k, restore=False) for k in range(self.shards)]
+            ports = {m: sports[0] for m in range(sc.topology.learners)}
+            self.shard_ports = {m: tuple(sports[1:]) for m in range(sc.topology.learners)}
+            if self.netns is not None and sc.links.backend == "kernel":  # validated: one shard
+                self.links = self.netns.open_links(sc, sports[0], self.events, fragment_bytes(sc))
             elif sc.links.proxy != "off":
                 from harness.link_proxies import RunLinks
 
-                self.links = RunLinks.open(sc, port, self.events, fragment_bytes(sc))
+                self.links = RunLinks.open(sc, sports, self.events, fragment_bytes(sc))
                 ports = self.links.ports
+                self.shard_ports = {m: tuple(self.links.shard_ports.get(m, [])) for m in ports}
             self.ports = ports
             procs = ProcessChaos(self._chip_pids, sc.topology.learners, on_event=self.events.log,
-                                 syncer_pid=self._syncer_pid, progress=self._progress, seed=sc.seed)
+                                 syncer_pids=self._syncer_pids, progress=self._progress, seed=sc.seed)
             self.procs_chaos = procs
             self.faults = FaultRunner(sc.faults, self.links.chaos if self.links else None, self.events, procs)
             for m in range(sc.topology.learners):
@@ -192,8 +198,10 @@ class Supervisor:
                 signal.signal(signal.SIGTERM, old_term)
             self.events.log("run_end", wall_s=time.monotonic() - t0)
         from harness.report import build_report, final_eval
+        from harness.syncer_shards import assemble_final
 
         self._label_errors(t0)
+        assemble_final(str(self.run_dir), sc)  # sharded: global.pt from the shards' final checkpoints
         final_eval(self.run_dir, sc, self.events)
         report = build_report(self.run_dir)
         write_json(self.run_dir / REPORT_FILE, report)
@@ -215,22 +223,23 @@ class Supervisor:
         self.events.log("errors_labelled", expected=sum(e.expected for e in errors),
                         unexpected=sum(not e.expected for e in errors), errors=[e.as_dict() for e in errors])
 
-    def _start_syncer(self, restore: bool) -> int:
-        """Start the syncer (or, with `restore`, its replacement on the same port); returns its port."""
+    def _start_syncer(self, shard: int, restore: bool) -> int:
+        """Start syncer shard `shard` (or, with `restore`, its replacement on the same port); returns its port."""
         t = self.sc.timeouts
         parent, child = context().Pipe(duplex=False)
-        if "syncer" in self.procs:
-            self.retired.append(self.procs["syncer"])
+        name = proc_name(shard, self.shards)
+        if name in self.procs:
+            self.retired.append(self.procs[name])
         spec = SyncerSpec(str(self.run_dir), self.sc, self.secret.hex(), os.getpid(),
-                          port=self.syncer_port, restore=restore,
+                          port=self.syncer_ports[shard], restore=restore, shard=shard,
                           host=self._syncer_host())
-        self._start("syncer", syncer_main, (spec, child, self._syncer_stop))
+        self._start(name, syncer_main, (spec, child, self._syncer_stop))
         child.close()
         if not parent.poll(t.startup_s):
-            raise RunFailed(f"syncer did not report its port within timeouts.startup_s = {t.startup_s}s")
-        self.syncer_port = parent.recv()
+            raise RunFailed(f"{name} did not report its port within timeouts.startup_s = {t.startup_s}s")
+        self.syncer_ports[shard] = parent.recv()
         parent.close()
-        return self.syncer_port
+        return self.syncer_ports[shard]
 
     def _netns_of(self, m: int) -> str:
         """Learner m's host namespace ("": this machine's network)."""
@@ -240,24 +249,45 @@ class Supervisor:
         """Where the syncer and the store listen: the netns hosts' bridge, or loopback."""
         return self.netns.syncer_address if self.netns is not None else "127.0.0.1"
 
-    def _syncer_pid(self) -> int | None:
-        p = self.procs.get("syncer")
-        return p.pid if p is not None and p.exitcode is None and self.syncer_restart_at is None else None
+    def _syncer(self, shard: int) -> Any:
+        return self.procs[proc_name(shard, self.shards)]
+
+    def _syncer_pids(self) -> dict[int, int]:
+        """Shard -> pid of each syncer shard running now (what `kill_syncer` may hit)."""
+        out = {}
+        for k in range(self.shards):
+            p = self.procs.get(proc_name(k, self.shards))
+            if p is not None and p.exitcode is None and k not in self.syncer_restart_at:
+                out[k] = p.pid
+        return out
 
     def _progress(self) -> dict[int, int]:
         return dict(self.faults.schedule.progress.steps) if self.faults is not None else {}
 
-    def _syncer_failed(self, code: int, now: float) -> None:
+    def _syncer_failed(self, shard: int, code: int, now: float) -> None:
         rec = self.sc.recovery
-        if rec.syncer_policy != "restart" or self.syncer_restarts >= rec.max_restarts:
+        if rec.syncer_policy != "restart" or self.syncer_restarts.get(shard, 0) >= rec.max_restarts:
             why = ("recovery.syncer_policy = 'fail'" if rec.syncer_policy != "restart"
                    else f"max_restarts = {rec.max_restarts} used")
-            raise RunFailed(f"syncer exited with code {code} ({why})")
+            raise RunFailed(f"{proc_name(shard, self.shards)} exited with code {code} ({why})")
         repair = rec.syncer_repair_s
         if self.procs_chaos is not None:
-            repair = self.procs_chaos.repair_s.pop("syncer", repair)
-        self.syncer_restart_at = now + repair
-        self.events.log("syncer_down", exitcode=code, repair_s=repair)
+            repair = self.procs_chaos.repair_s.pop(syncer_repair_key(shard), repair)
+        self.syncer_restart_at[shard] = now + repair
+        self.events.log("syncer_down", exitcode=code, repair_s=repair, shard=shard)
+
+    def _check_syncers(self, now: float) -> None:
+        """Each shard: seen dead (its repair delay starts), or repaired (restarted, restoring its checkpoint)."""
+        for k in range(self.shards):
+            p = self._syncer(k)
+            if k not in self.syncer_restart_at and p.exitcode is not None and p.exitcode != 0:
+                self._syncer_failed(k, p.exitcode, now)
+            elif k in self.syncer_restart_at and now >= self.syncer_restart_at[k]:
+                self.syncer_restarts[k] = self.syncer_restarts.get(k, 0) + 1
+                self._start_syncer(k, restore=True)
+                del self.syncer_restart_at[k]
+                self.events.log("syncer_restart", restarts=sum(self.syncer_restarts.values()),
+                                port=self.syncer_ports[k], child_pid=self._syncer(k).pid, shard=k)
 
     def _chips_of(self, m: int) -> list[Any]:
         """The processes of learner m's current members, in rank order."""
@@ -277,7 +307,8 @@ class Supervisor:
                 self.retired.append(self.procs[name])
             cs = ChipSpec(str(self.run_dir), sc, m, r, sc.topology.chips_per_learner, generation,
                           self.store.port, self.ports[m], self.secret.hex(), os.getpid(), start_step,
-                          netns=self._netns_of(m), syncer_host=self._syncer_host())
+                          netns=self._netns_of(m), syncer_host=self._syncer_host(),
+                          shard_ports=self.shard_ports.get(m, ()))
             self._start(name, chip_main, (cs,))
         self.generation[m] = generation
         self.learner_state[m] = "up"
@@ -311,7 +342,8 @@ class Supervisor:
         self.retired.append(self.procs[name])
         cs = ChipSpec(str(self.run_dir), sc, m, r, sc.topology.chips_per_learner, self.generation[m],
                       self.store.port, self.ports[m], self.secret.hex(), os.getpid(), members=tuple(members),
-                      joining=True, netns=self._netns_of(m), syncer_host=self._syncer_host())
+                      joining=True, netns=self._netns_of(m), syncer_host=self._syncer_host(),
+                      shard_ports=self.shard_ports.get(m, ()))
         self._start(name, chip_main, (cs,))
         self.members[m] = members
         self.joining[m].add(r)  # it publishes the membership itself once its replica is built
@@ -371,7 +403,6 @@ class Supervisor:
     def _watch(self, stop: Any, t0: float) -> None:
         t = self.sc.timeouts
         tail = EventTail(self.run_dir / EVENTS_FILE)
-        syncer = self.procs["syncer"]
         faults = self.faults
         assert faults is not None
         m_all = range(self.sc.topology.learners)
@@ -396,27 +427,22 @@ class Supervisor:
                     self._start_learner(m, self.generation[m] + 1, step)
                     self.events.log("learner_restart", learner=m, generation=self.generation[m], start_step=step,
                                     restarts=self.restarts[m])
-            if self.syncer_restart_at is None and syncer.exitcode is not None and syncer.exitcode != 0:
-                self._syncer_failed(syncer.exitcode, now)
-            elif self.syncer_restart_at is not None and now >= self.syncer_restart_at:
-                self.syncer_restarts += 1
-                self._start_syncer(restore=True)
-                self.syncer_restart_at = None
-                syncer = self.procs["syncer"]
-                self.events.log("syncer_restart", restarts=self.syncer_restarts, port=self.syncer_port,
-                                child_pid=syncer.pid)
-            if self.syncer_restart_at is None and all(self.learner_state[m] == "done" for m in m_all):
+            self._check_syncers(now)
+            if not self.syncer_restart_at and all(self.learner_state[m] == "done" for m in m_all):
                 stop.set()
-                syncer.join(timeout=t.shutdown_s + 30)
-                if syncer.exitcode != 0:
-                    raise RunFailed(f"syncer did not finish cleanly (exit code {syncer.exitcode})")
+                deadline = time.monotonic() + t.shutdown_s + 30
+                for k in range(self.shards):
+                    syncer = self._syncer(k)
+                    syncer.join(timeout=max(0.0, deadline - time.monotonic()))
+                    if syncer.exitcode != 0:
+                        raise RunFailed(f"{proc_name(k, self.shards)} did not finish cleanly "
+                                        f"(exit code {syncer.exitcode})")
                 if self.on_events is not None:
                     self.on_events(tail.poll())
                 return
             down = [self.restart_at[m] - now for m in m_all if self.learner_state[m] == "down"]
             down += [at - now for at in self.chip_repair_at.values()]
-            if self.syncer_restart_at is not None:
-                down.append(self.syncer_restart_at - now)
+            down += [at - now for at in self.syncer_restart_at.values()]
             slowing = self.procs_chaos is not None and self.procs_chaos.slowed()
             base = SLOW_POLL_S if slowing else FAULT_POLL_S if faults.pending() else POLL_S
             poll_s = min([base, *[max(0.0, d) for d in down]])

@@ -40,11 +40,13 @@ def fragment_digest(tensors: dict[str, torch.Tensor]) -> str:
 class Accounting:
     """Tokens merged (in all and per fragment), the crash-safe slots if on, and checkpoint timings."""
 
-    def __init__(self, run_dir: str, fragments: int, persist: bool, fsync: bool) -> None:
+    def __init__(self, run_dir: str, fragments: int, persist: bool, fsync: bool, state_dir: str = STATE_DIR) -> None:
         self.run_dir = run_dir
+        self.state_dir = state_dir
+        """Where the slots are, under the run directory (a shard's own: harness/syncer_shards.py)."""
         self.frag_tokens = [0.0] * fragments
         self.tokens_merged = 0.0
-        self.slots = FragmentCheckpoints(os.path.join(run_dir, STATE_DIR), fsync) if persist else None
+        self.slots = FragmentCheckpoints(os.path.join(run_dir, state_dir), fsync) if persist else None
         self.checkpoints = 0
         self.checkpoint_s = 0.0
 
@@ -74,7 +76,7 @@ class Accounting:
 
     def load(self, max_frame: int) -> tuple[list[dict], list[str]]:
         """The newest valid slot of every fragment, and why any slot was rejected; restores the token counts."""
-        states, rejected = FragmentCheckpoints(os.path.join(self.run_dir, STATE_DIR)).load(max_frame)
+        states, rejected = FragmentCheckpoints(os.path.join(self.run_dir, self.state_dir)).load(max_frame)
         for st in states:
             self.frag_tokens[int(st["fragment"])] = float(st["tokens_merged"])
         self.tokens_merged = sum(self.frag_tokens)

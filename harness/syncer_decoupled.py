@@ -17,10 +17,12 @@ from harness.codec import merged_to_message, message_to_push, push_round
 from harness.events import EventLog
 from harness.scenario import Scenario
 from harness.syncer_accounting import Accounting, fragment_digest
+from harness.syncer_shards import fragment_owners, state_dir
 from harness.syncer_transport import Conn, Transport
 from harness.wire import Message, MsgType
 from trainers.decoupled_records import MergeRecord, Pull, PushOutcome, SupersededCause
 from trainers.decoupled_syncer import DecoupledSyncer
+from trainers.shards import owned as owned_by
 
 REJOIN_DROP = ("dropped on rejoin: carried from before it rejoined, where it is sent the current value (its "
                "counters reset)")
@@ -29,15 +31,20 @@ REJOIN_DROP = ("dropped on rejoin: carried from before it rejoined, where it is 
 class DecoupledHandler:
     """An `AlgorithmHandler` (harness/syncer_dispatch.py) for `algorithm = "decoupled"`."""
 
-    def __init__(self, sc: Scenario, run_dir: str, events: EventLog, transport: Transport) -> None:
+    def __init__(self, sc: Scenario, run_dir: str, events: EventLog, transport: Transport, shard: int = 0) -> None:
         self.sc = sc
         self.events = events
         self.transport = transport
-        self.core = DecoupledSyncer(sc.model, sc.diloco, sc.seed, sc.topology.learners)
+        self.shard = shard
+        s = sc.syncer.shards
+        self.owners = fragment_owners(sc) if s > 1 else None
+        """syncer.shards > 1: the owning shard of each fragment (harness/syncer_shards.py); None: one syncer."""
+        owned = frozenset(owned_by(self.owners, shard)) if self.owners is not None else None
+        self.core = DecoupledSyncer(sc.model, sc.diloco, sc.seed, sc.topology.learners, owned)
         self.fragments: int | None = len(self.core.partition)
         self.accounting = Accounting(run_dir, len(self.core.partition),
                                      sc.recovery.syncer_checkpoint == "every_merge",
-                                     sc.recovery.syncer_checkpoint_fsync)
+                                     sc.recovery.syncer_checkpoint_fsync, state_dir(shard, s))
         self.budget_total = sc.topology.learners * sc.train.steps if sc.train.budget == "total" else None
         """train.budget = total: learner-steps the run trains in all; reaching it sends every learner STOP."""
         self.budget_reached = False
@@ -73,7 +80,8 @@ class DecoupledHandler:
         versions = fields["versions"]
         assert isinstance(versions, list)
         for p, version in enumerate(versions):
-            self.transport.send(conn, merged_to_message(p, version, self.core.fragment(p)))
+            if self.core.owns(p):  # a shard sends its own fragments; the others come from their shards
+                self.transport.send(conn, merged_to_message(p, version, self.core.fragment(p)))
         if self.budget_reached:  # it came back after the budget was spent: it stops after a step
             self.transport.send(conn, Message(MsgType.STOP, {"total": self.budget_total}))
 

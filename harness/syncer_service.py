@@ -29,8 +29,10 @@ from harness.events import EventLog
 from harness.procutil import cpu_seconds
 from harness.scenario import Scenario
 from harness.syncer_accounting import STATE_DIR, fragment_digest
+from harness.syncer_decoupled import DecoupledHandler
 from harness.syncer_dispatch import HANDLERS, AlgorithmHandler
 from harness.syncer_evaluator import EVAL_SEQS, Evaluator, evaluate
+from harness.syncer_shards import assembled_params, checkpoint_name, fragment_owners, proc_name
 from harness.syncer_transport import OUTQ_MAX, Conn, InboxItem, Transport, max_frame_bytes
 from harness.wire import MsgType
 
@@ -42,13 +44,19 @@ class SyncerService:
     """Runs one algorithm's syncer handler behind a TCP listener until told to stop."""
 
     def __init__(self, sc: Scenario, run_dir: str, secret: bytes, events: EventLog, port: int = 0,
-                 restore: bool = False, host: str = "127.0.0.1") -> None:
+                 restore: bool = False, shard: int = 0, host: str = "127.0.0.1") -> None:
         self.sc = sc
         self.run_dir = run_dir
         self.events = events
         self.algorithm = sc.algorithm
+        self.shard = shard
+        """Which shard of the synchronizer this is (syncer.shards > 1; harness/syncer_shards.py), else 0."""
         self.transport = Transport(sc, secret, events, port, host)
-        self.handler: AlgorithmHandler = HANDLERS[sc.algorithm](sc, run_dir, events, self.transport)
+        self._owners = fragment_owners(sc) if sc.syncer.shards > 1 else []
+        if sc.syncer.shards > 1:  # validated: decoupled only
+            self.handler: AlgorithmHandler = DecoupledHandler(sc, run_dir, events, self.transport, shard)
+        else:
+            self.handler = HANDLERS[sc.algorithm](sc, run_dir, events, self.transport)
         self.evaluator = Evaluator(sc, events)
         if restore:
             self.handler.restore()
@@ -80,7 +88,16 @@ class SyncerService:
         return self.handler.core.merges
 
     def _request_eval(self, trigger: str) -> None:
-        self.evaluator.request(self.version(), self.tokens_merged, self.handler.core.params, trigger)
+        """Evaluate the global model. Sharded: shard 0 evaluates its own fragments with the other shards' from
+        their newest checkpoint slots (harness/syncer_shards.py); the other shards do not evaluate."""
+        if self.sc.syncer.shards == 1:
+            self.evaluator.request(self.version(), self.tokens_merged, self.handler.core.params, trigger)
+            return
+        if self.shard != 0:
+            return
+        params, versions, tokens = assembled_params(self.run_dir, self.sc, self.handler.core.params, self._owners,
+                                                    self.shard, self.transport.max_frame)
+        self.evaluator.request(self.version() + versions, self.tokens_merged + tokens, params, trigger)
 
     def _eval_schedule(self, now: float) -> EvalSchedule:
         sched = EvalSchedule.start(1.0, self.sc.eval.points, self.sc.eval.every_s, now, self.sc.eval.max_share)
@@ -92,8 +109,10 @@ class SyncerService:
         """Run until every learner said BYE or `stop_requested.is_set()`; then drain and checkpoint."""
         self.transport.start()
         self.evaluator.start()
+        owned = getattr(self.handler.core, "owned", None)
         self.events.log("syncer_start", port=self.port, algorithm=self.algorithm,
-                        fragments=self.handler.fragments or None)
+                        fragments=self.handler.fragments or None,
+                        **({"shard": self.shard, "owned": sorted(owned)} if owned is not None else {}))
         self._request_eval("start")
         schedule = self._eval_schedule(time.monotonic())
         wake: float | None = None
@@ -150,7 +169,7 @@ class SyncerService:
     def _finish(self) -> None:
         self.handler.finish()
         acc = self.handler.accounting
-        self.save_checkpoint("global.pt")
+        self.save_checkpoint(checkpoint_name(self.shard, self.sc.syncer.shards))
         acc.close()
         self.events.log("syncer_done", merges=self.handler.core.merges, tokens_merged=acc.tokens_merged,
                         frames_rejected=self.frames_rejected, cpu_s=cpu_seconds(), checkpoints=acc.checkpoints,
@@ -176,6 +195,8 @@ class SyncerSpec:
     """Load the per-fragment checkpoint of a syncer that crashed."""
     host: str = "127.0.0.1"
     """Address to listen on: loopback, or the netns hosts' bridge (harness/netns_hosts.py)."""
+    shard: int = 0
+    """Which shard of the synchronizer (syncer.shards > 1), else 0."""
 
 
 def syncer_main(spec: SyncerSpec, port_conn: Any, stop_requested: Any) -> None:
@@ -185,8 +206,9 @@ def syncer_main(spec: SyncerSpec, port_conn: Any, stop_requested: Any) -> None:
 
     become_run_process(spec.parent_pid)
     sc = spec.scenario
-    events = EventLog(os.path.join(spec.run_dir, EVENTS_FILE), "syncer")
-    svc = SyncerService(sc, spec.run_dir, bytes.fromhex(spec.secret_hex), events, spec.port, spec.restore, spec.host)
+    events = EventLog(os.path.join(spec.run_dir, EVENTS_FILE), proc_name(spec.shard, sc.syncer.shards))
+    svc = SyncerService(sc, spec.run_dir, bytes.fromhex(spec.secret_hex), events, spec.port, spec.restore,
+                        spec.shard, spec.host)
     port_conn.send(svc.port)
     port_conn.close()
     try:

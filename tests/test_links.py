@@ -674,3 +674,38 @@ def test_learner_out_of_range_raises_value_error(rig: Rig, method: str, learner:
     assert str(learner) in str(err.value)
     assert rig.chaos.active() == [] and rig.rec.calls == []
     assert _toxics(rig.client, 0) == {} and _toxics(rig.client, 1) == {}
+
+
+# ----------------------------------------------------------------------------- a sharded synchronizer
+
+
+def test_sharded_link_faults_hit_every_proxy_of_the_learner_and_split_bandwidth(echo: str) -> None:
+    """syncer.shards = 2: learner 0's link is proxies learner-0 and learner-0-shard1; a fault lands on both,
+    a bandwidth cap is halved on each (the learner's total is the cap), a refuse partition cuts both, and
+    clearing restores both; learner 1's proxies are untouched."""
+    with EmbeddedToxiproxy(host="127.0.0.1", port=0) as server:
+        client = RecordingClient(server.url, timeout_s=5.0)
+        ports = {}
+        for m in range(2):
+            for k in range(2):
+                ports[(m, k)] = client.create_proxy(proxy_name(m, k), echo, listen="127.0.0.1:0").listen_port
+        chaos = LinkChaos(client, learners=2, seed=SEED, on_event=Recorder(), fragment_bytes=FRAGMENT_BYTES,
+                          step_s=STEP_S, shards=2)
+        try:
+            fault = chaos.degrade(0, latency_ms=100, bandwidth_kbps=8000)
+            assert {proxy for proxy, _ in fault.toxics} == {"learner-0", "learner-0-shard1"}
+            for name in ("learner-0", "learner-0-shard1"):
+                toxics = client.toxics(name).values()
+                assert sorted((t.stream, t.attributes["rate"]) for t in toxics if t.type == "bandwidth") == [
+                    ("downstream", 500), ("upstream", 500)]
+                assert len(toxics) == 4
+            assert client.toxics("learner-1") == {} and client.toxics("learner-1-shard1") == {}
+            fault.clear()
+            assert client.toxics("learner-0") == {} and client.toxics("learner-0-shard1") == {}
+            cut = chaos.partition(0, mode="refuse")
+            assert [client.get_proxy(proxy_name(0, k)).enabled for k in range(2)] == [False, False]
+            assert _echo(ports[(1, 1)]) == b"hello through the link"
+            cut.clear()
+            assert all(_echo(ports[(0, k)]) == b"hello through the link" for k in range(2))
+        finally:
+            chaos.clear_all()

@@ -68,8 +68,12 @@ from trainers.syncer_policy import Action, EwmaEstimator, QuorumConfig, RoundSta
 class DecoupledSyncer:
     """Global fragments, outer optimizer, the fragment clock and open rounds. Clock injected."""
 
-    def __init__(self, model_cfg: ModelConfig, cfg: DilocoConfig, seed: int, num_learners: int) -> None:
+    def __init__(self, model_cfg: ModelConfig, cfg: DilocoConfig, seed: int, num_learners: int,
+                 owned: frozenset[int] | None = None) -> None:
         self.cfg = cfg
+        self.owned = owned
+        """A shard of a sharded synchronizer (trainers/shards.py): the fragments it owns, the only ones it opens
+        rounds for, merges and accepts pushes of; the others keep their initial value here. None: all."""
         self.num_learners = num_learners
         self.seed = seed
         model = build_model(model_cfg, seed)
@@ -107,6 +111,10 @@ class DecoupledSyncer:
         """The highest step any learner reported (informational; rounds follow each learner's own steps)."""
         self.merges = 0
         """Reports of a sync point whose round had already merged (the learner joins the next round)."""
+
+    def owns(self, p: int) -> bool:
+        """Whether this synchronizer (shard) merges fragment p."""
+        return self.owned is None or p in self.owned
 
     def fragment(self, p: int) -> dict[str, Tensor]:
         return {n: self.params[n] for n in self.partition[p]}
@@ -181,6 +189,8 @@ class DecoupledSyncer:
         pulls: list[Pull] = []
         ahead = max(max(here), 0)  # sync_index never decreases with the step: the most advanced sets every top
         for p, rnd in enumerate(self.rounds):
+            if not self.owns(p):
+                continue
             # The learners that drove p's rounds may have left (finished, failed, cut off) or stalled: follow the
             # most advanced one still driving, or the others' reports would all be late and nothing would merge.
             top = self.schedule.sync_index(p, ahead)
@@ -257,7 +267,7 @@ class DecoupledSyncer:
         if mutations.active("drop_pushes") and mutations.dropped(self.seed, push.learner, p, push.first_step,
                                                                  push.last_step):  # mutation: silently dropped
             return PushOutcome.DECLINED, None
-        if not 0 <= p < len(self.partition):
+        if not 0 <= p < len(self.partition) or not self.owns(p):
             return PushOutcome.REJECTED_FRAGMENT, None
         rnd = self.rounds[p]
         fresh = rnd is not None and (round_id == rnd.round_id or (round_id is None and push.final))

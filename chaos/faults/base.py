@@ -215,9 +215,10 @@ class RepairParams:
 
 
 def remember_repair(ctx: FaultContext, spec: FaultSpec) -> None:
-    """A kill's own repair delay, for the supervisor to pop when it restarts the learner (or "syncer")."""
-    if spec.repair_s is not None:
-        ctx.process().repair_s["syncer" if spec.learner is None else spec.learner] = spec.repair_s
+    """A learner kill's own repair delay, for the supervisor to pop when it restarts the learner (kill_syncer
+    hands its own to `ProcessChaos.kill_syncer`, per shard)."""
+    if spec.repair_s is not None and spec.learner is not None:
+        ctx.process().repair_s[spec.learner] = spec.repair_s
 
 
 def capabilities() -> list[tuple[str, dict[str, str]]]:

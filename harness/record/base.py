@@ -59,7 +59,8 @@ class Event:
     pid: int
     """Process id of the writer."""
     proc: str
-    """Who wrote it: `supervisor`, `syncer`, `learner<m>.chip<r>` or `learner<m>.link`."""
+    """Who wrote it: `supervisor`, `syncer` (`syncer.s<k>`: shard k of a sharded synchronizer, syncer.shards > 1),
+    `learner<m>.chip<r>` or `learner<m>.link`."""
     ev: str
     """The event's kind: the registry key of its record class."""
 

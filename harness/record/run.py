@@ -94,6 +94,8 @@ class SyncerDown(Event):
     """Its exit code (negative: killed by that signal)."""
     repair_s: float
     """Seconds until the restart."""
+    shard: int = 0
+    """The synchronizer shard that went down (0 without sharding: syncer.shards = 1)."""
 
 
 @event("syncer_restart", SUPERVISOR)
@@ -107,6 +109,8 @@ class SyncerRestart(Event):
     """Port it listens on (the same as before)."""
     child_pid: int
     """Its pid."""
+    shard: int = 0
+    """The synchronizer shard restarted (0 without sharding)."""
 
 
 @event("learner_shrink", SUPERVISOR)
@@ -264,6 +268,8 @@ class ProcessFault(Event):
     """slow: relative variation of the target speed per period."""
     mode: str | None = None
     """slow: "progress" (paced on the other learners' steps) or "duty" (a fixed duty cycle)."""
+    shard: int | None = None
+    """kill_syncer: the synchronizer shard killed (absent: every shard)."""
 
 
 @event("process_fault_off", PROCESSES)
@@ -300,6 +306,9 @@ class LinksReady(Event):
     """The server's version string; for the kernel backend the kernel's release."""
     proxies: dict[str, int]
     """Learner -> the proxy port its link connects to (the kernel backend: the syncer's port)."""
+    shard_proxies: dict[str, list[int]] | None = None
+    """syncer.shards > 1: learner -> the proxy ports of its connections to shards 1..S-1 (shard 0's is in
+    `proxies`); absent without sharding."""
 
 
 @event("link_fault_on", LINKS)

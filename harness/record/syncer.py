@@ -5,11 +5,22 @@ final eval, harness/report.py, shares the `eval` kind)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
 from harness.record.base import Event, event
 from trainers.decoupled_syncer import PushOutcome, SupersededCause
+
+_SHARD_PROC = re.compile(r"syncer\.s(\d+)$")
+
+
+def shard_of(proc: str) -> int:
+    """The synchronizer shard whose process wrote an event, from its `proc` (`syncer.s<k>`: shard k of a
+    sharded synchronizer; 0 for the unsharded `syncer`, and for every other writer)."""
+    m = _SHARD_PROC.match(proc)
+    return int(m.group(1)) if m else 0
+
 
 SERVICE = "syncer (harness/syncer_service.py)"
 TRANSPORT = "syncer (harness/syncer_transport.py)"
@@ -28,6 +39,10 @@ class SyncerStart(Event):
     """The run's algorithm."""
     fragments: int | None
     """decoupled: fragments of the model (None for the barrier algorithms)."""
+    shard: int | None = None
+    """syncer.shards > 1: which shard of the synchronizer this is (absent: one syncer)."""
+    owned: list[int] | None = None
+    """syncer.shards > 1: the fragments this shard owns (trainers/shards.py)."""
 
 
 @event("learner_join", SERVICE)

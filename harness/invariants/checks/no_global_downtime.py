@@ -7,11 +7,14 @@ One module per invariant (a run invariant): it registers itself with
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 from harness.invariants.base import InvariantResult, Run, _run
 from harness.invariants.registry import REQUIRED, Bound, register
 from harness.metrics import downtime
 from harness.record.run import ProcessFault, SyncerDown
 from harness.record.syncer import LearnerBye, LearnerJoin, LearnerLeave, Merge, SyncerStart
+from harness.syncer_shards import shard_of
 
 
 def alive_intervals(run: Run, min_alive: int) -> list[tuple[float, float]]:
@@ -21,25 +24,36 @@ def alive_intervals(run: Run, min_alive: int) -> list[tuple[float, float]]:
     the `alive` set on `learner_join` / `learner_leave`, a `learner_bye` removes its learner, and a syncer
     that starts (`syncer_start`), is killed (`process_fault` kill_syncer) or is seen dead (`syncer_down`)
     has no learners: while the syncer is down nobody can advance the model, which is the syncer-restart
-    bound's business, not this one's."""
+    bound's business, not this one's. With a sharded synchronizer (syncer.shards > 1) each shard keeps its
+    own set (the shard is the event's `proc`, or `shard` on the supervisor's events) and a learner is alive
+    while it is connected to any shard: while one shard is down the others still advance the global model,
+    so a gap then counts."""
     r = _run(run)
-    alive: set[int] = set()
+    by_shard: dict[int, set[int]] = defaultdict(set)  # shard -> learners connected to it
     since: float | None = None
     out: list[tuple[float, float]] = []
     for e in r.all_records:
         if isinstance(e, LearnerJoin | LearnerLeave):
+            mine = by_shard[shard_of(e.proc)]
             if e.alive is not None:
-                alive = set(e.alive)
+                mine.clear()
+                mine.update(e.alive)
             elif isinstance(e, LearnerJoin):  # a run written before the events carried `alive`
-                alive.add(e.learner)
+                mine.add(e.learner)
             else:
-                alive.discard(e.learner)
+                mine.discard(e.learner)
         elif isinstance(e, LearnerBye):
-            alive.discard(e.learner)
-        elif isinstance(e, SyncerStart | SyncerDown) or (isinstance(e, ProcessFault) and e.kind == "kill_syncer"):
-            alive = set()
+            by_shard[shard_of(e.proc)].discard(e.learner)
+        elif isinstance(e, SyncerStart):
+            by_shard[shard_of(e.proc)].clear()
+        elif isinstance(e, SyncerDown):
+            by_shard[e.shard].clear()
+        elif isinstance(e, ProcessFault) and e.kind == "kill_syncer":
+            for k in list(by_shard) if e.shard is None else [e.shard]:
+                by_shard[k].clear()
         else:
             continue
+        alive = set().union(*by_shard.values())
         t = e.t
         if len(alive) >= min_alive and since is None:
             since = t

@@ -13,6 +13,7 @@ from harness.invariants.registry import Bound, register
 from harness.metrics import DATA_PARALLEL
 from harness.record.learner import Step
 from harness.record.syncer import Eval, Merge, SyncerDone, SyncerRestore
+from harness.syncer_shards import shard_of
 
 
 @register(order=70, bounds=(
@@ -26,7 +27,9 @@ def token_accounting(run: Run, *, tolerance: float = 1e-3, show: int = 5) -> Inv
       merge's cumulative `tokens_merged`) against the sum over merge events of their contributions'
       c_tokens / P (P fragments for decoupled, 1 for the others: the report's definition). A restored
       syncer's `tokens_merged` counts in where its versions show merges that were checkpointed but never
-      logged; otherwise a restored count that differs from the log is a discrepancy;
+      logged; otherwise a restored count that differs from the log is a discrepancy. With a sharded
+      synchronizer this holds per shard (each shard's count against its own merges and restores; the shard is
+      the `proc` that logged them), and the figure sums the shards' gaps;
     * decoupled: each merged contribution's c_tokens against the tokens the learner's `step` events logged for
       the steps it trained (the c_steps steps ending at its last_step; the latest logged value of each step),
       divided by P; ddp and elastic_ddp: each participant's tokens against its step's (logged after the merge,
@@ -36,19 +39,27 @@ def token_accounting(run: Run, *, tolerance: float = 1e-3, show: int = 5) -> Inv
     merges = r.records(Merge)
     p_div = r.fragments
     measure = "tokens-merged discrepancy"
-    done = r.records(SyncerDone)
-    finals = [e for e in r.records(Eval) if e.kind == "final"]
-    if done:
-        reported, src = float(done[-1].tokens_merged), "syncer_done"
-    elif finals:
-        reported, src = float(finals[-1].tokens_merged), "final eval"
-    elif merges:
-        reported, src = float(merges[-1].tokens_merged), "last merge"
-    else:
+    shards = sorted({shard_of(e.proc) for e in [*merges, *r.records(SyncerDone)]}) or [0]
+    reports: dict[int, tuple[float, str]] = {}
+    for k in shards:
+        done = [e for e in r.records(SyncerDone) if shard_of(e.proc) == k]
+        finals = [e for e in r.records(Eval) if e.kind == "final"] if len(shards) == 1 else []
+        mine = [e for e in merges if shard_of(e.proc) == k]
+        if done:
+            reports[k] = float(done[-1].tokens_merged), "syncer_done"
+        elif finals:
+            reports[k] = float(finals[-1].tokens_merged), "final eval"
+        elif mine:
+            reports[k] = float(mine[-1].tokens_merged), "last merge"
+    if not reports:
         return InvariantResult("token_accounting", False, None, tolerance, "no merge and no syncer count: "
                                "nothing merged to account for", measure, "tokens")
+    reported = sum(v for v, _ in reports.values())
+    src = "/".join(sorted({w for _, w in reports.values()}))
     step_tokens: dict[int, dict[int, int]] = defaultdict(dict)
-    logged, per_contrib, unverifiable, misreported, restored_extra = 0.0, 0.0, 0, 0, 0.0
+    logged_of: dict[int, float] = defaultdict(float)  # per shard: tokens of its logged merges
+    extra_of: dict[int, float] = defaultdict(float)  # per shard: tokens its restores counted beyond them
+    per_contrib, unverifiable, misreported = 0.0, 0, 0
     issues: list[str] = []
     data_parallel = r.algorithm in DATA_PARALLEL
     if data_parallel:  # a data-parallel step is logged after its merge: the learner steps on the averaged gradient
@@ -58,19 +69,21 @@ def token_accounting(run: Run, *, tolerance: float = 1e-3, show: int = 5) -> Inv
         if isinstance(e, Step) and not data_parallel:
             step_tokens[e.learner][e.step] = e.tokens
         elif isinstance(e, SyncerRestore):
+            k = shard_of(e.proc)
+            logged, restored_extra = logged_of[k], extra_of[k]
             before = [x for x in merges if x.t < e.t]
             gap = float(e.tokens_merged) - logged - restored_extra
             lost_merges = sum(max(0, int(v) - max((x.version for x in before if x.fragment == q), default=0))
                               for q, v in enumerate(e.versions))
             if lost_merges > 0 and gap >= 0:
-                restored_extra += gap
+                extra_of[k] += gap
             elif abs(gap) > tolerance:
                 per_contrib += abs(gap)
                 issues.append(f"restored syncer counts {e.tokens_merged} tokens merged, the log "
                               f"{logged + restored_extra:.6g}")
         elif isinstance(e, Merge):
             c = [int(x) for x in e.c_tokens]
-            logged += sum(c) / p_div
+            logged_of[shard_of(e.proc)] += sum(c) / p_div
             if r.algorithm == "decoupled":
                 ranges = [(int(a), int(b)) for a, b in e.step_ranges or []]
                 c_steps = [int(x) for x in (e.c_steps if e.c_steps is not None else [b - a + 1 for a, b in ranges])]
@@ -90,9 +103,14 @@ def token_accounting(run: Run, *, tolerance: float = 1e-3, show: int = 5) -> Inv
                     per_contrib += abs(ct - steps_sum) / p_div
                     issues.append(f"merge of fragment {e.fragment} v{e.version}: learner {m} "
                                   f"c_tokens {ct} but its steps {a}-{b} logged {steps_sum} tokens")
-    total_gap = abs(reported - (logged + restored_extra))
-    if total_gap > tolerance:
-        issues.insert(0, f"{src} says {reported:.6g} tokens merged, merges logged {logged + restored_extra:.6g}")
+    total_gap = 0.0
+    for k, (count, where) in sorted(reports.items(), reverse=True):
+        gap = abs(count - (logged_of[k] + extra_of[k]))
+        total_gap += gap
+        if gap > tolerance:
+            who = f"shard {k}'s " if len(shards) > 1 else ""
+            issues.insert(0, f"{who}{where} says {count:.6g} tokens merged, merges logged "
+                             f"{logged_of[k] + extra_of[k]:.6g}")
     figure = round(total_gap + per_contrib, 6)
     detail = "; ".join(issues[:show]) + (f"; and {len(issues) - show} more" if len(issues) > show else "")
     if not issues:

@@ -15,6 +15,7 @@ from harness.metrics import DATA_PARALLEL
 from harness.record.learner import Apply
 from harness.record.run import SyncerDown
 from harness.record.syncer import LearnerJoin, Merge, Push, PushRejected, PushSuperseded, SyncerRestore
+from harness.syncer_shards import shard_of
 from trainers.decoupled_syncer import PushOutcome
 
 
@@ -62,7 +63,10 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
     A final unsolicited push is logged with round None, and a carried push (outcome carried: an answer that
     arrived after its round merged, merged into the fragment's next round) with the round it answered; both
     match a merge of any round. A merge matches only pushes logged before it by the same syncer process
-    (no `syncer_down` in between: open rounds die with the syncer and a restored one may reuse their ids).
+    (no `syncer_down` of its shard in between: open rounds die with the syncer and a restored one may reuse
+    their ids). With a sharded synchronizer (syncer.shards > 1) every crash below is the push's own shard's
+    (the shard is the `proc` that logged the push; `syncer_down.shard`): another shard going down changes
+    nothing for it.
     Each push must end in exactly one of:
     * outcome accepted or carried: taken in by a merge with the same identity; or superseded by a newer push of the
       same learner in the same round (`push_superseded` without a reason, same learner, fragment and step
@@ -110,12 +114,14 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
     for rj in r.records(PushRejected):
         if rj.reason and rj.fragment is not None and rj.first_step is not None and rj.last_step is not None:
             rej_pool[(rj.learner, rj.fragment, rj.first_step, rj.last_step)] += 1
-    downs = [d.t for d in r.records(SyncerDown)]
+    downs_of: dict[int, list[float]] = defaultdict(list)  # per synchronizer shard (0 alone without sharding)
+    for d in r.records(SyncerDown):
+        downs_of[d.shard].append(d.t)
 
-    def same_syncer(t_push: float, t_merge: float) -> bool:
-        """A merge takes in only pushes its own syncer process received, before it merged (a restored
-        syncer does not restore open rounds, and may reuse their round ids)."""
-        return t_push <= t_merge and not any(t_push < d < t_merge for d in downs)
+    def same_syncer(t_push: float, t_merge: float, shard: int) -> bool:
+        """A merge takes in only pushes its own syncer process (its shard's) received, before it merged (a
+        restored syncer does not restore open rounds, and may reuse their round ids)."""
+        return t_push <= t_merge and not any(t_push < d < t_merge for d in downs_of[shard])
 
     # versions restored beyond the last logged merge: merges the old syncer made but never logged
     unlogged: dict[tuple[int, int], int] = defaultdict(int)  # (learner, fragment) -> pushes it may account for
@@ -128,11 +134,12 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
     joins = [j for j in r.records(LearnerJoin) if j.versions is not None]
     applies = r.records(Apply)
 
-    def given_up_on_rejoin(m: int, p: int, crash: float) -> bool:
-        """Learner m joined a syncer after `crash` and then applied fragment p at the version it was sent."""
+    def given_up_on_rejoin(m: int, p: int, crash: float, shard: int) -> bool:
+        """Learner m joined a syncer (of the push's shard) after `crash` and then applied fragment p at the
+        version it was sent."""
         for j in joins:
             versions = j.versions or []
-            if j.learner != m or j.t <= crash or p >= len(versions):
+            if j.learner != m or j.t <= crash or p >= len(versions) or shard_of(j.proc) != shard:
                 continue
             sent = (p, int(versions[p]))
             if any(a.learner == m and a.t > j.t
@@ -175,23 +182,25 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
     for e in pending:
         m, p, a, b = e.learner, e.fragment, e.first_step, e.last_step
         t = e.t
+        shard = shard_of(e.proc)
         cands = merged_pool.get((m, p, a, b), [])
         any_round = e.round is None or e.outcome is PushOutcome.CARRIED
-        hit = next((i for i, x in enumerate(cands) if (any_round or x.round == e.round) and same_syncer(t, x.t)), None)
+        hit = next((i for i, x in enumerate(cands)
+                    if (any_round or x.round == e.round) and same_syncer(t, x.t, shard)), None)
         if hit is not None:
             cands.pop(hit)
             continue
         if sup_pool[("newer", m, p, a, b)] > 0:
             sup_pool[("newer", m, p, a, b)] -= 1
             continue
-        crash = next((d for d in downs if d > t), None)
+        crash = next((d for d in downs_of[shard] if d > t), None)
         if crash is not None and any(c.learner == m and c.fragment == p and c.first_step <= a and c.last_step >= b
                                      and c.merge.t > crash for c in contribs):
             continue  # its round was lost with the syncer; a later push of the same steps was merged
         if crash is not None and unlogged_frag[p] > unlogged[(m, p)]:
             unlogged[(m, p)] += 1  # merged and checkpointed by the syncer that died before logging the merge
             continue
-        if crash is not None and given_up_on_rejoin(m, p, crash):
+        if crash is not None and given_up_on_rejoin(m, p, crash, shard):
             n_given_up += 1  # its round died with the syncer; the rejoin's fragment then reset its counters
             continue
         if crash is not None and died_with_the_syncer(m, p, t, b, crash):
