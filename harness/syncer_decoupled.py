@@ -18,6 +18,7 @@ from harness.events import EventLog
 from harness.scenario import Scenario
 from harness.syncer_accounting import Accounting, fragment_digest
 from harness.syncer_transport import Conn, Transport
+from harness.task_check import scenario_task
 from harness.wire import Message, MsgType
 from trainers.decoupled_records import MergeRecord, Pull, PushOutcome, SupersededCause
 from trainers.decoupled_syncer import DecoupledSyncer
@@ -33,7 +34,7 @@ class DecoupledHandler:
         self.sc = sc
         self.events = events
         self.transport = transport
-        self.core = DecoupledSyncer(sc.model, sc.diloco, sc.seed, sc.topology.learners)
+        self.core = DecoupledSyncer(scenario_task(sc), sc.diloco, sc.seed, sc.topology.learners)
         self.fragments: int | None = len(self.core.partition)
         self.accounting = Accounting(run_dir, len(self.core.partition),
                                      sc.recovery.syncer_checkpoint == "every_merge",
