@@ -242,7 +242,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     for name, factory in BUILTIN_TASKS.items():
         module = factory.split(":")[0]
         doc = (importlib.import_module(module).__doc__ or "").strip().split("\n")[0]
-        print(f"{name:<16} {factory:<40} {doc}")
+        print(f"{name:<16} {factory:<46} {doc}")
     return 0
 
 
