@@ -109,6 +109,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if isinstance(res, int):
         return res
     print(summary_table([res.report]))
+    metrics = res.report.get("final_eval_metrics") or {}
+    if metrics:  # the task's own held-out figures (trainers/task.py), e.g. accuracy
+        print("final eval metrics: " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items())))
     print(_faults_and_verdicts(res.run_dir))
     print(f"run directory: {res.run_dir}")
     if args.json:
