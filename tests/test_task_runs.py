@@ -7,7 +7,10 @@ stay within the suite's budget; the example project (examples/own-model) checks 
 
 from __future__ import annotations
 
+import json
 import math
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,4 +38,26 @@ def test_each_builtin_task_runs_under_each_algorithm(run_scenario: Any, task: st
                 metrics=rep["final_eval_metrics"], wall_s=rep["wall_s"])
     assert math.isfinite(rep["final_eval_loss"]) and rep["final_eval_loss"] < rep["initial_eval_loss"]
     assert rep["global_model_finite"] and rep["unexpected_errors"] == 0
+    run.check_all()
+
+
+def test_children_import_a_task_module_the_forkserver_never_saw(run_scenario: Any, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The forkserver is already running (its sys.path fixed) when the task's module first appears, in a
+    directory that is only the working directory: the run's processes import it from the recorded task.path."""
+    from harness.supervisor import context
+
+    p = context().Process(target=time.sleep, args=(0,))  # starts the forkserver now, if it was not yet
+    p.start()
+    p.join(timeout=60)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "late_task_mod.py").write_text("from trainers.tasks.regression_mlp import regression_mlp as make\n",
+                                              encoding="utf-8")
+    monkeypatch.chdir(project)
+    run = run_scenario({"name": "late-module", "task": {"factory": "late_task_mod:make", "args": {"hidden": 8}},
+                        "topology": {"learners": 2, "chips_per_learner": 1}, "train": {"steps": 20},
+                        "diloco": {"fragments": 2, "sync_every": 2, "overlap": 1}, "eval": {"points": 2}})
+    assert json.loads((run.run_dir / "config.json").read_text())["task"]["path"] == str(project)
+    assert run.report["final_eval_metrics"]["r2"] > -10 and not run.report["unexpected_errors"]
     run.check_all()
