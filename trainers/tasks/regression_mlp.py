@@ -2,7 +2,9 @@
 
 The teacher, y = sum_j a_j sin(w_j . x) + noise, is drawn from the seed; inputs are standard normal, drawn as a
 pure function of (seed, split, learner, chip, step). The loss is the mean squared error; the metric `r2` is one
-minus it over the targets' variance. A plain MLP: no embeddings, no buffers.
+minus it over the targets' variance. A plain MLP: no embeddings, no buffers. Its output layer has no bias (the
+targets have mean zero): RDA merges a one-element tensor as the participants' mean magnitude with the sign of
+their weighted mean direction, so a scalar bias would be pushed a full step whichever way the learners lean.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ class RegressionMLP(Task):
         torch.manual_seed(seed)
         try:
             return nn.Sequential(nn.Linear(self.inputs, self.hidden), nn.GELU(),
-                                 nn.Linear(self.hidden, self.hidden), nn.GELU(), nn.Linear(self.hidden, 1))
+                                 nn.Linear(self.hidden, self.hidden), nn.GELU(), nn.Linear(self.hidden, 1, bias=False))
         finally:
             torch.random.set_rng_state(state)
 
