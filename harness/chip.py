@@ -21,8 +21,8 @@ from harness.events import EVENTS_FILE, EventLog
 from harness.link_process import LinkProcess
 from harness.procutil import become_run_process, cpu_seconds
 from harness.syncer_service import max_frame_bytes
+from harness.task_check import scenario_task
 from harness.wire_precision import wire_dtype_for
-from trainers.data import make_splits, train_batch
 from trainers.learner import (
     CollectiveFailed,
     LearnerCore,
@@ -194,10 +194,10 @@ def chip_main(spec: ChipSpec) -> None:
                           timeout=datetime.timedelta(seconds=t.startup_s))
     # Build the replica and load the data before joining the group: a repaired chip joining a running
     # learner keeps the others waiting in the group's first collective only for the state transfer.
-    core = LearnerCore(spec.learner, sc.model, sc.train, sc.diloco, sc.seed,
+    task = scenario_task(sc)  # imported from task.path, as the supervisor resolved it
+    core = LearnerCore(spec.learner, task, sc.train, sc.diloco, sc.seed,
                        shrinkable=scenario_mod.learner_policy(sc.recovery.policy, sc.algorithm)[0] == "shrink")
-    shard = make_splits(sc.data, sc.topology.learners).shards[spec.learner]
-    seq, bs = sc.model.seq_len, sc.data.batch_size
+    task.train_batch(spec.learner, spec.rank, spec.start_step + 1)  # loads the task's data (a shard) now
     members = list(spec.members) or list(range(spec.size))
     link = None
     failed = False
@@ -215,7 +215,7 @@ def chip_main(spec: ChipSpec) -> None:
         core.collective = coll
 
         def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-            return train_batch(shard, seq, bs, sc.seed, spec.learner, spec.rank, step)
+            return task.train_batch(spec.learner, spec.rank, step)
 
         def on_step(step: int, loss: float, tokens: int) -> None:
             extra = {"cpu_s": round(time.process_time(), 4)} if step % CPU_MARK_EVERY == 0 else {}

@@ -4,6 +4,7 @@
     diloco-chaos run ... --incident INCIDENT.toml   the same, with an incident's [[faults]] on top
     diloco-chaos replay RUN_DIR   run a recorded run again (config, seed, fault schedule) and compare
     diloco-chaos scenarios        list the built-in scenarios
+    diloco-chaos tasks            list the built-in tasks (a scenario's [task] factory; docs/api.md)
     diloco-chaos report RUN_DIR [--open]   write RUN_DIR/report.html (plots, timeline, metrics); print its path
     diloco-chaos compare [SCENARIO.toml] [--builtin chip-loss] [--runs-dir DIR] [--json PATH]
                                   the same scenario and faults under ddp, elastic_ddp, diloco and decoupled (and
@@ -108,6 +109,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if isinstance(res, int):
         return res
     print(summary_table([res.report]))
+    metrics = res.report.get("final_eval_metrics") or {}
+    if metrics:  # the task's own held-out figures (trainers/task.py), e.g. accuracy
+        print("final eval metrics: " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items())))
     print(_faults_and_verdicts(res.run_dir))
     print(f"run directory: {res.run_dir}")
     if args.json:
@@ -143,6 +147,8 @@ def _execute(sc: scenario_mod.Scenario, args: argparse.Namespace, verb: str) -> 
     progress = None if args.quiet else Progress(sc.topology.learners)
     try:
         return run_scenario(sc, args.runs_dir, progress)
+    except scenario_mod.ScenarioError as e:  # refused before it started (the memory check)
+        return _invalid(e)
     except RunFailed as e:
         print(f"diloco-chaos: {verb} failed: {e}", file=sys.stderr)
         return EXIT_RUN_FAILED
@@ -230,6 +236,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tasks(args: argparse.Namespace) -> int:
+    """One line per built-in task: its name, factory and what it trains."""
+    import importlib
+
+    from trainers.task import BUILTIN_TASKS
+
+    for name, factory in BUILTIN_TASKS.items():
+        module = factory.split(":")[0]
+        doc = (importlib.import_module(module).__doc__ or "").strip().split("\n")[0]
+        print(f"{name:<16} {factory:<46} {doc}")
+    return 0
+
+
 def cmd_toxiproxy_server(args: argparse.Namespace) -> int:
     from chaos import toxiproxy_server
 
@@ -267,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     inv = sub.add_parser("invariants", help="list every invariant with its bounds (a markdown table, from the "
                          "registry)")
     inv.set_defaults(func=cmd_invariants)
+    tk = sub.add_parser("tasks", help="list the built-in tasks ([task] factory = NAME or module:function)")
+    tk.set_defaults(func=cmd_tasks)
     sc = sub.add_parser("scenarios", help="list the built-in scenarios")
     sc.set_defaults(func=lambda a: print("\n".join(scenario_mod.builtin_names())) or 0)
     rep = sub.add_parser("report", help="write a run's self-contained HTML report (eval loss, faults, timeline)")

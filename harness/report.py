@@ -34,25 +34,25 @@ from harness.run_errors import classify_errors, settle_window_s
 from harness.rundir import CHECKPOINT_FILE, CONFIG_FILE, read_json
 from harness.scenario import Scenario, from_dict
 from harness.shard_metrics import shard_figures
+from harness.syncer_evaluator import recalibration_batches
 from harness.syncer_shards import shard_of
+from harness.task_check import scenario_task
 from harness.wire_precision import wire_dtype_for
-from trainers.data import eval_batches, make_splits
-from trainers.model import TinyGPT, build_model
-
-FINAL_EVAL_BATCH = 32
+from trainers.task import evaluate, has_running_stats, load_params, recalibrate_buffers
 
 
-def final_model(run_dir: str | os.PathLike[str], sc: Scenario) -> tuple[TinyGPT, dict[str, Any]] | None:
-    """The run's model with the final global checkpoint's parameters loaded, and the checkpoint; None without
-    a checkpoint."""
+def final_model(run_dir: str | os.PathLike[str], sc: Scenario) -> tuple[torch.nn.Module, dict[str, Any]] | None:
+    """The run's model (its task's) with the final global checkpoint's parameters loaded and its running
+    statistics (batch norm) re-estimated on training batches, and the checkpoint; None without a checkpoint."""
     path = Path(run_dir) / CHECKPOINT_FILE
     if not path.exists():
         return None
     state = torch.load(path, weights_only=True)
-    model = build_model(sc.model, sc.seed)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            p.copy_(state["params"][n])
+    task = scenario_task(sc)
+    model = task.build_model(sc.seed)
+    load_params(model, state["params"])
+    if has_running_stats(model):
+        recalibrate_buffers(task, model, recalibration_batches(task, sc.topology.learners))
     return model, state
 
 
@@ -62,14 +62,12 @@ def final_eval(run_dir: str | os.PathLike[str], sc: Scenario, events: EventLog) 
     if loaded is None:
         return None
     model, state = loaded
-    with torch.no_grad():
-        holdout = make_splits(sc.data, sc.topology.learners).holdout
-        batches = eval_batches(holdout, sc.model.seq_len, FINAL_EVAL_BATCH, 10**9)
-        total = sum(float(model.loss(x, y)) * len(x) for x, y in batches)
-        loss = total / sum(len(x) for x, _ in batches)
+    task = scenario_task(sc)
+    loss, metrics = evaluate(task, model, task.eval_batches(10**9))
     finite = all(bool(torch.isfinite(t).all()) for t in state["params"].values())
+    extra = {"metrics": {k: round(v, 5) for k, v in metrics.items()}} if metrics else {}
     events.log("eval", kind="final", loss=loss, version=state["merges"], tokens_merged=state["tokens_merged"],
-               finite=finite)
+               finite=finite, **extra)
     return loss
 
 
@@ -139,6 +137,7 @@ def build_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         "wire_bytes_down": sum(d["link"].get("wire_bytes_down", 0) for d in per_learner.values()),
         "initial_eval_loss": periodic[0]["loss"] if periodic else None,
         "final_eval_loss": round(final.loss, 5) if final else None,
+        "final_eval_metrics": (final.metrics or {}) if final else {},
         "global_model_finite": final.finite if final else None,
         "eval_curve": periodic,
         "longest_gap_s": round(longest_gap([e.t for e in merges], train_start, train_end), 3),

@@ -24,6 +24,7 @@ from chaos.toxiproxy_backend import PROXY_MODES
 from trainers.config import ALGORITHMS, DilocoConfig, TrainConfig, bounded, choice
 from trainers.data import DataConfig
 from trainers.model import ModelConfig
+from trainers.task import TaskConfig
 
 _MODEL_RANGES: dict[str, tuple[float, float]] = {
     "seq_len": (8, 4096),
@@ -224,8 +225,12 @@ class Scenario:
     """decoupled (Decoupled DiLoCo), diloco (synchronous DiLoCo), ddp (synchronous data parallel) or elastic_ddp
     (data parallel whose global group drops a lost learner and admits it again after its repair)."""
     topology: Topology = field(default_factory=Topology)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    """`[task]`: the model, data and loss the learners train (trainers/task.py; default: the byte LM)."""
     model: ModelConfig = field(default_factory=ModelConfig)
+    """`[model]`: the byte LM's shape (the built-in byte_lm task; other tasks take theirs from task.args)."""
     data: DataConfig = field(default_factory=DataConfig)
+    """`[data]`: the byte LM's corpus and holdout; data.batch_size is every task's examples per chip per step."""
     train: TrainConfig = field(default_factory=TrainConfig)
     diloco: DilocoConfig = field(default_factory=DilocoConfig)
     timeouts: Timeouts = field(default_factory=Timeouts)

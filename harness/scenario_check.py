@@ -38,6 +38,7 @@ from harness.scenario import (
     Topology,
     read_toml,
 )
+from harness.task_check import task_rules
 from trainers.config import TrainConfig, did_you_mean
 from trainers.data import CORPUS_NAMES
 
@@ -311,14 +312,11 @@ def rules(sc: Scenario, keys: Sequence[str], found: Found) -> None:
     if sc.model.d_model % sc.model.n_heads and found.ok("model.d_model", "model.n_heads"):
         found.add("model.n_heads", f"model.n_heads = {sc.model.n_heads}: must divide model.d_model = "
                                    f"{sc.model.d_model}")
-    n_tensors = 5 + 12 * sc.model.n_layers  # tensors of TinyGPT; the partition needs one per fragment
-    if sc.diloco.fragments > n_tensors and found.ok("diloco.fragments", "model.n_layers"):
-        found.add("diloco.fragments",
-                  f"diloco.fragments = {sc.diloco.fragments}: must be in [1, {n_tensors}] (tensors in the model)")
     if (found.ok("data.corpus") and sc.data.corpus not in CORPUS_NAMES
             and not os.path.isfile(sc.data.corpus)):
         found.add("data.corpus", f"data.corpus = {sc.data.corpus!r}: no such file; use one of "
                                  f"{', '.join(CORPUS_NAMES)} or a text file path")
+    task_rules(sc, found)  # the model's tensors bound diloco.fragments; a bad factory exits 2 here
     _timeouts(sc, found)
 
 

@@ -71,9 +71,9 @@ def context() -> Any:
 
 def fragment_bytes(sc: Scenario) -> int:
     """Average bytes of one fragment on the wire (float32), for scaling WAN profiles."""
-    from trainers.model import build_model
+    from harness.task_check import param_count
 
-    n = sum(p.numel() for p in build_model(sc.model, 0).parameters())
+    n = param_count(sc)
     return n * 4 // (sc.diloco.fragments if sc.algorithm == "decoupled" else 1)
 
 
@@ -105,6 +105,10 @@ class Supervisor:
                  on_events: Callable[[list[dict[str, Any]]], None] | None = None) -> None:
         validate(sc)
         mutations.current()  # an unknown DILOCO_CHAOS_MUTATION fails here, before any process starts
+        from harness.task_check import check_memory, with_task_path
+
+        sc = with_task_path(sc)  # children import the task's module from the directory found here
+        check_memory(sc)  # a run that cannot fit in RAM is refused (ScenarioError, exit 2) before it starts
         self.sc = sc
         self.run_dir = make_run_dir(run_root, sc.name, sc.algorithm)
         self.on_events = on_events

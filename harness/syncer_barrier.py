@@ -18,6 +18,7 @@ from harness.events import EventLog
 from harness.scenario import Scenario
 from harness.syncer_accounting import Accounting
 from harness.syncer_transport import Conn, Transport
+from harness.task_check import tokens_per_batch
 from harness.wire import Message, MsgType
 from trainers.baselines import SyncRejected, SyncResult, SyncRound
 from trainers.syncer_core import BarrierCore, Contribution
@@ -54,7 +55,7 @@ class BarrierHandler:
         self.frames = FRAMES[core.contribution]
         self.accounting = Accounting(run_dir, 0, persist=False, fsync=False)
         self.planned_tokens = planned_tokens(sc.topology.learners, sc.topology.chips_per_learner, sc.train.steps,
-                                             sc.data.batch_size, sc.model.seq_len)
+                                             tokens_per_batch(sc), 1)
 
     def restore(self) -> None:
         raise ValueError(f"{type(self.core).__name__} keeps no crash-safe state to restore from")

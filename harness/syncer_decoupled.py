@@ -19,6 +19,7 @@ from harness.scenario import Scenario
 from harness.syncer_accounting import Accounting, fragment_digest
 from harness.syncer_shards import fragment_owners, state_dir
 from harness.syncer_transport import Conn, Transport
+from harness.task_check import scenario_task
 from harness.wire import Message, MsgType
 from trainers.decoupled_records import MergeRecord, Pull, PushOutcome, SupersededCause
 from trainers.decoupled_syncer import DecoupledSyncer
@@ -40,7 +41,7 @@ class DecoupledHandler:
         self.owners = fragment_owners(sc) if s > 1 else None
         """syncer.shards > 1: the owning shard of each fragment (harness/syncer_shards.py); None: one syncer."""
         owned = frozenset(owned_by(self.owners, shard)) if self.owners is not None else None
-        self.core = DecoupledSyncer(sc.model, sc.diloco, sc.seed, sc.topology.learners, owned)
+        self.core = DecoupledSyncer(scenario_task(sc), sc.diloco, sc.seed, sc.topology.learners, owned)
         self.fragments: int | None = len(self.core.partition)
         self.accounting = Accounting(run_dir, len(self.core.partition),
                                      sc.recovery.syncer_checkpoint == "every_merge",

@@ -17,6 +17,7 @@ from harness.syncer_accounting import Accounting
 from harness.syncer_barrier import BarrierHandler
 from harness.syncer_decoupled import DecoupledHandler
 from harness.syncer_transport import Conn, Transport
+from harness.task_check import scenario_task
 from harness.wire import Message
 from trainers.baselines import DdpSyncer, DilocoSyncer
 from trainers.elastic_ddp import ElasticDdpSyncer
@@ -72,10 +73,10 @@ HandlerFactory = Callable[[Scenario, str, EventLog, Transport], AlgorithmHandler
 HANDLERS: dict[str, HandlerFactory] = {
     "decoupled": DecoupledHandler,
     "diloco": lambda sc, run_dir, events, tr: BarrierHandler(
-        sc, run_dir, events, tr, DilocoSyncer(sc.model, sc.diloco, sc.seed, sc.topology.learners)),
+        sc, run_dir, events, tr, DilocoSyncer(scenario_task(sc), sc.diloco, sc.seed, sc.topology.learners)),
     "ddp": lambda sc, run_dir, events, tr: BarrierHandler(
-        sc, run_dir, events, tr, DdpSyncer(sc.model, sc.train, sc.seed, sc.topology.learners)),
+        sc, run_dir, events, tr, DdpSyncer(scenario_task(sc), sc.train, sc.seed, sc.topology.learners)),
     "elastic_ddp": lambda sc, run_dir, events, tr: BarrierHandler(
-        sc, run_dir, events, tr, ElasticDdpSyncer(sc.model, sc.train, sc.seed, sc.topology.learners)),
+        sc, run_dir, events, tr, ElasticDdpSyncer(scenario_task(sc), sc.train, sc.seed, sc.topology.learners)),
 }
 """Algorithm name -> its handler, built with its core."""

@@ -16,19 +16,27 @@ import torch
 
 from harness.events import EventLog
 from harness.scenario import Scenario
-from trainers.data import eval_batches, make_splits
-from trainers.model import build_model
+from harness.task_check import scenario_task
+from trainers.task import Batch, Task, has_running_stats, load_params, recalibrate_buffers
+from trainers.task import evaluate as task_evaluate
+from trainers.tasks.byte_lm import EVAL_SEQS  # noqa: F401 - re-exported by harness.syncer_service
 
-EVAL_SEQS = 16
+RECALIBRATE_BATCHES = 8
+"""Training batches (steps past any run's, from the learners' shards in turn) on which the global model's
+normalisation statistics are re-estimated before an evaluation (a model with batch norm only)."""
 
 
-def evaluate(model: torch.nn.Module, params: Mapping[str, torch.Tensor], batches: list) -> float:
-    """Mean held-out loss of `params` loaded into `model` (a scratch copy)."""
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            p.copy_(params[n])
-        losses = [float(model.loss(x, y)) for x, y in batches]  # type: ignore[operator]
-    return sum(losses) / len(losses)
+def recalibration_batches(task: Task, learners: int) -> list[Batch]:
+    return [task.train_batch(i % learners, 0, 10**9 + i) for i in range(RECALIBRATE_BATCHES)]
+
+
+def evaluate(task: Task, model: torch.nn.Module, params: Mapping[str, torch.Tensor], batches: list[Batch],
+             calibration: list[Batch]) -> tuple[float, dict[str, float]]:
+    """Mean held-out loss (and the task's metrics) of `params` loaded into `model` (a scratch copy), its
+    running statistics re-estimated on `calibration` first."""
+    load_params(model, params)
+    recalibrate_buffers(task, model, calibration)
+    return task_evaluate(task, model, batches)
 
 
 class Evaluator:
@@ -37,9 +45,11 @@ class Evaluator:
     def __init__(self, sc: Scenario, events: EventLog) -> None:
         self.events = events
         self._q: queue.Queue = queue.Queue(maxsize=1)
-        splits = make_splits(sc.data, sc.topology.learners)
-        self._batches = eval_batches(splits.holdout, sc.model.seq_len, EVAL_SEQS, sc.eval.batches)
-        self._model = build_model(sc.model, sc.seed)
+        self._task = scenario_task(sc)
+        self._batches = self._task.eval_batches(sc.eval.batches)
+        self._model = self._task.build_model(sc.seed)
+        self._calibration = (recalibration_batches(self._task, sc.topology.learners)
+                             if has_running_stats(self._model) else [])
         self._thread = threading.Thread(target=self._run, name="eval", daemon=True)
         self.last_cpu_s = 0.0
         """CPU seconds of the last evaluation (read by the main loop; a float store is atomic)."""
@@ -54,7 +64,7 @@ class Evaluator:
                 return
             version, tokens, params, trigger = item
             cpu0 = time.thread_time()
-            loss = evaluate(self._model, params, self._batches)
+            loss, _ = evaluate(self._task, self._model, params, self._batches, self._calibration)
             self.last_cpu_s = time.thread_time() - cpu0
             self.events.log("eval", version=version, tokens_merged=tokens, loss=loss, kind="periodic",
                             trigger=trigger, cpu_s=round(self.last_cpu_s, 4))

@@ -25,9 +25,10 @@ from harness.record.syncer import shard_of
 from harness.rundir import CHECKPOINT_FILE, atomic_torch_save
 from harness.scenario import Scenario
 from harness.syncer_accounting import STATE_DIR
+from harness.task_check import scenario_task
 from trainers.fragments import partition_tensors
-from trainers.model import build_model
 from trainers.shards import assign_shards, fragment_sizes
+from trainers.task import parameters
 
 __all__ = ["assemble_final", "assembled_params", "checkpoint_name", "fragment_owners", "proc_name", "shard_of",
            "state_dir"]
@@ -48,11 +49,16 @@ def checkpoint_name(shard: int, shards: int) -> str:
     return CHECKPOINT_FILE if shards == 1 else f"global.s{shard}.pt"
 
 
+def _numel(sc: Scenario) -> dict[str, int]:
+    """Each parameter's element count, for the run's task's model (tied tensors once), as the learners count."""
+    return {n: p.numel() for n, p in parameters(scenario_task(sc).build_model(0)).items()}
+
+
 def fragment_owners(sc: Scenario) -> list[int]:
     """The owning shard of each fragment (all 0 when unsharded or not decoupled)."""
     if sc.algorithm != "decoupled":
         return [0]
-    numel = {n: p.numel() for n, p in build_model(sc.model, 0).named_parameters()}
+    numel = _numel(sc)
     partition = partition_tensors(numel, sc.diloco.fragments)
     return assign_shards(fragment_sizes(partition, numel), sc.syncer.shards)
 
@@ -86,7 +92,7 @@ def assemble_final(run_dir: str, sc: Scenario) -> str | None:
     if not all(os.path.exists(p) for p in paths):
         return None
     owners = fragment_owners(sc)
-    numel = {n: p.numel() for n, p in build_model(sc.model, 0).named_parameters()}
+    numel = _numel(sc)
     partition = partition_tensors(numel, sc.diloco.fragments)
     states = [torch.load(p, weights_only=True) for p in paths]
     out = dict(states[0])

@@ -24,6 +24,7 @@ from harness.events import EventLog
 from harness.frame_auth import FrameAuth
 from harness.handshake import new_nonce, verify_challenge
 from harness.scenario import Scenario
+from harness.task_check import param_count
 from harness.wire import (
     HEADER,
     ConnectionClosed,
@@ -34,7 +35,6 @@ from harness.wire import (
     send_message,
 )
 from harness.wire_precision import UP, WireCodec, WireDecodeError, wire_dtype_for
-from trainers.model import build_model
 
 OUTQ_MAX = 256
 DATA_FRAMES = frozenset({MsgType.PUSH, MsgType.GRADS, MsgType.PARAMS})
@@ -85,8 +85,7 @@ class InboxItem:
 def max_frame_bytes(sc: Scenario) -> int:
     """Largest legal frame: three model-sized float32 tensor sets (a ddp resume: parameters and both AdamW
     moments) plus generous metadata room. Anything larger is refused before its payload is read."""
-    m = build_model(sc.model, 0)
-    return 3 * sum(p.numel() for p in m.parameters()) * 4 + 1_000_000
+    return 3 * param_count(sc) * 4 + 1_000_000
 
 
 class Transport:

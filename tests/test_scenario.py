@@ -113,7 +113,7 @@ def test_unknown_algorithm() -> None:
 def test_missing_corpus_file(tmp_path) -> None:
     missing = tmp_path / "no-such-corpus.txt"
     rejected(table(data={"corpus": str(missing)}), "data.corpus", "no such file", "pydoc-topics")
-    missing.write_text("some text")
+    missing.write_text("some text " * 100)  # long enough for every learner's shard to hold a window
     assert from_dict(table(data={"corpus": str(missing)})).data.corpus == str(missing)
 
 

@@ -26,9 +26,11 @@ from torch import Tensor
 from trainers.config import DilocoConfig, TrainConfig
 from trainers.learner_core import InnerOptimizer
 from trainers.merge import all_finite, weighted_mean
-from trainers.model import ModelConfig, build_model
+from trainers.model import ModelConfig
 from trainers.outer_optimizer import NesterovOuterOptimizer, OuterOptConfig
 from trainers.syncer_core import Contribution
+from trainers.task import Task, parameters
+from trainers.tasks import as_task
 
 if TYPE_CHECKING:
     from trainers.elastic_ddp import Reconfiguration
@@ -124,9 +126,9 @@ class DdpSyncer(_FixedGroup):
                         now: float) -> SyncResult:
         return self.on_grads(learner, step, tokens, tensors)
 
-    def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig, seed: int, num_learners: int) -> None:
-        self.model = build_model(model_cfg, seed)
-        self.params = dict(self.model.named_parameters())
+    def __init__(self, model_cfg: Task | ModelConfig, train_cfg: TrainConfig, seed: int, num_learners: int) -> None:
+        self.model = as_task(model_cfg, seed).build_model(seed)
+        self.params = parameters(self.model)
         self.optimizer = InnerOptimizer(self.model, train_cfg)
         self.barrier = _Barrier(num_learners)
         self.merges = 0
@@ -177,9 +179,9 @@ class DilocoSyncer(_FixedGroup):
                         now: float) -> SyncResult:
         return self.on_params(learner, key, step, tokens, tensors)
 
-    def __init__(self, model_cfg: ModelConfig, cfg: DilocoConfig, seed: int, num_learners: int) -> None:
-        model = build_model(model_cfg, seed)
-        self.params: dict[str, Tensor] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    def __init__(self, model_cfg: Task | ModelConfig, cfg: DilocoConfig, seed: int, num_learners: int) -> None:
+        model = as_task(model_cfg, seed).build_model(seed)
+        self.params: dict[str, Tensor] = {n: p.detach().clone() for n, p in parameters(model).items()}
         self.outer = NesterovOuterOptimizer(OuterOptConfig(lr=cfg.outer_lr, momentum=cfg.outer_momentum))
         self.barrier = _Barrier(num_learners)
         self.merges = 0

@@ -81,8 +81,10 @@ class DilocoConfig:
     """Merge of non-embedding tensors: Radial-Directional Averaging or a weighted mean."""
     token_weighting: bool = True
     """Weight learners by c_tokens**2 / c_steps; False weighs every participant equally."""
-    embedding_tensors: tuple[str, ...] = ("tok_emb.weight", "pos_emb.weight")
-    """Tensors merged by a plain weighted mean (the paper: embeddings lack near-orthogonality)."""
+    embedding_tensors: tuple[str, ...] = ()
+    """Tensors merged by a plain weighted mean (the paper: embeddings lack near-orthogonality). Empty (the
+    default): the task's own list (trainers/task.py; the byte LM's: tok_emb.weight and pos_emb.weight, other
+    built-in tasks: none). Names must be parameters of the task's model; an alias of a tied tensor counts."""
     outer_anchor: str = choice("current", ("current", "base"))
     """What a push's outer gradient is measured from. current: the syncer's current value, Δ_m = Θ_p(prev) − θ_m
     (the notes' reading of the paper's Appendix D.2); a push k versions stale then also carries

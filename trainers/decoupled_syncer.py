@@ -60,15 +60,17 @@ from trainers.decoupled_records import (  # the records are re-exported: importe
 from trainers.fragments import FragmentSchedule, partition_tensors
 from trainers.merge import MergeNorms, all_finite, outer_gradient, token_weights
 from trainers.messages import FragmentPush
-from trainers.model import ModelConfig, build_model
+from trainers.model import ModelConfig
 from trainers.outer_optimizer import NesterovOuterOptimizer, OuterOptConfig
 from trainers.syncer_policy import Action, EwmaEstimator, QuorumConfig, RoundState, StepTimeTracker, decide
+from trainers.task import Task, embedding_names, parameters
+from trainers.tasks import as_task
 
 
 class DecoupledSyncer:
     """Global fragments, outer optimizer, the fragment clock and open rounds. Clock injected."""
 
-    def __init__(self, model_cfg: ModelConfig, cfg: DilocoConfig, seed: int, num_learners: int,
+    def __init__(self, model_cfg: Task | ModelConfig, cfg: DilocoConfig, seed: int, num_learners: int,
                  owned: frozenset[int] | None = None) -> None:
         self.cfg = cfg
         self.owned = owned
@@ -76,8 +78,11 @@ class DecoupledSyncer:
         rounds for, merges and accepts pushes of; the others keep their initial value here. None: all."""
         self.num_learners = num_learners
         self.seed = seed
-        model = build_model(model_cfg, seed)
-        self.params: dict[str, Tensor] = {n: p.detach().clone() for n, p in model.named_parameters()}
+        task = as_task(model_cfg, seed)
+        model = task.build_model(seed)
+        self.params: dict[str, Tensor] = {n: p.detach().clone() for n, p in parameters(model).items()}
+        self.embeddings = embedding_names(model, cfg.embedding_tensors or task.embedding_tensors)
+        """Parameter names merged by the weighted mean (diloco.embedding_tensors, else the task's)."""
         self.partition = partition_tensors({n: t.numel() for n, t in self.params.items()}, cfg.fragments)
         self.schedule = FragmentSchedule(cfg.fragments, cfg.sync_every, cfg.overlap)
         n = len(self.partition)
@@ -387,7 +392,7 @@ class DecoupledSyncer:
         frag = self.fragment(p)
         anchors = ([self.history[p][q.base_version] for q in pushes] if self.cfg.outer_anchor == "base" else None)
         norms = MergeNorms()
-        delta = outer_gradient(frag, [q.tensors for q in pushes], weights, self.cfg.embedding_tensors,
+        delta = outer_gradient(frag, [q.tensors for q in pushes], weights, self.embeddings,
                                self.cfg.merge_rule, anchors, norms)
         if not all_finite(delta.values()):  # unreachable while pushes are checked; kept as a last guard
             raise FloatingPointError(f"non-finite outer gradient for fragment {p}")

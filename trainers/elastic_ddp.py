@@ -39,6 +39,7 @@ from trainers.config import TrainConfig
 from trainers.merge import all_finite
 from trainers.messages import STATE_STEP_KEY
 from trainers.model import ModelConfig
+from trainers.task import Task
 
 
 class Action(enum.Enum):
@@ -164,7 +165,7 @@ class _Grow:
 class ElasticDdpSyncer(DdpSyncer):
     """ddp's averaging and AdamW replica behind a barrier whose membership follows `decide`."""
 
-    def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig, seed: int, num_learners: int) -> None:
+    def __init__(self, model_cfg: Task | ModelConfig, train_cfg: TrainConfig, seed: int, num_learners: int) -> None:
         super().__init__(model_cfg, train_cfg, seed, num_learners)
         self.members: set[int] = set(range(num_learners))  # every learner is expected from step 1, as in ddp
         self.finished: set[int] = set()

@@ -21,7 +21,9 @@ from trainers import mutations
 from trainers.config import DilocoConfig, TrainConfig
 from trainers.fragments import FragmentSchedule, partition_tensors
 from trainers.messages import FragmentPush, MergedFragment, Snapshot, flatten, unflatten_into
-from trainers.model import ModelConfig, TinyGPT, build_model
+from trainers.model import ModelConfig
+from trainers.task import Task, model_finite, parameters
+from trainers.tasks import as_task
 
 
 class CollectiveFailed(RuntimeError):
@@ -105,7 +107,7 @@ def inner_lr(step: int, cfg: TrainConfig) -> float:
 class InnerOptimizer:
     """AdamW with the warm-up schedule and gradient clipping; shared by learners and the ddp syncer."""
 
-    def __init__(self, model: TinyGPT, cfg: TrainConfig) -> None:
+    def __init__(self, model: torch.nn.Module, cfg: TrainConfig) -> None:
         self.cfg = cfg
         self.params = [p for p in model.parameters()]
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -141,7 +143,8 @@ class LearnerCore:
     """One chip's replica of a learner, with its inner optimizer and fragment bookkeeping."""
 
     learner: int
-    model_cfg: ModelConfig
+    model_cfg: Task | ModelConfig
+    """The task this learner trains (trainers/task.py), or a ModelConfig: the byte LM of that shape."""
     train_cfg: TrainConfig
     diloco_cfg: DilocoConfig
     seed: int
@@ -164,8 +167,9 @@ class LearnerCore:
     """Re-form the group when a collective fails (the shrink policy) instead of failing the learner."""
 
     def __post_init__(self) -> None:
-        self.model = build_model(self.model_cfg, self.seed)
-        self.named = dict(self.model.named_parameters())
+        self.task = as_task(self.model_cfg, self.seed)
+        self.model = self.task.build_model(self.seed)
+        self.named = parameters(self.model)
         self.optimizer = InnerOptimizer(self.model, self.train_cfg)
         sizes = {n: p.numel() for n, p in self.named.items()}
         self.partition = partition_tensors(sizes, self.diloco_cfg.fragments)
@@ -174,7 +178,7 @@ class LearnerCore:
 
     # -- the inner step -------------------------------------------------------------------------
     def forward_backward(self, x: Tensor, y: Tensor) -> float:
-        loss = self.model.loss(x, y)
+        loss = self.task.loss(self.model, (x, y))
         loss.backward()
         return float(loss.detach())
 
@@ -200,7 +204,7 @@ class LearnerCore:
         self.optimizer.step(self.step)
         self._add("allreduce", t2 - t1)
         self._add("compute", time.perf_counter() - t2 + t1 - t0)
-        tokens = x.numel() * self.collective.size
+        tokens = self.task.batch_tokens((x, y)) * self.collective.size
         for st in self.frags:
             st.c_steps += 1
             st.c_tokens += tokens
@@ -264,7 +268,8 @@ class LearnerCore:
         st.pending = None
 
     def finite(self) -> bool:
-        return all(bool(torch.isfinite(p).all()) for p in self.named.values())
+        """Every parameter and floating-point buffer finite."""
+        return model_finite(self.model)
 
 
 BatchFn = Callable[[int], tuple[Tensor, Tensor]]

@@ -479,12 +479,15 @@ class Eval(Event):
     tokens_merged: float
     """Tokens merged into it."""
     loss: float
-    """Mean held-out loss, nats per byte."""
+    """Mean held-out loss of the task (the byte LM's: nats per byte; docs/api.md)."""
     trigger: Literal["start", "progress", "time"] | None = None
     """periodic: why it was due: the run's start, a progress milestone (eval.points) or eval.every_s."""
     cpu_s: float | None = None
     """periodic: CPU seconds the evaluation took (eval.max_share bounds the progress-triggered ones)."""
     finite: bool | None = None
     """final: whether the global model is all finite."""
+    metrics: dict[str, float] | None = None
+    """final: the task's extra held-out figures beside the loss, e.g. accuracy (trainers/task.py `metrics`);
+    absent for a task without any."""
 
 

@@ -1,0 +1,72 @@
+"""diloco-chaos's public Python API: one import to build a scenario, run it, read its results and check its
+invariants, and to bring your own model, data and loss (a `Task`). docs/api.md documents every name.
+
+    import diloco_chaos as dc
+
+    sc = dc.scenario(task={"factory": "my_task:build", "args": {"width": 8}}, topology={"learners": 2})
+    run = dc.run(sc, runs_dir="runs")          # real processes; returns when every one has exited
+    print(run.report["final_eval_loss"], run.report["final_eval_metrics"])
+    run.check_all(max_loss=0.5)                 # every invariant that applies; AssertionError naming figures
+
+Why a package of its own: harness/, trainers/ and chaos/ are the implementation, laid out by job; a user's
+code should not have to know which of their modules holds what it needs, nor break when they move. Everything
+here is re-exported, so `from diloco_chaos import X` stays the stable path.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from harness.chaos_run import INVARIANTS, ChaosRun
+from harness.invariants import (
+    InvariantResult,
+    InvariantViolation,
+    RunRecord,
+    check_all,
+    final_loss,
+    load_run,
+)
+from harness.invariants import spec as invariant
+from harness.record import read_records
+from harness.results import ResultsFile, RunRow, read_results, run_row, write_results
+from harness.scenario import Scenario, ScenarioError, builtin, builtin_names, from_dict, load
+from harness.supervisor import RunFailed, RunResult, Supervisor
+from harness.task_check import MemoryEstimate, check_memory, memory_estimate, scenario_task
+from trainers.task import BUILTIN_TASKS, Batch, Task, TaskConfig, TaskContext, TaskError, load_task
+
+__all__ = [
+    "BUILTIN_TASKS", "INVARIANTS", "Batch", "ChaosRun", "InvariantResult", "InvariantViolation", "MemoryEstimate",
+    "ResultsFile", "RunFailed", "RunRecord", "RunResult", "RunRow", "Scenario", "ScenarioError", "Task",
+    "TaskConfig", "TaskContext", "TaskError", "builtin", "builtin_names", "check_all", "check_memory",
+    "final_loss", "from_dict", "invariant", "load", "load_run", "load_task", "memory_estimate", "read_records",
+    "read_results", "run", "run_row", "scenario", "scenario_task", "write_results",
+]
+
+
+def scenario(table: Mapping[str, Any] | None = None, /, **tables: Any) -> Scenario:
+    """A validated Scenario from TOML-shaped tables (`table` and/or keyword tables, the keywords winning):
+    `scenario(algorithm="ddp", topology={"learners": 2})`. ScenarioError lists every bad key."""
+    return from_dict({**(table or {}), **tables})
+
+
+def run(sc: Scenario | Mapping[str, Any] | str | os.PathLike[str], runs_dir: str | os.PathLike[str] = "runs",
+        ) -> ChaosRun:
+    """Run a scenario (a Scenario, tables, a .toml path or a built-in name) on real processes, in a new directory
+    under `runs_dir`; returns its `ChaosRun` (report, events, invariants). Raises ScenarioError before anything
+    starts when the scenario is invalid or cannot fit in memory, RunFailed when the run does not complete. Call
+    it under `if __name__ == "__main__":` in a script (multiprocessing)."""
+    if isinstance(sc, Mapping):
+        sc = from_dict(dict(sc))
+    elif not isinstance(sc, Scenario):
+        sc = load(sc) if str(sc).endswith(".toml") or Path(sc).is_file() else builtin(str(sc))
+    sup = Supervisor(sc, runs_dir)
+    out = ChaosRun(sup.sc, sup.run_dir)
+    try:
+        result = sup.run()
+    finally:
+        out.pids = [p.pid for p in [*sup.procs.values(), *sup.retired]]
+    out.__dict__["report"] = result.report
+    return out
