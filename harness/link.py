@@ -86,6 +86,9 @@ class SyncerLink:
         self._auth: FrameAuth | None = None
         """The connection's frame keys (harness/frame_auth.py): every frame after the handshake is signed."""
         self._closed = False
+        self._finishing = False
+        """BYE is on the wire and our side is shut for writing: read until the syncer closes, never reconnect."""
+        self._bye_sent = False
         self.fatal: str | None = None
         self.stop_requested = False
         """The syncer said the run's total step budget is reached (train.budget = total): finish and push."""
@@ -184,17 +187,38 @@ class SyncerLink:
             else:
                 self._outbox[("bye", 0)] = Message(MsgType.BYE, {"learner": self.learner})
             self._cv.notify_all()
-            while self._outbox and self.fatal is None:
+            while (self._outbox or (bye and not self._bye_sent)) and self.fatal is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self.events.log("link_flush_timeout", learner=self.learner, unsent=len(self._outbox))
                     break
                 self._cv.wait(left)
+            if bye and self._bye_sent:
+                self._finish_gracefully(deadline)
             self._closed = True
             self._cv.notify_all()
         self._drop_connection("closed")
         for th in self._threads:
             th.join(timeout=max(0.1, deadline - time.monotonic()) + self.t.socket_op_s)
+
+    def _finish_gracefully(self, deadline: float) -> None:
+        """With BYE sent (and self._cv held): shut our side for writing and read until the syncer closes, at
+        most until `deadline`. Closing a socket whose receive buffer holds unread bytes (fragments the syncer
+        sent meanwhile) makes the kernel send a reset and drop what is still in our send buffer: the final
+        pushes and the BYE would never reach the syncer."""
+        self._finishing = True
+        sock = self._wsock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_WR)  # a FIN after everything already written
+            except OSError:
+                pass
+        self._cv.notify_all()
+        while self._rsock is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._cv.wait(left)
 
     # -- internals --------------------------------------------------------------------------------
     def _timed(self, body: Any) -> None:
@@ -264,7 +288,7 @@ class SyncerLink:
 
     def _manage(self) -> None:
         backoff = BACKOFF_MIN_S
-        while not self._closed:
+        while not self._closed and not self._finishing:
             try:
                 sock, auth = self._connect_once()
             except LinkFatal as e:
@@ -357,14 +381,14 @@ class SyncerLink:
         last_ping = time.monotonic()
         while True:
             with self._cv:
-                while not self._closed:
+                while not self._closed and not self._finishing:
                     if self._wsock is not None and self._outbox:
                         break
                     left = last_ping + self.t.heartbeat_s - time.monotonic()
                     if self._wsock is not None and left <= 0:
                         break
                     self._cv.wait(max(0.001, left) if self._wsock is not None else None)
-                if self._closed and not self._outbox:
+                if (self._closed or self._finishing) and not self._outbox:
                     return
                 sock, auth, codec = self._wsock, self._auth, self._codec
                 if sock is None or auth is None:
@@ -390,6 +414,9 @@ class SyncerLink:
                 self._drop_connection(f"send failed: {type(e).__name__}: {e}")
                 continue
             last_sent = time.monotonic()
+            if msg.type is MsgType.BYE:
+                with self._cv:
+                    self._bye_sent = True
             if msg.type is MsgType.PUSH:
                 self.events.log("push_sent", learner=self.learner, fragment=msg.meta["fragment"], bytes=n,
                                 seconds=last_sent - t0, first_step=msg.meta["first_step"],

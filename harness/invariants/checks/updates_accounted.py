@@ -16,6 +16,7 @@ from harness.record.learner import Apply
 from harness.record.run import SyncerDown
 from harness.record.syncer import LearnerJoin, Merge, Push, PushRejected, PushSuperseded, SyncerRestore
 from harness.syncer_shards import shard_of
+from trainers.decoupled_records import SupersededCause
 from trainers.decoupled_syncer import PushOutcome
 
 
@@ -78,7 +79,9 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
       went down while its round was open, given up on rejoin: the learner then (re)joined the restored syncer
       (`learner_join`, whose `versions` are the fragments it was sent) and applied fragment p at the version it
       was sent there, which overwrites its copy and resets its counters (the algorithm's rule for a (re)joining
-      learner), before any push of those steps was merged; or lost with the syncer's open round: no merge of
+      learner), before any push of those steps was merged, or it finished first and the restored syncer
+      dropped its push of those steps as before_rejoin (`push_superseded` cause before_rejoin covering them);
+      or lost with the syncer's open round: no merge of
       the fragment came between the push and the crash, and the learner applied the fragment after a later
       step (a carried push's learner applies the round it missed, so the dead syncer held the only copy);
     * outcome late / stale: a `push_superseded` with reason late / stale and the same step range;
@@ -134,9 +137,12 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
     joins = [j for j in r.records(LearnerJoin) if j.versions is not None]
     applies = r.records(Apply)
 
-    def given_up_on_rejoin(m: int, p: int, crash: float, shard: int) -> bool:
+    before_rejoin = r.records(PushSuperseded)
+
+    def given_up_on_rejoin(m: int, p: int, crash: float, shard: int, a0: int, b0: int) -> bool:
         """Learner m joined a syncer (of the push's shard) after `crash` and then applied fragment p at the
-        version it was sent."""
+        version it was sent; or, finishing before it could apply it, had its last push of steps a0..b0 (and
+        more) superseded as before_rejoin there."""
         for j in joins:
             versions = j.versions or []
             if j.learner != m or j.t <= crash or p >= len(versions) or shard_of(j.proc) != shard:
@@ -145,6 +151,10 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
             if any(a.learner == m and a.t > j.t
                    and sent in zip(a.fragments or [], a.versions or [], strict=False) for a in applies):
                 return True
+            if any(s.learner == m and s.fragment == p and s.t > j.t and shard_of(s.proc) == shard
+                   and s.cause is SupersededCause.BEFORE_REJOIN and s.first_step <= a0 and s.last_step >= b0
+                   for s in before_rejoin):
+                return True  # a learner that finished before applying it: its last push of those steps dropped
         return False
 
     frag_merges = [(_fragment(e), e.t) for e in r.records(Merge)]
@@ -200,7 +210,7 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
         if crash is not None and unlogged_frag[p] > unlogged[(m, p)]:
             unlogged[(m, p)] += 1  # merged and checkpointed by the syncer that died before logging the merge
             continue
-        if crash is not None and given_up_on_rejoin(m, p, crash, shard):
+        if crash is not None and given_up_on_rejoin(m, p, crash, shard, a, b):
             n_given_up += 1  # its round died with the syncer; the rejoin's fragment then reset its counters
             continue
         if crash is not None and died_with_the_syncer(m, p, t, b, crash):
