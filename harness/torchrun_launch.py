@@ -23,6 +23,7 @@ a new generation), as torchrun itself would with --max-restarts but under the ru
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import pickle
 import signal
@@ -34,6 +35,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from harness.chip import ChipSpec
 from harness.host_agent import AgentClient, AgentError, AgentSpec, agent_main
+from harness.procutil import die_with_parent
 from harness.torchrun_worker import PARENT_PID_ENV
 
 if TYPE_CHECKING:
@@ -135,8 +137,9 @@ class TorchrunHosts:
         cmd = ["ip", "netns", "exec", netns,
                *torchrun_command(spec.size, RDZV_PORT + spec.generation % 1000, str(path))]
         log = open(self.run_dir / LOG_NAME.format(m=m), "ab")  # noqa: SIM115 - closed by TorchrunProc
+        # the kernel SIGKILLs torchrun if the supervisor dies (`ip netns exec` execs it: the setting carries over)
         popen = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                 cwd=os.getcwd())
+                                 cwd=os.getcwd(), preexec_fn=functools.partial(die_with_parent, os.getpid()))
         proc = TorchrunProc(popen, f"learner{m}.torchrun", log)
         self.started.append(proc)
         return proc
