@@ -5,16 +5,26 @@ The claims: the default scenario's shape (4 learners x 2 chips, Decoupled DiLoCo
 run directory holds the same kinds of events as a local launch of the same scenario, and every invariant holds;
 a kill_chip sent through the learner host's agent fails the learner (torchrun stops its other worker and exits
 non-zero) and the recovery policy restarts it as a new torchrun; no process, namespace or veth is left after
-either run. Skipped, with the reason, where namespaces cannot be made (not root, no `ip`, `tc` or `nft`).
+either run; and a SIGKILLed supervisor takes every process of a torchrun run with it (agents, torchruns,
+workers, link processes). Skipped, with the reason, where namespaces cannot be made (not root, no `ip`, `tc` or `nft`).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
-from harness.netns_hosts import availability
+from harness.netns_hosts import availability, sweep_leftovers
 from harness.netns_hosts import remaining as residue
 from harness.scenario import from_dict
 
@@ -27,6 +37,20 @@ TIMING_KINDS = {"fragment_resent", "push_superseded", "push_superseded_locally",
 broadcast overtaken in its queue by a newer one) and so may appear in one launch and not in the other: each was
 seen in one run of either backend and not in the next. Every other kind must appear in both."""
 REPAIR_S = 1.0
+REPO = Path(__file__).resolve().parent.parent
+POLL_S = 0.1
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> Any:
+    """Wait on a condition with a deadline (polling what the run writes)."""
+    deadline = time.monotonic() + timeout
+    tick = threading.Event()
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        tick.wait(POLL_S)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def table(backend: str, steps: int, learners: int = 4, faults: list[dict[str, Any]] | None = None,
@@ -101,3 +125,40 @@ def test_a_kill_chip_through_the_host_agent_restarts_the_learner_as_a_new_torchr
     res.check_all()
     assert not res.report["unexpected_errors"], res.report["errors"]
     check_clean(res)
+
+
+def test_nothing_of_a_torchrun_run_outlives_a_sigkilled_supervisor(tmp_path):
+    runs = tmp_path / "killed"
+    code = ("import json, sys\nfrom harness.scenario import from_dict\nfrom harness.supervisor import run_scenario\n"
+            "if __name__ == '__main__':\n"
+            f"    run_scenario(from_dict(json.loads(sys.argv[1])), {str(runs)!r})\n")
+    script = tmp_path / "supervise.py"
+    script.write_text(code)
+    sc = {**table("torchrun", 100_000, learners=2), "name": "torchrun-killed"}
+    sup = subprocess.Popen([sys.executable, str(script), json.dumps(sc)], cwd=REPO,
+                           env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+
+    def events() -> list[dict[str, Any]]:
+        return [json.loads(x) for p in runs.glob("*/events.jsonl") for x in p.read_text().splitlines()
+                if x.endswith("}")]
+
+    try:
+        wait_for(lambda: {e["learner"] for e in events() if e["ev"] == "step"} == {0, 1}, 120,
+                 "both torchrun learners to train")
+    finally:
+        sup.send_signal(signal.SIGKILL)
+        sup.wait(timeout=30)
+    evs = events()
+    pids = {e["child_pid"] for e in evs if e["ev"] == "process_start"}  # syncer, agents, torchruns
+    pids |= {e["pid"] for e in evs if e["ev"] in ("chip_start", "link_process_start")}  # workers, link processes
+    assert len(pids) >= 2 + 2 * 2 + 2 + 1, sorted(pids)
+
+    def gone() -> bool:
+        return not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+    try:
+        wait_for(gone, 30, f"every process of the run to end after its supervisor's SIGKILL: {sorted(pids)}")
+    finally:
+        sweep_leftovers()  # its namespaces: what the next run's start removes (suites/test_netns_links.py)
+    assert residue(prefix_of(evs)) == []
