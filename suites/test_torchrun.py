@@ -37,6 +37,7 @@ TIMING_KINDS = {"fragment_resent", "push_superseded", "push_superseded_locally",
 broadcast overtaken in its queue by a newer one) and so may appear in one launch and not in the other: each was
 seen in one run of either backend and not in the next. Every other kind must appear in both."""
 REPAIR_S = 1.0
+FREEZE_S = 1.5
 REPO = Path(__file__).resolve().parent.parent
 POLL_S = 0.1
 
@@ -103,12 +104,24 @@ def test_default_shape_converges_under_torchrun_with_a_local_runs_events(run_sce
     check_clean(local)
 
 
-def test_a_kill_chip_through_the_host_agent_restarts_the_learner_as_a_new_torchrun(run_scenario):
-    fault = {"action": "kill_chip", "learner": 1, "chip": 1, "at": {"step": 15, "learner": 0}}
-    res = run_scenario(from_dict(table("torchrun", 60, learners=2, faults=[fault],
+def test_a_kill_chip_and_a_freeze_through_the_host_agents(run_scenario):
+    """kill_chip restarts the learner as a new torchrun; freeze stops a learner's workers and its link process
+    (the agent's child-process expansion) and the agent lets them go on."""
+    faults = [{"action": "kill_chip", "learner": 1, "chip": 1, "at": {"step": 15, "learner": 0}},
+              {"action": "freeze", "learner": 0, "at": {"step": 30, "learner": 0}, "until": {"after_s": FREEZE_S}}]
+    res = run_scenario(from_dict(table("torchrun", 60, learners=2, faults=faults,
                                        recovery={"policy": "restart", "repair_s": REPAIR_S, "max_restarts": 2})))
     evs = res.events
-    (hit,) = res.of("process_fault")
+    hit, frozen = res.of("process_fault")
+    (thawed,) = res.of("process_fault_off")
+    learner0 = {e["pid"] for e in evs if e["proc"].startswith("learner0.") and e["ev"] in ("chip_start",
+                                                                                            "link_process_start")}
+    assert frozen["kind"] == "freeze" and set(frozen["pids"]) == learner0, "both workers and the link process"
+    assert thawed["pids"] == frozen["pids"]
+    held = thawed["t"] - frozen["t"]  # shorter than FREEZE_S by the agent's latency (the window starts at the decision)
+    steps = [e["t"] for e in evs if e["ev"] == "step" and e["learner"] == 0]
+    gap = max(b - a for a, b in zip(steps, steps[1:], strict=False))
+    assert gap >= held * 0.9, f"learner 0 kept stepping while frozen (held {held:.2f} s, longest gap {gap:.2f} s)"
     chips = {e["pid"]: e for e in evs if e["ev"] == "chip_start" and e["learner"] == 1 and e["generation"] == 0}
     assert hit["kind"] == "kill_chip" and hit["learner"] == 1 and hit["signal"] == "SIGKILL"
     assert [chips[p]["rank"] for p in hit["pids"]] == [1], "the agent killed learner 1's rank-1 worker"
@@ -120,7 +133,8 @@ def test_a_kill_chip_through_the_host_agent_restarts_the_learner_as_a_new_torchr
     assert len(torchruns) == 2, "a new torchrun for the restarted learner"
     assert {e["rank"] for e in evs if e["ev"] == "chip_start" and e["learner"] == 1 and e["generation"] == 1} == {0, 1}
     assert all(d["steps"] == 60 for d in res.report["per_learner"].values()), res.report["per_learner"]
-    res.figures(down_s=round(restart["t"] - down["t"], 2), final_eval=res.report["final_eval_loss"],
+    res.figures(down_s=round(restart["t"] - down["t"], 2), frozen_s=round(held, 2), frozen_gap_s=round(gap, 2),
+                final_eval=res.report["final_eval_loss"],
                 wall_s=res.report["wall_s"])
     res.check_all()
     assert not res.report["unexpected_errors"], res.report["errors"]
