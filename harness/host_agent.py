@@ -42,6 +42,8 @@ MAX_LINE = 1 << 16
 """Longest request or answer line accepted (a pid list is far shorter)."""
 AUTH_ID = -1
 """The id signed in the agent's challenge (learner ids are >= 0, so an agent's proof is no learner's)."""
+KEEPALIVE_S = 20.0
+"""5 s idle, then 3 probes 5 s apart (`_keepalive`)."""
 SIGNALS = {s.name: s for s in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCONT, signal.SIGTERM)}
 
 
@@ -178,7 +180,8 @@ def serve(spec: AgentSpec, server: socket.socket) -> None:
             _send(f, {"error": "authentication failed"})
             return
         _send(f, {"ok": True, "pid": os.getpid()})
-        conn.settimeout(None)  # idle between requests for as long as the run lasts; EOF ends it
+        conn.settimeout(None)  # idle between requests for as long as the run lasts; EOF ends it, and
+        _keepalive(conn)       # a supervisor's machine that vanishes without closing is noticed within KEEPALIVE_S
         while True:
             req = _read_line(f)
             if req is None:
@@ -189,6 +192,14 @@ def serve(spec: AgentSpec, server: socket.socket) -> None:
     finally:
         conn.close()
         _kill_workers(spec.spec_path)
+
+
+def _keepalive(conn: socket.socket) -> None:
+    """TCP keepalive probes: a silent, dead peer ends the connection within KEEPALIVE_S."""
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for opt, value in (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, opt):  # Linux
+            conn.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
 
 
 def _kill_workers(spec_path: str) -> None:
