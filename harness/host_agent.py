@@ -25,6 +25,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,8 @@ MAX_LINE = 1 << 16
 """Longest request or answer line accepted (a pid list is far shorter)."""
 AUTH_ID = -1
 """The id signed in the agent's challenge (learner ids are >= 0, so an agent's proof is no learner's)."""
+CACHE_S = 0.5
+"""How long the agent reuses its list of workers while they all still run."""
 KEEPALIVE_S = 20.0
 """5 s idle, then 3 probes 5 s apart (`_keepalive`)."""
 SIGNALS = {s.name: s for s in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCONT, signal.SIGTERM)}
@@ -110,12 +113,28 @@ def _allowed(spec_path: str) -> dict[int, psutil.Process]:
     return out
 
 
-def handle(spec_path: str, req: dict[str, Any]) -> dict[str, Any]:
+class WorkerCache:
+    """`workers()` is a scan of /proc; a `slow` fault asks for the pids every CONTROL_TICK_S (20 ms). Kept for
+    CACHE_S unless one of the cached workers has ended (a kill, a restart)."""
+
+    def __init__(self, spec_path: str) -> None:
+        self.spec_path = spec_path
+        self.found: list[psutil.Process] = []
+        self.at = -CACHE_S
+
+    def pids(self) -> list[int]:
+        now = time.monotonic()
+        if now - self.at > CACHE_S or not all(p.is_running() for p in self.found):
+            self.found, self.at = workers(self.spec_path), now
+        return [p.pid for p in self.found]
+
+
+def handle(spec_path: str, req: dict[str, Any], cache: WorkerCache | None = None) -> dict[str, Any]:
     """One request: {"op": "pids"} -> {"pids": [...]} by local rank; {"op": "signal", "pids": [...],
     "signal": "SIGKILL", "children": bool} -> {"hit": [...]}; anything else -> {"error": why}."""
     op = req.get("op")
     if op == "pids":
-        return {"pids": [w.pid for w in workers(spec_path)]}
+        return {"pids": (cache or WorkerCache(spec_path)).pids()}
     if op == "signal":
         sig = SIGNALS.get(str(req.get("signal")))
         pids = req.get("pids")
@@ -182,11 +201,12 @@ def serve(spec: AgentSpec, server: socket.socket) -> None:
         _send(f, {"ok": True, "pid": os.getpid()})
         conn.settimeout(None)  # idle between requests for as long as the run lasts; EOF ends it, and
         _keepalive(conn)       # a supervisor's machine that vanishes without closing is noticed within KEEPALIVE_S
+        cache = WorkerCache(spec.spec_path)
         while True:
             req = _read_line(f)
             if req is None:
                 return
-            _send(f, handle(spec.spec_path, req))
+            _send(f, handle(spec.spec_path, req, cache))
     except (OSError, ValueError, AgentError) as e:
         log.warning("host agent: connection ended: %s", e)
     finally:

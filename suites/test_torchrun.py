@@ -2,11 +2,13 @@
 chaos through each host's agent (harness/torchrun_launch.py, harness/host_agent.py).
 
 The claims: the default scenario's shape (4 learners x 2 chips, Decoupled DiLoCo) converges under torchrun, its
-run directory holds the same kinds of events as a local launch of the same scenario, and every invariant holds;
-a kill_chip sent through the learner host's agent fails the learner (torchrun stops its other worker and exits
-non-zero) and the recovery policy restarts it as a new torchrun; no process, namespace or veth is left after
-either run; and a SIGKILLed supervisor takes every process of a torchrun run with it (agents, torchruns,
-workers, link processes). Skipped, with the reason, where namespaces cannot be made (not root, no `ip`, `tc` or `nft`).
+run directory holds the same kinds of events as a local launch of the same scenario, and every invariant holds.
+Process chaos through the agents: a kill_chip fails the learner (torchrun stops its other worker and exits
+non-zero) and the recovery policy restarts it as a new torchrun; a freeze stops the workers and the link
+process and lets them go on; a slow fault keeps the learner to its speed. No process, namespace or veth is left
+after a run, and a SIGKILLed supervisor takes every process of a torchrun run with it (agents, torchruns,
+workers, link processes). Skipped, with the reason, where namespaces cannot be made (not root, no `ip`, `tc`
+or `nft`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ broadcast overtaken in its queue by a newer one) and so may appear in one launch
 seen in one run of either backend and not in the next. Every other kind must appear in both."""
 REPAIR_S = 1.0
 FREEZE_S = 1.5
+SLOW_TOLERANCE = 0.25
+"""A slowed learner's achieved speed within this fraction of its profile: suites/test_stragglers.py holds 15 % over
+longer windows; this window is ~60 steps (2.5 s), so the controller's few steps of error weigh more."""
 REPO = Path(__file__).resolve().parent.parent
 POLL_S = 0.1
 
@@ -176,3 +181,16 @@ def test_nothing_of_a_torchrun_run_outlives_a_sigkilled_supervisor(tmp_path):
     finally:
         sweep_leftovers()  # its namespaces: what the next run's start removes (suites/test_netns_links.py)
     assert residue(prefix_of(evs)) == []
+
+
+def test_a_slow_learner_through_its_host_agent_keeps_to_its_speed(run_scenario):
+    fault = {"action": "slow", "learner": 1, "speed": 0.5, "at": {"step": 10, "learner": 0},
+             "until": {"step": 70, "learner": 0}}
+    res = run_scenario(from_dict(table("torchrun", 90, learners=2, faults=[fault])))
+    (p,) = res.report["speed_profiles"]
+    (off,) = res.of("process_fault_off")
+    res.figures(profile=p, wall_s=res.report["wall_s"])
+    assert off["kind"] == "slow" and off["cycles"] > 0 and off["stopped_s"] > 0, off
+    assert abs(p["achieved"] - 0.5) <= 0.5 * SLOW_TOLERANCE, p
+    res.check_all()
+    check_clean(res)
