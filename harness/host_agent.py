@@ -94,6 +94,14 @@ def workers(spec_path: str) -> list[psutil.Process]:
     return [p for _, p in sorted(found, key=lambda x: x[0]) if _ppid(p) not in pids]
 
 
+def _running(p: psutil.Process) -> bool:
+    """Alive and not a zombie (a killed worker stays one until torchrun reaps it)."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _ppid(p: psutil.Process) -> int:
     try:
         return p.ppid()
@@ -124,7 +132,7 @@ class WorkerCache:
 
     def pids(self) -> list[int]:
         now = time.monotonic()
-        if now - self.at > CACHE_S or not all(p.is_running() for p in self.found):
+        if now - self.at > CACHE_S or not all(_running(p) for p in self.found):
             self.found, self.at = workers(self.spec_path), now
         return [p.pid for p in self.found]
 
