@@ -61,6 +61,12 @@ def syncer_repair_key(shard: int) -> str:
     return f"syncer.s{shard}"
 
 
+Signaller = Callable[[int, list[int], signal.Signals, bool], list[int]]
+"""(learner, pids, signal, with their child processes) -> the pids signalled. Where the learner's processes
+live: this machine (`local_signaller`) or another host, through its agent (harness/host_agent.py), which alone
+can read that host's process tree."""
+
+
 def _no_event(ev: str, /, **fields: Any) -> None:
     pass
 
@@ -76,6 +82,18 @@ def _with_children(pids: list[int]) -> list[int]:
         except psutil.NoSuchProcess:
             pass
     return out
+
+
+def local_signaller(learner: int, pids: list[int], sig: signal.Signals, children: bool) -> list[int]:
+    """Signal processes of this machine (and, with `children`, their child processes); the pids hit."""
+    hit = []
+    for pid in _with_children(pids) if children else pids:
+        try:
+            psutil.Process(pid).send_signal(sig)
+            hit.append(pid)
+        except psutil.NoSuchProcess:
+            log.warning("pid %d of learner %d is already gone", pid, learner)
+    return hit
 
 
 @dataclass
@@ -110,8 +128,9 @@ class ProcessChaos:
 
     def __init__(self, pids_of: PidsOf, learners: int, on_event: Callable[..., None] | None = None,
                  syncer_pids: SyncerPids | None = None, progress: ProgressOf | None = None,
-                 seed: int = 0) -> None:
+                 seed: int = 0, send: Signaller = local_signaller) -> None:
         self.pids_of = pids_of
+        self.send = send
         self.learners = learners
         self.on_event = on_event or _no_event
         self.syncer_pids = syncer_pids
@@ -164,7 +183,7 @@ class ProcessChaos:
             if not 0 <= chip < len(pids):
                 raise ValueError(f"chip = {chip}: learner {learner} has {len(pids)} live chips")
             pids = [pids[chip]]
-        return self._signal("freeze", learner, _with_children(pids), signal.SIGSTOP, chip=chip)
+        return self._signal("freeze", learner, pids, signal.SIGSTOP, children=True, chip=chip)
 
     def slow(self, learner: int, speed: float, period_s: float = 0.2, jitter: float = 0.0) -> ProcessFault:
         """Hold the learner to `speed` of the unslowed learners' progress (SIGSTOP/SIGCONT), until cleared."""
@@ -214,8 +233,8 @@ class ProcessChaos:
                 else:  # duty cycle: run the first `target` of each period
                     want_stop = (t % period_s) >= target * period_s
                 if want_stop != stopped:
-                    self._send_all(_with_children(self.pids_of(fault.learner)),
-                                   signal.SIGSTOP if want_stop else signal.SIGCONT)
+                    self.send(fault.learner, self.pids_of(fault.learner),
+                              signal.SIGSTOP if want_stop else signal.SIGCONT, True)
                     stopped = want_stop
                     fault.cycles += int(want_stop)
                 if fault.stop.wait(tick):
@@ -223,17 +242,9 @@ class ProcessChaos:
                 t += tick
                 fault.stopped_s += tick if stopped else 0.0
         finally:
-            self._send_all(_with_children(self.pids_of(fault.learner)), signal.SIGCONT)  # never leave one stopped
+            self.send(fault.learner, self.pids_of(fault.learner), signal.SIGCONT, True)  # never leave one stopped
             with self._lock:
                 self._slowed.pop(fault.learner, None)
-
-    @staticmethod
-    def _send_all(pids: list[int], sig: signal.Signals) -> None:
-        for pid in pids:
-            try:
-                psutil.Process(pid).send_signal(sig)
-            except psutil.NoSuchProcess:
-                pass
 
     def apply(self, spec: FaultSpec) -> ProcessFault:
         """Start the fault a schedule entry describes, through its kind's module (chaos/faults/)."""
@@ -253,14 +264,9 @@ class ProcessChaos:
             raise ProcessLookupError(f"learner {learner} has no live chip process to hit")
         return pids
 
-    def _signal(self, kind: str, learner: int, pids: list[int], sig: signal.Signals, **fields: Any) -> ProcessFault:
-        hit = []
-        for pid in pids:
-            try:
-                psutil.Process(pid).send_signal(sig)
-                hit.append(pid)
-            except psutil.NoSuchProcess:
-                log.warning("%s: pid %d of learner %d is already gone", kind, pid, learner)
+    def _signal(self, kind: str, learner: int, pids: list[int], sig: signal.Signals, children: bool = False,
+                **fields: Any) -> ProcessFault:
+        hit = self.send(learner, pids, sig, children) if learner >= 0 else local_signaller(learner, pids, sig, False)
         with self._lock:
             self.sent[kind] = self.sent.get(kind, 0) + 1
         self.on_event("process_fault", kind=kind, learner=learner if learner >= 0 else None, pids=hit,
@@ -282,9 +288,5 @@ class ProcessChaos:
             return
         if fault.kind != "freeze":
             return
-        for pid in fault.pids:
-            try:
-                psutil.Process(pid).send_signal(signal.SIGCONT)
-            except psutil.NoSuchProcess:
-                pass
+        self.send(fault.learner, fault.pids, signal.SIGCONT, False)
         self.on_event("process_fault_off", kind=fault.kind, learner=fault.learner, pids=fault.pids)

@@ -118,8 +118,10 @@ class LinksConfig:
 class LaunchConfig:
     """How and where the run's processes start (docs/multi-host.md)."""
 
-    backend: Literal["local"] = choice("local", ("local",))
-    """local: the supervisor forks every process on this machine (a torchrun launcher is not built yet)."""
+    backend: Literal["local", "torchrun"] = choice("local", ("local", "torchrun"))
+    """local: the supervisor forks every process on this machine; torchrun: each learner's chips are started by
+    `torch.distributed.run` on its host (c10d rendezvous), process chaos goes through a per-host agent; needs
+    hosts = "netns" and a recovery policy that restarts learners whole (harness/torchrun_launch.py)."""
     hosts: Literal["local", "netns"] = choice("local", ("local", "netns"))
     """local: every process shares this machine's network (loopback); netns: each learner host gets its own
     Linux network namespace with a veth on a bridge, so learner<->syncer traffic crosses a real kernel network

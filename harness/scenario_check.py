@@ -36,6 +36,7 @@ from harness.scenario import (
     Scenario,
     ScenarioError,
     Topology,
+    learner_policy,
     read_toml,
 )
 from harness.task_check import task_rules
@@ -363,6 +364,16 @@ def _launch(sc: Scenario, found: Found) -> None:
     if sc.launch.hosts == "netns" and sc.links.proxy != "off" and found.ok("launch.hosts", "links.proxy"):
         found.add("links.proxy", f"links.proxy = {sc.links.proxy!r}: netns hosts reach the syncer directly; set "
                                  "links.proxy = 'off' (and links.backend = 'kernel' for link faults)")
+    if sc.launch.backend == "torchrun":
+        if sc.launch.hosts != "netns" and found.ok("launch.backend", "launch.hosts"):
+            found.add("launch.backend", "launch.backend = 'torchrun': needs launch.hosts = 'netns' (each learner's "
+                                        "torchrun and host agent run in its own host's namespace)")
+        policy, _ = learner_policy(sc.recovery.policy, sc.algorithm)
+        if policy == "shrink" and found.ok("launch.backend", "recovery.policy"):
+            found.add("recovery.policy", f"recovery.policy = {sc.recovery.policy!r} resolves to 'shrink' for "
+                                         f"{sc.algorithm}: launch.backend = 'torchrun' restarts a failed learner as "
+                                         "a whole (a new torchrun), it cannot regrow one chip; use 'restart' or "
+                                         "'fail'")
 
 
 def _link_backend(sc: Scenario, keys: Sequence[str], found: Found) -> None:

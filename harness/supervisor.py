@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 import torch.distributed as dist
 
-from chaos.processes import ProcessChaos, syncer_repair_key
+from chaos.processes import ProcessChaos, local_signaller, syncer_repair_key
 from harness.chip import ChipSpec, chip_main, members_key
 from harness.events import EVENTS_FILE, EventLog, EventTail
 from harness.fault_runner import FaultRunner
@@ -41,6 +41,7 @@ from trainers import mutations
 
 if TYPE_CHECKING:
     from harness.netns_run import NetnsRun
+    from harness.torchrun_launch import TorchrunHosts
 
 log = logging.getLogger(__name__)
 
@@ -135,10 +136,15 @@ class Supervisor:
         self.shard_ports: dict[int, tuple[int, ...]] = {}  # learner -> where it reaches shards 1..S-1
         self._syncer_stop: Any = None
         self.netns: NetnsRun | None = None  # with [launch] hosts = "netns"
+        self.torchrun: TorchrunHosts | None = None  # with [launch] backend = "torchrun"
 
-    def _start(self, name: str, target: Any, args: tuple) -> None:
+    def _start(self, name: str, target: Any, args: tuple) -> Any:
         p = context().Process(target=target, args=args, name=name, daemon=False)
         p.start()
+        self._register(name, p)
+        return p
+
+    def _register(self, name: str, p: Any) -> None:
         self.procs[name] = p
         self.events.log("process_start", name=name, child_pid=p.pid)
         write_json(self.run_dir / PROCESSES_FILE, {n: q.pid for n, q in self.procs.items()})
@@ -177,8 +183,15 @@ class Supervisor:
                 ports = self.links.ports
                 self.shard_ports = {m: tuple(self.links.shard_ports.get(m, [])) for m in ports}
             self.ports = ports
+            if sc.launch.backend == "torchrun":  # every learner host's agent, before any torchrun starts
+                from harness.torchrun_launch import TorchrunHosts
+
+                self.torchrun = TorchrunHosts(self.run_dir, self.secret, t.startup_s)
+                if failed := self.torchrun.open(self.netns, self._start, context()):
+                    raise RunFailed(f"launch.backend = 'torchrun': {failed}")
             procs = ProcessChaos(self._chip_pids, sc.topology.learners, on_event=self.events.log,
-                                 syncer_pids=self._syncer_pids, progress=self._progress, seed=sc.seed)
+                                 syncer_pids=self._syncer_pids, progress=self._progress, seed=sc.seed,
+                                 send=self.torchrun.send if self.torchrun is not None else local_signaller)
             self.procs_chaos = procs
             self.faults = FaultRunner(sc.faults, self.links.chaos if self.links else None, self.events, procs)
             for m in range(sc.topology.learners):
@@ -194,6 +207,8 @@ class Supervisor:
             if self.faults is not None:
                 self.faults.stop_all(time.monotonic() - t0)
             self._stop_all()
+            if self.torchrun is not None:
+                self.torchrun.close()
             if self.links is not None:
                 self.links.close(t.shutdown_s)
             if self.netns is not None:
@@ -301,11 +316,21 @@ class Supervisor:
         """Live chip pids of learner m by rank: the registry process faults act on."""
         if self.learner_state.get(m) != "up":
             return []
+        if self.torchrun is not None:  # torchrun's workers, as the learner host's agent sees them
+            return self.torchrun.pids(m)
         return [p.pid for p in self._chips_of(m) if p.exitcode is None]
 
     def _start_learner(self, m: int, generation: int, start_step: int) -> None:
         sc = self.sc
-        for r in range(sc.topology.chips_per_learner):
+        if self.torchrun is not None:  # one torchrun per learner host: the supervisor sees each of its chips as it
+            self.retired += [p for n, p in self.procs.items() if n.startswith(f"learner{m}.chip")]
+            self._register(f"learner{m}.torchrun", self.torchrun.start_learner(m, self._netns_of(m), ChipSpec(
+                str(self.run_dir), sc, m, 0, sc.topology.chips_per_learner, generation, self.store.port,
+                self.ports[m], self.secret.hex(), os.getpid(), start_step, syncer_host=self._syncer_host(),
+                shard_ports=self.shard_ports.get(m, ()))))
+            self.procs.update({f"learner{m}.chip{r}": self.procs[f"learner{m}.torchrun"]
+                               for r in range(sc.topology.chips_per_learner)})
+        for r in range(0 if self.torchrun is not None else sc.topology.chips_per_learner):
             name = f"learner{m}.chip{r}"
             if name in self.procs:
                 self.retired.append(self.procs[name])
@@ -484,7 +509,7 @@ def _signal_tree(pid: int, sig: int) -> None:
 def _wait_any(procs: list[Any], timeout: float) -> None:
     from multiprocessing.connection import wait
 
-    wait([p.sentinel for p in procs], timeout=timeout)
+    wait(list({p.sentinel for p in procs}), timeout=timeout)  # a torchrun stands for each of its chips
 
 
 def _main_thread() -> bool:

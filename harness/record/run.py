@@ -49,7 +49,9 @@ class ProcessStart(Event):
     """A child process of the run started."""
 
     name: str
-    """`syncer`, `learner<m>.chip<r>` or `toxiproxy`."""
+    """`syncer`, `learner<m>.chip<r>` or `toxiproxy`; with `[launch] backend = "torchrun"`, `learner<m>.agent`
+    (the host's agent) and `learner<m>.torchrun` (its torchrun, whose workers are the learner's chips) instead of
+    the chips."""
     child_pid: int
     """Its pid."""
 
