@@ -202,17 +202,13 @@ class SyncerLink:
             th.join(timeout=max(0.1, deadline - time.monotonic()) + self.t.socket_op_s)
 
     def _finish_gracefully(self, deadline: float) -> None:
-        """With BYE sent (and self._cv held): shut our side for writing and read until the syncer closes, at
-        most until `deadline`. Closing a socket whose receive buffer holds unread bytes (fragments the syncer
-        sent meanwhile) makes the kernel send a reset and drop what is still in our send buffer: the final
-        pushes and the BYE would never reach the syncer."""
+        """With BYE sent (and self._cv held): read until the syncer closes the connection, which it does once it
+        has taken in the BYE and everything before it, at most until `deadline`. Closing first, with unread
+        bytes in the receive buffer (fragments the syncer sent meanwhile), makes the kernel reset the connection
+        and drop what is still in our send buffer; and a half-close does not help through a proxy, which closes
+        its upstream connection whole on our FIN, with the same loss there: the final pushes and the BYE would
+        never reach the syncer."""
         self._finishing = True
-        sock = self._wsock
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_WR)  # a FIN after everything already written
-            except OSError:
-                pass
         self._cv.notify_all()
         while self._rsock is not None:
             left = deadline - time.monotonic()
@@ -415,8 +411,8 @@ class SyncerLink:
                 continue
             last_sent = time.monotonic()
             if msg.type is MsgType.BYE:
-                with self._cv:
-                    self._bye_sent = True
+                with self._cv:  # nothing after it, not even a PING: the syncer closes on it
+                    self._bye_sent = self._finishing = True
             if msg.type is MsgType.PUSH:
                 self.events.log("push_sent", learner=self.learner, fragment=msg.meta["fragment"], bytes=n,
                                 seconds=last_sent - t0, first_step=msg.meta["first_step"],

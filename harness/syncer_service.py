@@ -163,6 +163,9 @@ class SyncerService:
             self.transport.finished.add(learner)
             self.handler.on_bye(learner)
             self.events.log("learner_bye", learner=learner)
+            # the syncer closes, not the learner: it has taken in everything the learner sent before BYE, and
+            # a learner that closed first would lose what its (or its proxy's) send buffer still held
+            self.transport.close(conn, "learner said BYE")
         elif not self.handler.on_message(learner, msg):
             self.events.log("unexpected_message", learner=learner, type=msg.type.name)
 

@@ -49,6 +49,14 @@ def test_decoupled_2x2_end_to_end(runs_dir):
     merges = [e for e in evs if e["ev"] == "merge"]
     assert all(abs(sum(e["weights"]) - 1) < 1e-5 for e in merges)
     assert all(len(e["step_ranges"]) == len(e["participants"]) for e in merges)
+    # a finished learner's goodbye: its final push of every fragment reached the syncer, and the syncer, not
+    # the learner, closed the connection after the BYE (a learner closing first, with the syncer's fragments
+    # unread, reset the connection and lost the final pushes still in its or its proxy's send buffer)
+    sent = {(e["learner"], e["fragment"]) for e in evs if e["ev"] == "push_sent" and e["round"] is None}
+    finals = {(e["learner"], e["fragment"]) for e in evs if e["ev"] == "push" and e.get("final")}
+    assert sent and finals == sent, (sent, finals)
+    closed = [e for e in evs if e["ev"] == "conn_closed" and e.get("learner") is not None]
+    assert sorted(e["learner"] for e in closed if e["reason"] == "learner said BYE") == [0, 1], closed
 
 
 @pytest.mark.parametrize("algorithm", ["ddp", "diloco"])
