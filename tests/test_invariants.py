@@ -419,6 +419,27 @@ def test_updates_accounted_a_round_lost_with_the_syncer_then_given_up_on_rejoin(
     violated(updates_accounted(write_run(tmp_path, complete(before), name="d")), "1 > bound 0")
 
 
+def test_updates_accounted_given_up_on_rejoin_by_a_learner_that_finished_first(tmp_path: Path) -> None:
+    """What a sharded CI run did: the syncer dies with learner 0's carried push; learner 0 finishes its steps
+    while it is down, rejoins the restored syncer and sends its final push of those steps and more, based on a
+    version older than the one it was just sent, so the syncer drops it (before_rejoin). The learner never
+    applies the version it was sent (it has finished): the steps were given up by the rejoin rule, not lost.
+    Without that drop, or with a drop that does not cover the push's steps, the push is lost."""
+    base = decoupled_log() + [push(3.3, 0, 0, 9, 10, outcome="carried", round_id=3, joined=None),
+                              ev("syncer_down", 3.4, "supervisor", exitcode=-9),
+                              ev("learner_join", 4.0, learner=0, peer="x", alive=[0, 1], versions=[3, 3])]
+
+    def dropped(first: int) -> list[dict]:
+        return [push(4.1, 0, 0, first, 30, round_id=None, outcome="before_rejoin", joined=None),
+                ev("push_superseded", 4.1, learner=0, fragment=0, reason="before rejoin", cause="before_rejoin",
+                   first_step=first, last_step=30, base_version=1)]
+    res = holds(updates_accounted(write_run(tmp_path, complete(base + dropped(9)), name="a")))
+    assert "1 given up on rejoining the restored syncer" in res.detail
+    violated(updates_accounted(write_run(tmp_path, complete(base), name="b")), "1 > bound 0",
+             "steps 9-10 carried but never merged nor superseded")
+    violated(updates_accounted(write_run(tmp_path, complete(base + dropped(10)), name="c")), "1 > bound 0")
+
+
 def test_updates_accounted_a_restored_syncer_reusing_the_lost_round_id(tmp_path: Path) -> None:
     """The restored syncer numbers its next round of fragment 0 as the lost one was, and the learner, which has
     not stepped since, answers it with the same steps: the merge after the restart is the second push's, and
