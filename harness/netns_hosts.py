@@ -33,6 +33,7 @@ import shutil
 from dataclasses import dataclass, field
 
 from chaos.kernel_links import KernelLinkError, sh
+from harness.procutil import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -114,21 +115,13 @@ def ours(names: list[str]) -> list[str]:
     return [n for n in names if NAME_RE.fullmatch(n)]
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def leftovers() -> list[str]:
     """Names (namespaces, then links) made by a supervisor whose pid no longer runs."""
     def dead(name: str) -> bool:
         m = NAME_RE.fullmatch(name)
-        return m is not None and not _pid_alive(int(m.group("pid"), 16))
+        return m is not None and not pid_alive(int(m.group("pid"), 16))
 
     return [n for n in _netns_names() if dead(n)] + [n for n in _link_names() if dead(n)]
 

@@ -53,6 +53,7 @@ import dataclasses
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -84,7 +85,21 @@ _RUNS = pytest.StashKey[list["ChaosRun"]]()
 
 __all__ = ["DEFAULT_GRACE_S", "INVARIANTS", "LOCK_POLL_S", "MARKERS", "SECTION", "ChaosRun", "ChaosRunFailed",
            "HygieneError", "RunScenario", "ToxiproxyServer", "as_scenario", "bound_deadline", "cluster", "execute",
-           "hygiene_problems", "run_budget", "run_scenario", "toxiproxy"]
+           "hygiene_problems", "run_budget", "run_scenario", "toxiproxy", "wait_for"]
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    """Poll `predicate` (what a run writes: a file, an event, a process list) until it returns a true value,
+    which is returned; AssertionError naming `what` after `timeout` seconds. For tests and suites that watch a
+    run from outside, where there is nothing to wait on but its files."""
+    deadline = time.monotonic() + timeout
+    tick = threading.Event()
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        tick.wait(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 # -- scenarios and deadlines ------------------------------------------------------------------------------

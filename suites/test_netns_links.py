@@ -15,8 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,23 +22,12 @@ import pytest
 
 from harness.netns_hosts import availability
 from harness.netns_hosts import remaining as residue
-from harness.pytest_plugin import ChaosRunFailed
+from harness.pytest_plugin import ChaosRunFailed, wait_for
 from harness.scenario import from_dict
 
 WHY = availability()
-POLL_S = 0.1
 
 
-def wait_for(predicate: Any, timeout: float, what: str) -> Any:
-    """Wait on a condition with a deadline (polling the files a run writes)."""
-    deadline = time.monotonic() + timeout
-    tick = threading.Event()
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        tick.wait(POLL_S)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 pytestmark = [pytest.mark.link, pytest.mark.skipif(WHY is not None, reason=f"{WHY}"), pytest.mark.timeout(300)]
 PARTITION_S = 3.0

@@ -18,8 +18,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +26,7 @@ import pytest
 
 from harness.netns_hosts import availability, sweep_leftovers
 from harness.netns_hosts import remaining as residue
+from harness.pytest_plugin import wait_for
 from harness.scenario import from_dict
 
 WHY = availability()
@@ -44,19 +43,8 @@ SLOW_TOLERANCE = 0.25
 """A slowed learner's achieved speed within this fraction of its profile: suites/test_stragglers.py holds 15 % over
 longer windows; this window is ~60 steps (2.5 s), so the controller's few steps of error weigh more."""
 REPO = Path(__file__).resolve().parent.parent
-POLL_S = 0.1
 
 
-def wait_for(predicate: Any, timeout: float, what: str) -> Any:
-    """Wait on a condition with a deadline (polling what the run writes)."""
-    deadline = time.monotonic() + timeout
-    tick = threading.Event()
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        tick.wait(POLL_S)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def table(backend: str, steps: int, learners: int = 4, faults: list[dict[str, Any]] | None = None,

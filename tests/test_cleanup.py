@@ -6,26 +6,16 @@ import json
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
+from harness.pytest_plugin import wait_for
+
 CLI = [sys.executable, "-m", "harness.cli"]
 
 
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
-    """Wait on a condition with a deadline (polling a file the run writes)."""
-    deadline = time.monotonic() + timeout
-    tick = threading.Event()
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        tick.wait(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def write_scenario(path: Path, steps: int) -> Path:
