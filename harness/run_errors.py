@@ -59,7 +59,8 @@ def settle_window_s(gloo_s: float, liveness_s: float) -> float:
 
 def _window(start: FaultStart, end: FaultEnd | None, settle_s: float) -> tuple[float, float]:
     last = end.t if end is not None else float("inf")
-    return start.t, max(last, start.t) + settle_s
+    began = start.applied_from_t if start.applied_from_t is not None else start.t
+    return began, max(last, start.t) + settle_s
 
 
 def _explains(fault: FaultStart, e: ErrorEvent) -> bool:

@@ -138,3 +138,42 @@ def test_a_remote_run_through_operators_agents_converges_with_its_events_shipped
     secret = bytes.fromhex(secret_file.read_text())
     for m, address in enumerate(addresses):  # and serve the next supervisor
         AgentConnection(m, address, secret, WAIT_S, tmp_path / "second.jsonl").close()
+
+
+def test_process_chaos_reaches_remote_workers_through_their_agents(run_scenario, agents):
+    """kill_chip: the agent kills the worker, torchrun exits non-zero, the agent reports it, and the supervisor
+    restarts the learner with a new Start on the same connection; freeze stops a learner's workers and its link
+    process through its agent and lets them go on."""
+    hosts, secret_file, procs, _ = agents
+    res = run_scenario(from_dict({
+        "name": "remote-chaos", "seed": 0, "algorithm": "decoupled",
+        "topology": {"learners": LEARNERS, "chips_per_learner": 2},
+        "train": {"steps": 60},
+        "diloco": {"fragments": 4, "sync_every": 4, "overlap": 1, "min_quorum": 1},
+        "eval": {"every_s": 2.0, "batches": 2},
+        "timeouts": {"run_s": 100.0},
+        "recovery": {"policy": "restart", "repair_s": 1.0, "max_restarts": 2},
+        "launch": {"hosts": "remote", "backend": "torchrun", "agent_secret_file": str(secret_file),
+                   "agents": [f"{h.address}:{AGENT_PORT}" for h in hosts.hosts]},
+        "links": {"proxy": "off"},
+        "faults": [{"action": "kill_chip", "learner": 1, "chip": 1, "at": {"step": 15, "learner": 0}},
+                   {"action": "freeze", "learner": 0, "at": {"step": 30, "learner": 0}, "until": {"after_s": 1.0}}],
+    }))
+    evs = res.events
+    hit, frozen = res.of("process_fault")
+    chips = {e["pid"]: e for e in evs if e["ev"] == "chip_start" and e["learner"] == 1 and e["generation"] == 0}
+    assert hit["kind"] == "kill_chip" and [chips[p]["rank"] for p in hit["pids"]] == [1]
+    learner0 = {e["pid"] for e in evs if e["proc"].startswith("learner0.") and e["ev"] in ("chip_start",
+                                                                                            "link_process_start")}
+    assert frozen["kind"] == "freeze" and set(frozen["pids"]) == learner0, "both workers and the link process"
+    down, restart = res.of("learner_down")[0], res.of("learner_restart")[0]
+    assert down["learner"] == restart["learner"] == 1 and restart["generation"] == 1
+    assert [e["name"] for e in res.of("process_start")].count("learner1.torchrun") == 2
+    assert {e["rank"] for e in evs if e["ev"] == "chip_start" and e["learner"] == 1 and e["generation"] == 1} == {0, 1}
+    assert all(d["steps"] == 60 for d in res.report["per_learner"].values()), res.report["per_learner"]
+    res.figures(down_s=round(restart["t"] - down["t"], 2), wall_s=res.report["wall_s"],
+                final_eval=res.report["final_eval_loss"])
+    res.check_all()
+    assert not res.report["unexpected_errors"], res.report["errors"]
+    assert res.leftovers() == {"processes": [], "ports": []}
+    assert all(p.poll() is None for p in procs)

@@ -236,6 +236,10 @@ class FaultStart(_FaultTransition):
 
     missed: str | None = None
     """Set when the fault hit nothing (its learner was already down): why."""
+    applied_from_t: float | None = None
+    """When the supervisor began applying it (CLOCK_MONOTONIC, like `t`): a fault acts before it is logged, by
+    the time its signals or toxics take (a host agent's round trip), and errors it causes in between are its own.
+    Absent in runs written before it existed."""
 
 
 @event("fault_end", FAULTS)
