@@ -6,11 +6,14 @@ its own work directory (not the run directory); the supervisor reaches the agent
 The claims: the run converges and every invariant holds; the run directory's log holds the workers' events
 (shipped by the agents: the run directory has no spec file, and each agent's work dir has the learner's spec,
 0600, in a 0700 directory, and its workers' own log); no torchrun or worker remains after the run, and the
-agents, which the operator owns, are still alive and serve a new connection. Skipped, with the reason, where
+agents, which the operator owns, are still alive and serve a new connection. Process chaos (kill_chip with a
+restart, freeze) reaches the remote workers through their agents. A SIGKILLed supervisor's remote processes end
+(each agent sees its connection close) and the agents serve on. Skipped, with the reason, where
 namespaces cannot be made (not root, no `ip`, `tc` or `nft`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -177,3 +180,45 @@ def test_process_chaos_reaches_remote_workers_through_their_agents(run_scenario,
     assert not res.report["unexpected_errors"], res.report["errors"]
     assert res.leftovers() == {"processes": [], "ports": []}
     assert all(p.poll() is None for p in procs)
+
+
+def test_a_sigkilled_supervisors_remote_processes_end_and_the_agents_serve_on(agents, tmp_path):
+    """The supervisor dies without a word: each agent sees its connection close, kills the run's torchrun and
+    workers, and goes back to waiting."""
+    hosts, secret_file, procs, work_dirs = agents
+    runs = tmp_path / "killed"
+    script = tmp_path / "supervise.py"
+    script.write_text("import json, sys\nfrom harness.scenario import from_dict\n"
+                      "from harness.supervisor import run_scenario\nif __name__ == '__main__':\n"
+                      f"    run_scenario(from_dict(json.loads(sys.argv[1])), {str(runs)!r})\n")
+    sc = {"name": "remote-killed", "algorithm": "decoupled", "topology": {"learners": LEARNERS, "chips_per_learner": 1},
+          "train": {"steps": 100_000}, "diloco": {"fragments": 4, "sync_every": 4, "overlap": 1, "min_quorum": 1},
+          "launch": {"hosts": "remote", "backend": "torchrun", "agent_secret_file": str(secret_file),
+                     "agents": [f"{h.address}:{AGENT_PORT}" for h in hosts.hosts]}, "links": {"proxy": "off"}}
+    sup = subprocess.Popen([sys.executable, str(script), json.dumps(sc)], cwd=REPO,
+                           env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+
+    def events() -> list[dict[str, Any]]:
+        return [json.loads(x) for p in runs.glob("*/events.jsonl") for x in p.read_text().splitlines()
+                if x.endswith("}")]
+
+    try:
+        wait_for(lambda: {e["learner"] for e in events() if e["ev"] == "step"} == set(range(LEARNERS)), 60,
+                 "both remote learners to train")
+    finally:
+        sup.send_signal(signal.SIGKILL)
+        sup.wait(WAIT_S)
+    evs = events()
+    pids = {e["pid"] for e in evs if e["ev"] in ("chip_start", "link_process_start")}
+    pids |= {e["child_pid"] for e in evs if e["ev"] == "process_start"}  # the syncer and the torchruns
+    assert len(pids) >= 1 + 2 * LEARNERS + LEARNERS, sorted(pids)
+
+    def gone() -> bool:
+        return not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+    wait_for(gone, WAIT_S, f"every process of the run to end after its supervisor's SIGKILL: {sorted(pids)}")
+    assert all(p.poll() is None for p in procs), "the operator's agents stay"
+    secret = bytes.fromhex(secret_file.read_text())
+    for m, h in enumerate(hosts.hosts):
+        AgentConnection(m, f"{h.address}:{AGENT_PORT}", secret, WAIT_S, tmp_path / "after.jsonl").close()
