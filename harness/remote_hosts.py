@@ -66,6 +66,30 @@ def read_secret(path: str) -> bytes:
     return secret
 
 
+def clock_offset(t0: float, t1: float, agent_now: float) -> tuple[float, float, bool]:
+    """(offset, round trip, same clock) of one clock sample: asked at `t0`, answered `agent_now`, received at `t1`
+    (this machine's CLOCK_MONOTONIC). A reading inside [t0, t1] is the same clock (offset 0); else the offset to
+    the midpoint, accurate to half the round trip."""
+    same = t0 <= agent_now <= t1
+    return (0.0 if same else agent_now - (t0 + t1) / 2), t1 - t0, same
+
+
+def shift_lines(lines: list[str], offset_s: float) -> list[str]:
+    """Event lines with `t` moved onto this machine's clock (`t - offset_s`); unchanged when the offset is 0. A
+    line that is not an event with a numeric `t` is dropped."""
+    if not offset_s:
+        return lines
+    out = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+            rec["t"] = float(rec["t"]) - offset_s
+            out.append(json.dumps(rec, separators=(",", ":")))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            continue
+    return out
+
+
 class RemoteUnavailable(RuntimeError):
     """The run's remote hosts cannot be used: an agent unreachable, refusing us, or the secret file unusable; the
     message names the learner and the agent's address (the supervisor raises it as a RunFailed)."""
@@ -115,9 +139,7 @@ class AgentConnection:
             if best is None or t1 - t0 < best[1] - best[0]:
                 best = (t0, t1, now)
         assert best is not None
-        t0, t1, now = best
-        same = t0 <= now <= t1
-        return (0.0 if same else now - (t0 + t1) / 2), t1 - t0, same
+        return clock_offset(*best)
 
     def _read(self) -> None:
         try:
@@ -142,16 +164,7 @@ class AgentConnection:
 
     def _append(self, lines: list[str]) -> None:
         """The workers' events into the run's log, `t` moved onto this machine's clock if the agent's differs."""
-        if self.offset_s:
-            shifted = []
-            for line in lines:
-                try:
-                    rec = json.loads(line)
-                    rec["t"] = rec["t"] - self.offset_s
-                    shifted.append(json.dumps(rec, separators=(",", ":")))
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    continue
-            lines = shifted
+        lines = shift_lines(lines, self.offset_s)
         if lines:
             os.write(self.events_fd, ("\n".join(lines) + "\n").encode())
 

@@ -22,7 +22,7 @@ import pytest
 from harness import agent_wire as w
 from harness.handshake import new_secret
 from harness.host_agent import AgentError
-from harness.remote_hosts import AgentConnection, read_secret
+from harness.remote_hosts import AgentConnection, clock_offset, read_secret, shift_lines
 from harness.scenario import ScenarioError, from_dict
 
 pytestmark = pytest.mark.timeout(60)
@@ -83,6 +83,16 @@ def test_the_run_secret_is_sealed_per_nonce_and_unsealed_by_the_same_key():
     assert sealed != data and w.seal(key, n2, data) != sealed
     assert w.seal(key, n1, sealed) == data
     assert w.seal(new_secret(), n1, sealed) != data
+
+
+def test_one_clock_is_kept_and_another_is_shifted_onto_the_supervisors():
+    assert clock_offset(10.0, 10.002, 10.001) == (0.0, pytest.approx(0.002), True), "inside the round trip"
+    offset, rtt, same = clock_offset(10.0, 10.002, 5000.0)  # another machine, booted earlier
+    assert not same and offset == pytest.approx(4989.999) and rtt == pytest.approx(0.002)
+    lines = ['{"t":5000.5,"ev":"step","pid":3}', "not json", '{"ev":"no t"}']
+    assert shift_lines(lines, 0.0) == lines
+    (moved,) = shift_lines(lines, offset)
+    assert moved.startswith('{"t":10.50') and moved.endswith('"ev":"step","pid":3}')
 
 
 def test_agent_addresses_are_host_port():
