@@ -10,6 +10,9 @@ Two independent guarantees that a killed supervisor leaves nothing behind:
   the forkserver would wait for its own children forever.
 * A watchdog thread that exits the process within `WATCHDOG_S` of the
   supervisor's pid disappearing.
+
+And the supervisor's side of the same job: signalling a run process with its descendants (a local one by pid, a
+remote learner through its host's agent) and waiting for the first of them to end.
 """
 
 from __future__ import annotations
