@@ -12,6 +12,7 @@ chaos/processes.py by pid from the supervisor's registry.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from chaos import faults
@@ -65,6 +66,7 @@ class FaultRunner:
                   "reason": tr.reason, "elapsed_s": round(elapsed_s, 3), "progress": self.schedule.progress.as_dict()}
         if tr.start:
             kind = faults.get(spec.action)
+            fields["applied_from_t"] = time.monotonic()  # its effect may show before it is logged (an agent's reply)
             try:
                 self.handles[tr.index] = kind.apply(faults.FaultContext(self.chaos, self.processes), spec)
             except ProcessLookupError as e:  # the learner (or syncer) is down already: the fault hit nothing

@@ -14,6 +14,10 @@ HMAC the wire protocol's handshake uses (harness/handshake.py). Requests and ans
 Life: the agent serves one supervisor connection. It exits when that connection closes, when nobody connects
 within `accept_s`, when its parent (the supervisor, on one machine) dies, or on SIGTERM; and as it exits it
 SIGKILLs its workers, so no process of the run outlives it (the workers also watch the agent's pid).
+
+That is the agent of one run, started by the supervisor with the spec file at hand. The operator's agent of
+`[launch] hosts = "remote"`, which receives each run's spec over its connection and starts torchrun itself, is
+harness/remote_agent.py (`main` below starts either).
 """
 
 from __future__ import annotations
@@ -306,13 +310,19 @@ class AgentClient:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run an agent on a real learner host (docs/multi-host.md): `python -m harness.host_agent --listen
-    0.0.0.0:29600 --secret-file run.secret --spec <the learner's worker spec file>`."""
+    """Run an agent on a real learner host (docs/multi-host.md). With `--work-dir` (`[launch] hosts = "remote"`):
+    `python -m harness.host_agent --listen 0.0.0.0:29600 --secret-file agents.secret --work-dir /var/lib/dc`
+    serves every supervisor that proves the secret (harness/remote_agent.py). With `--spec`: one run whose
+    spec file is already on this host."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--listen", required=True, help="host:port to listen on")
-    ap.add_argument("--secret-file", required=True, help="file holding the run's secret (hex), mode 0600")
-    ap.add_argument("--spec", required=True, help="the learner's worker spec file, as torchrun's workers name it")
-    ap.add_argument("--accept-s", type=float, default=600.0, help="exit if no supervisor connects within this")
+    ap.add_argument("--secret-file", required=True, help="file holding the secret (hex), mode 0600")
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--work-dir", help="serve remote runs: each connection gets a directory here")
+    mode.add_argument("--spec", help="serve one run: its learner's worker spec file, as torchrun's workers name it")
+    ap.add_argument("--once", action="store_true", help="with --work-dir: exit after one connection")
+    ap.add_argument("--accept-s", type=float, default=None,
+                    help="exit if no supervisor connects within this (--spec: default 600; --work-dir: with --once)")
     ap.add_argument("--pid-file", default="", help="write the agent's pid here (the workers' DILOCO_CHAOS_PARENT_PID)")
     a = ap.parse_args(argv)
     host, _, port = a.listen.rpartition(":")
@@ -322,8 +332,12 @@ def main(argv: list[str] | None = None) -> None:
         with open(a.pid_file, "w") as f:
             f.write(str(os.getpid()))
     logging.basicConfig(level=logging.INFO)
-    agent_main(AgentSpec(a.spec, secret_hex, host, int(port), accept_s=a.accept_s))
+    if a.work_dir:
+        from harness.remote_agent import RemoteAgentConfig, serve_runs
 
+        serve_runs(RemoteAgentConfig(host, int(port), bytes.fromhex(secret_hex), a.work_dir, a.once, a.accept_s))
+        return
+    agent_main(AgentSpec(a.spec, secret_hex, host, int(port), accept_s=a.accept_s or 600.0))
 
 if __name__ == "__main__":
     main()

@@ -10,6 +10,9 @@ Two independent guarantees that a killed supervisor leaves nothing behind:
   the forkserver would wait for its own children forever.
 * A watchdog thread that exits the process within `WATCHDOG_S` of the
   supervisor's pid disappearing.
+
+And the supervisor's side of the same job: signalling a run process with its descendants (a local one by pid, a
+remote learner through its host's agent) and waiting for the first of them to end.
 """
 
 from __future__ import annotations
@@ -128,3 +131,39 @@ def become_run_process(supervisor_pid: int | None = None) -> None:
     # Processes with I/O threads next to a computing one (the syncer; a host's link process inherits this)
     # hand the GIL over every 0.2 ms instead of 5 ms, so a thread with a frame to read is not held up behind it.
     sys.setswitchinterval(GIL_SWITCH_S)
+
+
+def signal_tree(pid: int, sig: int) -> None:
+    """Signal a local process and every descendant (gone ones skipped)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        for q in [*proc.children(recursive=True), proc]:
+            try:
+                q.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
+    except psutil.NoSuchProcess:
+        pass
+
+
+def signal_proc(p: Any, sig: int) -> None:
+    """A run process and its descendants: a local one by its pid, a remote learner (harness/remote_hosts.py,
+    whose pid is another host's) through its own `signal_tree`."""
+    remote = getattr(p, "signal_tree", None)
+    if remote is not None:
+        remote(sig)
+    else:
+        signal_tree(p.pid, sig)
+
+
+def wait_any(procs: list[Any], timeout: float) -> None:
+    """Until one of these processes ends (its `sentinel` is readable) or `timeout` passes."""
+    from multiprocessing.connection import wait
+
+    wait(list({p.sentinel for p in procs}), timeout=timeout)  # a torchrun stands for each of its chips
+
+
+def main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()

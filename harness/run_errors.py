@@ -12,12 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from harness.record import Event
 from harness.record.learner import ChipError, LinkFatal
 from harness.record.run import FaultEnd, FaultStart
 from harness.record.syncer import SyncerError
+
+if TYPE_CHECKING:
+    from harness.events import EventLog
+    from harness.scenario import Scenario
 
 ERROR_EVENTS = ("chip_error", "syncer_error", "link_fatal")
 """Event kinds that report an error of a run process."""
@@ -54,7 +59,8 @@ def settle_window_s(gloo_s: float, liveness_s: float) -> float:
 
 def _window(start: FaultStart, end: FaultEnd | None, settle_s: float) -> tuple[float, float]:
     last = end.t if end is not None else float("inf")
-    return start.t, max(last, start.t) + settle_s
+    began = start.applied_from_t if start.applied_from_t is not None else start.t
+    return began, max(last, start.t) + settle_s
 
 
 def _explains(fault: FaultStart, e: ErrorEvent) -> bool:
@@ -80,3 +86,18 @@ def classify_errors(evs: Iterable[Event], start: float, settle_s: float) -> list
         out.append(RunError(proc=e.proc, ev=e.ev, error=e.error, t_s=round(e.t - start, 3),
                             expected=cause is not None, cause=cause))
     return out
+
+
+def label_errors(run_dir: Path, sc: Scenario, events: EventLog, t0: float) -> None:
+    """One `errors_labelled` event: each error the run's processes logged, expected (with the injected fault that
+    explains it) or not, so the event log itself says which errors were the scenario's doing."""
+    from harness.record.run import RunStart
+    from harness.record.run_record import RunLog
+
+    t = sc.timeouts
+    log = RunLog.load(run_dir)
+    run_start = log.first(RunStart)
+    errors = classify_errors(log.records, run_start.t if run_start is not None else t0,
+                             settle_window_s(t.gloo_s, t.liveness_s))
+    events.log("errors_labelled", expected=sum(e.expected for e in errors),
+               unexpected=sum(not e.expected for e in errors), errors=[e.as_dict() for e in errors])

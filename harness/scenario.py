@@ -121,11 +121,20 @@ class LaunchConfig:
     backend: Literal["local", "torchrun"] = choice("local", ("local", "torchrun"))
     """local: the supervisor forks every process on this machine; torchrun: each learner's chips are started by
     `torch.distributed.run` on its host (c10d rendezvous), process chaos goes through a per-host agent; needs
-    hosts = "netns" and a recovery policy that restarts learners whole (harness/torchrun_launch.py)."""
-    hosts: Literal["local", "netns"] = choice("local", ("local", "netns"))
+    hosts = "netns" or "remote" and a recovery policy that restarts learners whole (harness/torchrun_launch.py)."""
+    hosts: Literal["local", "netns", "remote"] = choice("local", ("local", "netns", "remote"))
     """local: every process shares this machine's network (loopback); netns: each learner host gets its own
     Linux network namespace with a veth on a bridge, so learner<->syncer traffic crosses a real kernel network
-    path (harness/netns_hosts.py; needs root, `ip` and `nft`)."""
+    path (harness/netns_hosts.py; needs root, `ip` and `nft`); remote: each learner host runs a host agent an
+    operator started there (`agents`), which starts the learner's torchrun and ships its events back
+    (harness/remote_hosts.py; needs backend = "torchrun" and links.proxy = "off")."""
+    agents: tuple[str, ...] = ()
+    """hosts = "remote": each learner's host agent, "host:port" (learner i's is the i-th; one per learner). The
+    supervisor's machine must reach every one through the same local address: the syncer and the rendezvous
+    store listen there."""
+    agent_secret_file: str = ""
+    """hosts = "remote": file (readable by its owner only) holding the secret, in hex, that every agent was
+    started with (`--secret-file`); the supervisor proves it holds it."""
 
 
 ELASTIC_ALGORITHMS = ("decoupled", "elastic_ddp")

@@ -304,6 +304,7 @@ def rules(sc: Scenario, keys: Sequence[str], found: Found) -> None:
                                      f"only, not {sc.algorithm!r}; use 'restart', or 'elastic' (shrink where the "
                                      "algorithm has it, restart elsewhere)")
     _launch(sc, found)
+    _remote(sc, found)
     if found.ok("links.proxy", "links.backend", "launch.hosts"):
         _link_backend(sc, keys, found)
     m = sc.topology.learners
@@ -361,19 +362,52 @@ def _launch(sc: Scenario, found: Found) -> None:
     if sc.links.backend == "kernel" and sc.launch.hosts != "netns" and found.ok("links.backend", "launch.hosts"):
         found.add("links.backend", "links.backend = 'kernel': needs launch.hosts = 'netns' (the faults are made on "
                                    "each learner host's veth)")
-    if sc.launch.hosts == "netns" and sc.links.proxy != "off" and found.ok("launch.hosts", "links.proxy"):
-        found.add("links.proxy", f"links.proxy = {sc.links.proxy!r}: netns hosts reach the syncer directly; set "
-                                 "links.proxy = 'off' (and links.backend = 'kernel' for link faults)")
+    if sc.launch.hosts != "local" and sc.links.proxy != "off" and found.ok("launch.hosts", "links.proxy"):
+        found.add("links.proxy", f"links.proxy = {sc.links.proxy!r}: {sc.launch.hosts} hosts reach the syncer "
+                                 "directly (the proxies listen on this machine's loopback); set links.proxy = 'off'"
+                                 + (" (and links.backend = 'kernel' for link faults)" if sc.launch.hosts == "netns"
+                                    else ""))
     if sc.launch.backend == "torchrun":
-        if sc.launch.hosts != "netns" and found.ok("launch.backend", "launch.hosts"):
-            found.add("launch.backend", "launch.backend = 'torchrun': needs launch.hosts = 'netns' (each learner's "
-                                        "torchrun and host agent run in its own host's namespace)")
+        if sc.launch.hosts == "local" and found.ok("launch.backend", "launch.hosts"):
+            found.add("launch.backend", "launch.backend = 'torchrun': needs launch.hosts = 'netns' or 'remote' "
+                                        "(each learner's torchrun and host agent run on its own host)")
         policy, _ = learner_policy(sc.recovery.policy, sc.algorithm)
         if policy == "shrink" and found.ok("launch.backend", "recovery.policy"):
             found.add("recovery.policy", f"recovery.policy = {sc.recovery.policy!r} resolves to 'shrink' for "
                                          f"{sc.algorithm}: launch.backend = 'torchrun' restarts a failed learner as "
                                          "a whole (a new torchrun), it cannot regrow one chip; use 'restart' or "
                                          "'fail'")
+
+
+def _remote(sc: Scenario, found: Found) -> None:
+    """`[launch] hosts = "remote"`: torchrun, one agent address per learner, the agents' secret file."""
+    la, m = sc.launch, sc.topology.learners
+    if la.hosts != "remote":
+        if la.agents and found.ok("launch.agents", "launch.hosts"):
+            found.add("launch.agents", "launch.agents: only with launch.hosts = 'remote'")
+        return
+    if la.backend != "torchrun" and found.ok("launch.backend", "launch.hosts"):
+        found.add("launch.hosts", "launch.hosts = 'remote': needs launch.backend = 'torchrun' (a remote host's "
+                                  "agent starts the learner's chips with torchrun)")
+    if found.ok("launch.agents", "topology.learners"):
+        from harness.agent_wire import parse_agent
+
+        if len(la.agents) != m:
+            found.add("launch.agents", f"launch.agents: {len(la.agents)} given, needs one per learner "
+                                       f"(topology.learners = {m})")
+        for i, address in enumerate(la.agents):
+            try:
+                parse_agent(address)
+            except ValueError as e:
+                found.add("launch.agents", f"launch.agents[{i}] = {e}")
+        dup = sorted({a for a in la.agents if la.agents.count(a) > 1})
+        if dup:
+            found.add("launch.agents", f"launch.agents: {', '.join(dup)} given more than once (one host per learner)")
+    if not la.agent_secret_file and found.ok("launch.agent_secret_file"):
+        found.add("launch.agent_secret_file", "launch.agent_secret_file: needed with launch.hosts = 'remote' (the "
+                                              "secret the agents were started with)")
+    elif not os.path.isfile(la.agent_secret_file) and found.ok("launch.agent_secret_file"):
+        found.add("launch.agent_secret_file", f"launch.agent_secret_file = {la.agent_secret_file!r}: no such file")
 
 
 def _link_backend(sc: Scenario, keys: Sequence[str], found: Found) -> None:

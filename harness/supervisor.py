@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import psutil
 import torch.distributed as dist
 
 from chaos.processes import ProcessChaos, local_signaller, syncer_repair_key
@@ -32,15 +31,19 @@ from harness.chip import ChipSpec, chip_main, members_key
 from harness.events import EVENTS_FILE, EventLog, EventTail
 from harness.fault_runner import FaultRunner
 from harness.handshake import new_secret
+from harness.procutil import main_thread, signal_proc, wait_any
 from harness.record.base import SCHEMA_VERSION
+from harness.run_errors import label_errors
 from harness.rundir import CONFIG_FILE, PROCESSES_FILE, REPORT_FILE, make_run_dir, write_json
 from harness.scenario import Scenario, learner_policy, validate
 from harness.syncer_service import SyncerSpec, syncer_main
 from harness.syncer_shards import proc_name
+from harness.task_check import fragment_bytes
 from trainers import mutations
 
 if TYPE_CHECKING:
     from harness.netns_run import NetnsRun
+    from harness.remote_hosts import RemoteHosts
     from harness.torchrun_launch import TorchrunHosts
 
 log = logging.getLogger(__name__)
@@ -68,14 +71,6 @@ def context() -> Any:
         _ctx = mp.get_context("forkserver")
         _ctx.set_forkserver_preload(PRELOAD)
     return _ctx
-
-
-def fragment_bytes(sc: Scenario) -> int:
-    """Average bytes of one fragment on the wire (float32), for scaling WAN profiles."""
-    from harness.task_check import param_count
-
-    n = param_count(sc)
-    return n * 4 // (sc.diloco.fragments if sc.algorithm == "decoupled" else 1)
 
 
 class RunFailed(RuntimeError):
@@ -136,7 +131,8 @@ class Supervisor:
         self.shard_ports: dict[int, tuple[int, ...]] = {}  # learner -> where it reaches shards 1..S-1
         self._syncer_stop: Any = None
         self.netns: NetnsRun | None = None  # with [launch] hosts = "netns"
-        self.torchrun: TorchrunHosts | None = None  # with [launch] backend = "torchrun"
+        self.torchrun: TorchrunHosts | RemoteHosts | None = None  # with [launch] backend = "torchrun"
+        self.listen = "127.0.0.1"  # where the syncer and the store listen
 
     def _start(self, name: str, target: Any, args: tuple) -> Any:
         p = context().Process(target=target, args=args, name=name, daemon=False)
@@ -152,7 +148,7 @@ class Supervisor:
     def run(self) -> RunResult:
         sc, t = self.sc, self.sc.timeouts
         write_json(self.run_dir / CONFIG_FILE, sc.to_dict())
-        old_term = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
+        old_term = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread() else None
         t0 = time.monotonic()
         policy, why = learner_policy(sc.recovery.policy, sc.algorithm)
         self.events.log("run_start", algorithm=sc.algorithm, learners=sc.topology.learners,
@@ -166,6 +162,15 @@ class Supervisor:
                     self.netns = NetnsRun.open(sc, self.events)
                 except HostsUnavailable as e:
                     raise RunFailed(str(e)) from e
+                self.listen = self.netns.syncer_address
+            elif sc.launch.hosts == "remote":  # the agents operators started (harness/remote_hosts.py)
+                from harness.remote_hosts import RemoteHosts, RemoteUnavailable
+
+                try:
+                    self.torchrun = RemoteHosts.connect(sc, self.run_dir, self.secret, self.events)
+                except RemoteUnavailable as e:
+                    raise RunFailed(str(e)) from e
+                self.listen = self.torchrun.syncer_address
             self.store = dist.TCPStore(self._syncer_host(), 0, is_master=True, wait_for_workers=False,
                                        timeout=datetime.timedelta(seconds=t.startup_s))
             self.events.log("store_ready", port=self.store.port)
@@ -183,7 +188,7 @@ class Supervisor:
                 ports = self.links.ports
                 self.shard_ports = {m: tuple(self.links.shard_ports.get(m, [])) for m in ports}
             self.ports = ports
-            if sc.launch.backend == "torchrun":  # every learner host's agent, before any torchrun starts
+            if sc.launch.backend == "torchrun" and self.torchrun is None:  # netns: each host's agent, before torchrun
                 from harness.torchrun_launch import TorchrunHosts
 
                 self.torchrun = TorchrunHosts(self.run_dir, self.secret, t.startup_s)
@@ -219,28 +224,13 @@ class Supervisor:
         from harness.report import build_report, final_eval
         from harness.syncer_shards import assemble_final
 
-        self._label_errors(t0)
+        label_errors(self.run_dir, sc, self.events, t0)
         assemble_final(str(self.run_dir), sc)  # sharded: global.pt from the shards' final checkpoints
         final_eval(self.run_dir, sc, self.events)
         report = build_report(self.run_dir)
         write_json(self.run_dir / REPORT_FILE, report)
         self.events.close()
         return RunResult(self.run_dir, report, [p.pid for p in [*self.procs.values(), *self.retired]])
-
-    def _label_errors(self, t0: float) -> None:
-        """One `errors_labelled` event: each error the run's processes logged, expected (with the injected
-        fault that explains it) or not, so the event log itself says which errors were the scenario's doing."""
-        from harness.record.run import RunStart
-        from harness.record.run_record import RunLog
-        from harness.run_errors import classify_errors, settle_window_s
-
-        t = self.sc.timeouts
-        log = RunLog.load(self.run_dir)
-        run_start = log.first(RunStart)
-        errors = classify_errors(log.records, run_start.t if run_start is not None else t0,
-                                 settle_window_s(t.gloo_s, t.liveness_s))
-        self.events.log("errors_labelled", expected=sum(e.expected for e in errors),
-                        unexpected=sum(not e.expected for e in errors), errors=[e.as_dict() for e in errors])
 
     def _start_syncer(self, shard: int, restore: bool) -> int:
         """Start syncer shard `shard` (or, with `restore`, its replacement on the same port); returns its port."""
@@ -265,8 +255,9 @@ class Supervisor:
         return self.netns.netns_of(m) if self.netns is not None else ""
 
     def _syncer_host(self) -> str:
-        """Where the syncer and the store listen: the netns hosts' bridge, or loopback."""
-        return self.netns.syncer_address if self.netns is not None else "127.0.0.1"
+        """Where the syncer and the store listen: the netns hosts' bridge, the address on the route to remote
+        hosts, or loopback."""
+        return self.listen
 
     def _syncer(self, shard: int) -> Any:
         return self.procs[proc_name(shard, self.shards)]
@@ -396,7 +387,7 @@ class Supervisor:
             return
         if all(c == 0 for c in settled.values()):
             for r in self.joining[m]:  # the learner finished before a repaired chip could join
-                _signal_tree(self.procs[f"learner{m}.chip{r}"].pid, signal.SIGKILL)
+                signal_proc(self.procs[f"learner{m}.chip{r}"], signal.SIGKILL)
                 self.events.log("chip_join_abandoned", learner=m, chip=r)
             self.members[m] = [r for r in self.members[m] if r not in self.joining[m]]
             self.joining[m] = set()
@@ -419,7 +410,7 @@ class Supervisor:
             raise RunFailed(f"chip process(es) of learner {m} failed ({why}): {exitcodes}")
         for p in self._chips_of(m):  # the group is broken: stop the survivors now, they cannot step alone
             if p.exitcode is None:
-                _signal_tree(p.pid, signal.SIGKILL)
+                signal_proc(p, signal.SIGKILL)
         for p in self._chips_of(m):
             p.join(timeout=self.sc.timeouts.shutdown_s)
         repair = rec.repair_s
@@ -476,46 +467,22 @@ class Supervisor:
             base = SLOW_POLL_S if slowing else FAULT_POLL_S if faults.pending() else POLL_S
             poll_s = min([base, *[max(0.0, d) for d in down]])
             live = [p for p in self.procs.values() if p.exitcode is None]
-            _wait_any(live, poll_s)
+            wait_any(live, poll_s)
 
     def _stop_all(self) -> None:
         """SIGTERM every live process of the run, then SIGKILL what remains after shutdown_s."""
         every = [*self.procs.values(), *self.retired]
         live = [p for p in every if p.is_alive()]
         for p in live:
-            _signal_tree(p.pid, signal.SIGTERM)
+            signal_proc(p, signal.SIGTERM)
         deadline = time.monotonic() + self.sc.timeouts.shutdown_s
         for p in live:
             p.join(timeout=max(0.0, deadline - time.monotonic()))
         for p in every:
             if p.is_alive():
-                _signal_tree(p.pid, signal.SIGKILL)
+                signal_proc(p, signal.SIGKILL)
                 p.join(timeout=5)
         self.store = None
-
-
-def _signal_tree(pid: int, sig: int) -> None:
-    try:
-        proc = psutil.Process(pid)
-        for q in [*proc.children(recursive=True), proc]:
-            try:
-                q.send_signal(sig)
-            except psutil.NoSuchProcess:
-                pass
-    except psutil.NoSuchProcess:
-        pass
-
-
-def _wait_any(procs: list[Any], timeout: float) -> None:
-    from multiprocessing.connection import wait
-
-    wait(list({p.sentinel for p in procs}), timeout=timeout)  # a torchrun stands for each of its chips
-
-
-def _main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
 
 
 def run_scenario(sc: Scenario, run_root: str | os.PathLike[str] = "runs",

@@ -229,3 +229,9 @@ def check_memory(sc: Scenario, available: int | None = None) -> MemoryEstimate:
             f"{PROCESS_OVERHEAD_BYTES // mib} MiB + {FIXED_OVERHEAD_BYTES // mib} MiB (supervisor, forkserver) = "
             f"{est.processes // mib:,} MiB; use fewer learners or chips, or a smaller model")
     return est
+
+
+def fragment_bytes(sc: Scenario) -> int:
+    """Average bytes of one fragment on the wire (float32), for scaling WAN profiles."""
+    n = param_count(sc)
+    return n * 4 // (sc.diloco.fragments if sc.algorithm == "decoupled" else 1)

@@ -14,10 +14,10 @@ def base(t: float, kind: str, proc: str = "supervisor") -> dict:
 
 
 def fault(t: float, index: int, action: str, learner: int | None, end: float | None = None,
-          missed: str | None = None) -> list[Event]:
+          missed: str | None = None, applied_from_t: float | None = None) -> list[Event]:
     what = {"index": index, "action": action, "learner": learner, "describe": f"{action} {learner}",
             "reason": "test", "elapsed_s": t, "progress": {}}
-    out: list[Event] = [FaultStart(**base(t, "fault_start"), **what, missed=missed)]
+    out: list[Event] = [FaultStart(**base(t, "fault_start"), **what, missed=missed, applied_from_t=applied_from_t)]
     if end is not None:
         out.append(FaultEnd(**base(end, "fault_end"), **what))
     return out
@@ -53,3 +53,10 @@ def test_a_syncer_error_is_expected_only_around_a_syncer_crash() -> None:
     err = SyncerError(**base(11.0, "syncer_error", "syncer"), error="OSError")
     assert not classify_errors(fault(10.0, 0, "partition", None) + [err], 0.0, 5.0)[0].expected
     assert classify_errors(fault(10.0, 0, "kill_syncer", None) + [err], 0.0, 5.0)[0].expected
+
+
+def test_an_error_between_applying_a_fault_and_logging_it_is_the_faults() -> None:
+    """A kill through a host agent: the peer's collective fails before the agent's reply lets the fault be logged."""
+    evs = fault(10.0, 0, "kill_chip", 1, end=12.0, applied_from_t=9.98) + [chip_error(9.99, 1), chip_error(9.97, 1)]
+    out = classify_errors(evs, start=0.0, settle_s=13.0)
+    assert [(e.t_s, e.expected) for e in out] == [(9.97, False), (9.99, True)]

@@ -51,7 +51,7 @@ class ProcessStart(Event):
     name: str
     """`syncer`, `learner<m>.chip<r>` or `toxiproxy`; with `[launch] backend = "torchrun"`, `learner<m>.agent`
     (the host's agent) and `learner<m>.torchrun` (its torchrun, whose workers are the learner's chips) instead of
-    the chips."""
+    the chips; with `[launch] hosts = "remote"` only `learner<m>.torchrun`, whose pid is the remote host's."""
     child_pid: int
     """Its pid."""
 
@@ -236,6 +236,10 @@ class FaultStart(_FaultTransition):
 
     missed: str | None = None
     """Set when the fault hit nothing (its learner was already down): why."""
+    applied_from_t: float | None = None
+    """When the supervisor began applying it (CLOCK_MONOTONIC, like `t`): a fault acts before it is logged, by
+    the time its signals or toxics take (a host agent's round trip), and errors it causes in between are its own.
+    Absent in runs written before it existed."""
 
 
 @event("fault_end", FAULTS)
@@ -420,3 +424,28 @@ class HostsRemoved(Event):
 
     left: list[str]
     """What could not be removed, one line each (empty: nothing left)."""
+
+
+@event("agent_connected", "supervisor (harness/remote_hosts.py)")
+@dataclass(frozen=True, kw_only=True)
+class AgentConnected(Event):
+    """`[launch] hosts = "remote"`: the supervisor reached learner `learner`'s host agent and proved the agents'
+    secret; the workers' events it ships are appended to this log from now on."""
+
+    learner: int
+    """The learner the agent's host runs."""
+    address: str
+    """The agent's host:port (`launch.agents`)."""
+    agent_pid: int
+    """The agent's pid on its host."""
+    work_dir: str
+    """This run's directory on the agent's host (the learner's spec, its workers' events, torchrun's log)."""
+    local_address: str
+    """This machine's address on its connection to the agent: where the syncer and the store listen."""
+    clock_offset_s: float
+    """The agent's CLOCK_MONOTONIC minus this machine's (0 when they are one clock), subtracted from the `t` of
+    every event the agent ships."""
+    rtt_s: float
+    """Round trip of the clock sample the offset comes from (the offset's uncertainty is half of it)."""
+    same_clock: bool
+    """The agent's clock reading fell inside that round trip: one clock (one machine), `t` kept as written."""
