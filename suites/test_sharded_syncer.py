@@ -79,3 +79,27 @@ def test_one_shard_down_the_other_merges_on(run_scenario):
     res.check("no_global_downtime", bound_s=MAX_GAP_S)  # shard 1 advanced the global model through the outage
     pull = [e for e in evs if e["ev"] == "apply"]
     assert {q for e in pull for q in e["fragments"]} == {0, 1, 2, 3}, "learners applied every shard's fragments"
+
+
+def test_every_shard_down_then_each_restores_its_own(run_scenario):
+    """`kill_syncer` without `shard` kills every shard: each is restored from its own checkpoint slots on its own
+    port, each merges its own fragments again, and no update is lost or merged twice across the two restores."""
+    res = run_scenario(scenario([{"action": "kill_syncer", "at": {"step": STEPS // 8, "learner": 0}}]))
+    rep, evs = res.report, res.events
+    kill = next(e for e in evs if e["ev"] == "process_fault")
+    assert kill["kind"] == "kill_syncer" and kill.get("shard") is None and len(kill["pids"]) == 2
+    restarts = {e["shard"]: e for e in evs if e["ev"] == "syncer_restart"}
+    restores = {e["proc"]: e for e in evs if e["ev"] == "syncer_restore"}
+    assert set(restarts) == {0, 1} and set(restores) == {"syncer.s0", "syncer.s1"}, (restarts, restores)
+    owned = {e["shard"]: set(e["owned"]) for e in evs if e["ev"] == "syncer_start"}
+    assert set(restores["syncer.s0"]["fragments"]) == owned[0] and set(restores["syncer.s1"]["fragments"]) == owned[1]
+    merges = [e for e in evs if e["ev"] == "merge"]
+    back = {k: [e for e in merges if e["proc"] == f"syncer.s{k}" and e["t"] > restores[f"syncer.s{k}"]["t"]]
+            for k in (0, 1)}
+    res.figures(shards=rep["shards"], merges_after={k: len(v) for k, v in back.items()},
+                final_eval=rep["final_eval_loss"])
+    assert all(back.values()), f"a shard did not merge again after its restore: {rep['shards']}"
+    assert rep["syncer_restarts"] == 2 and all(rep["shards"][k]["restarts"] == 1 for k in ("0", "1"))
+    assert all(d["steps"] == STEPS for d in rep["per_learner"].values())
+    for name in ("updates_accounted", "token_accounting", "model_finite"):
+        res.check(name)

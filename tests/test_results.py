@@ -131,7 +131,8 @@ def test_compare_json_writes_every_run_and_the_verdict(tmp_path: Path, capsys: p
                                                                                       abs=1e-3)
         protocol = PROTOCOL if r.algorithm == "decoupled" else []
         assert [i.name for i in r.invariants] == ["converged", *BOUND_FREE, *protocol]
-        assert all(i.ok for i in r.invariants[-len(protocol):]) if protocol else True, r.invariants
+        failed = [f"{i.name}: {i.detail}" for i in (r.invariants[-len(protocol):] if protocol else []) if not i.ok]
+        assert not failed, f"{r.label}: {failed} (run dir {r.run_dir})"
         converged = r.invariants[0]
         allowed = loss_allowance(r.train_steps)
         assert r.train_steps is not None and converged.bound == pytest.approx(ref + allowed, abs=1e-4)
