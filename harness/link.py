@@ -89,6 +89,7 @@ class SyncerLink:
         self._finishing = False
         """BYE is on the wire and our side is shut for writing: read until the syncer closes, never reconnect."""
         self._bye_sent = False
+        self._bye_queued = False
         self.fatal: str | None = None
         self.stop_requested = False
         """The syncer said the run's total step budget is reached (train.budget = total): finish and push."""
@@ -185,6 +186,7 @@ class SyncerLink:
             if not bye:
                 self._outbox.clear()
             else:
+                self._bye_queued = True  # nothing may follow it: pulls that come in now go unanswered
                 self._outbox[("bye", 0)] = Message(MsgType.BYE, {"learner": self.learner})
             self._cv.notify_all()
             while (self._outbox or (bye and not self._bye_sent)) and self.fatal is None:
@@ -364,6 +366,8 @@ class SyncerLink:
     def _answer_pull(self, p: int, round_id: int) -> None:
         """Answer a pull from the latest snapshot, without touching the training loop."""
         with self._cv:
+            if self._bye_queued:  # closing: its final pushes, queued before the BYE, hold these steps
+                return
             # no step yet, or no such fragment: decline, so the syncer does not wait for us
             if self._snapshot is None or p >= len(self._snapshot[1]):
                 push = FragmentPush(self.learner, p, 0, 0, 0, 1, 0, 0.0, {})
@@ -411,8 +415,9 @@ class SyncerLink:
                 continue
             last_sent = time.monotonic()
             if msg.type is MsgType.BYE:
-                with self._cv:  # nothing after it, not even a PING: the syncer closes on it
+                with self._cv:  # nothing after it, not even a PING: the syncer closes on it, and drops the rest
                     self._bye_sent = self._finishing = True
+                    self._outbox.clear()
             if msg.type is MsgType.PUSH:
                 self.events.log("push_sent", learner=self.learner, fragment=msg.meta["fragment"], bytes=n,
                                 seconds=last_sent - t0, first_step=msg.meta["first_step"],
