@@ -86,10 +86,10 @@ class SyncerLink:
         self._auth: FrameAuth | None = None
         """The connection's frame keys (harness/frame_auth.py): every frame after the handshake is signed."""
         self._closed = False
-        self._finishing = False
-        """BYE is on the wire and our side is shut for writing: read until the syncer closes, never reconnect."""
-        self._bye_sent = False
         self._bye_queued = False
+        """close() queued the BYE: pulls that come in now go unanswered."""
+        self._finishing = False
+        """The BYE is on the wire: nothing more is sent; read until the syncer closes, never reconnect."""
         self.fatal: str | None = None
         self.stop_requested = False
         """The syncer said the run's total step budget is reached (train.budget = total): finish and push."""
@@ -186,16 +186,16 @@ class SyncerLink:
             if not bye:
                 self._outbox.clear()
             else:
-                self._bye_queued = True  # nothing may follow it: pulls that come in now go unanswered
+                self._bye_queued = True
                 self._outbox[("bye", 0)] = Message(MsgType.BYE, {"learner": self.learner})
             self._cv.notify_all()
-            while (self._outbox or (bye and not self._bye_sent)) and self.fatal is None:
+            while (self._outbox or (bye and not self._finishing)) and self.fatal is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self.events.log("link_flush_timeout", learner=self.learner, unsent=len(self._outbox))
                     break
                 self._cv.wait(left)
-            if bye and self._bye_sent:
+            if bye and self._finishing:
                 self._finish_gracefully(deadline)
             self._closed = True
             self._cv.notify_all()
@@ -210,8 +210,6 @@ class SyncerLink:
         and drop what is still in our send buffer; and a half-close does not help through a proxy, which closes
         its upstream connection whole on our FIN, with the same loss there: the final pushes and the BYE would
         never reach the syncer."""
-        self._finishing = True
-        self._cv.notify_all()
         while self._rsock is not None:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -416,7 +414,7 @@ class SyncerLink:
             last_sent = time.monotonic()
             if msg.type is MsgType.BYE:
                 with self._cv:  # nothing after it, not even a PING: the syncer closes on it, and drops the rest
-                    self._bye_sent = self._finishing = True
+                    self._finishing = True
                     self._outbox.clear()
             if msg.type is MsgType.PUSH:
                 self.events.log("push_sent", learner=self.learner, fragment=msg.meta["fragment"], bytes=n,

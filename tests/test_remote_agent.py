@@ -12,8 +12,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ import pytest
 from harness import agent_wire as w
 from harness.handshake import new_secret
 from harness.host_agent import AgentError
+from harness.pytest_plugin import wait_for
 from harness.remote_hosts import AgentConnection, clock_offset, read_secret, shift_lines
 from harness.scenario import ScenarioError, from_dict
 
@@ -144,15 +143,6 @@ def test_the_agents_secret_file_must_be_its_owners_alone(tmp_path):
     f.chmod(0o600)
     assert len(read_secret(str(f))) == 32
 
-
-def wait_for(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    tick = threading.Event()
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        tick.wait(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def start_agent(tmp_path: Path, secret: bytes, *extra: str) -> tuple[subprocess.Popen[bytes], int, Path]:

@@ -19,8 +19,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,7 @@ import pytest
 from harness.events import EVENTS_FILE, read_events
 from harness.handshake import new_secret
 from harness.netns_hosts import NetnsHosts, availability
+from harness.pytest_plugin import wait_for
 from harness.remote_hosts import AgentConnection
 from harness.scenario import from_dict
 
@@ -42,15 +41,6 @@ MARGIN = 1.0
 WAIT_S = 30.0
 LEARNERS = 2
 
-
-def wait_for(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    tick = threading.Event()
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        tick.wait(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture
