@@ -7,6 +7,7 @@ own, with what it did, to whom and what triggered it, so that a person sees the 
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -93,7 +94,7 @@ class Progress:
         self.stream = stream or sys.stderr
         self.every_s = every_s
         self._t0 = time.monotonic()
-        self._last = 0.0
+        self._last = -math.inf  # the first status line at once, whatever the monotonic clock reads
         self._kills = KillRecovery()
 
     def __call__(self, events: list[dict[str, Any]]) -> None:
