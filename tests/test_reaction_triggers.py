@@ -15,7 +15,9 @@ from conftest import tiny_table
 
 from chaos.schedule import FaultSchedule, FaultSpec, ScheduleError, Trigger, missing_reaction, parse_fault, reached
 from harness.events import EVENTS_FILE, read_events
+from harness.replay import load_incident
 from harness.scenario import ScenarioError, from_dict
+from harness.scenario_check import incident_problems
 from harness.supervisor import run_scenario
 
 
@@ -114,6 +116,23 @@ def test_a_reaction_nothing_can_cause_never_fires_and_is_refused_before_the_run(
     with pytest.raises(ScenarioError, match=r"faults\[0\]\.at\.after_steps = 60: never reached, train\.steps = 60"):
         from_dict({**table, "faults": [{**rejoin, "at": {"after": "rejoin", "learner": 1, "after_steps": 60}},
                                        kill_1]})
+
+
+def test_an_incident_may_wait_on_a_reaction_to_the_scenarios_own_fault(tmp_path: Path) -> None:
+    """`validate --incident` and `run --incident` agree: the incident's fault waits for a rejoin the scenario's
+    kill causes; without that kill both refuse it."""
+    table = tiny_table(learners=2, chips=1, recovery={"policy": "restart"})
+    sc = from_dict({**table, "faults": [{"action": "kill_learner", "learner": 1, "at": {"step": 10}}]})
+    incident = tmp_path / "incident.toml"
+    incident.write_text('[[faults]]\naction = "degrade"\nlearner = 1\nlatency_ms = 5\n'
+                        'at = { after = "rejoin", learner = 1, after_s = 0.5 }\n')
+    assert incident_problems(incident, sc) == []
+    assert load_incident(incident, sc).faults[1].at == Trigger(after="rejoin", learner=1, after_s=0.5)
+    bare = from_dict(table)
+    (err,) = incident_problems(incident, bare)
+    assert "faults[0].at.after = 'rejoin': no other fault hits learner 1" in str(err)
+    with pytest.raises(ScenarioError, match="no other fault hits learner 1"):
+        load_incident(incident, bare)
 
 
 def test_a_reaction_trigger_round_trips_through_config_json() -> None:
