@@ -15,10 +15,14 @@ schedule means the same thing on a fast and a slow machine:
   * ``merges``: the syncer has completed this many merges;
   * ``time_s``: seconds since the run started (only where time is the point,
     e.g. a partition in a synchronous baseline, where progress itself stops);
-  * ``after_s`` (only in ``until``): seconds after the fault started.
+  * ``after`` (with ``after_s`` or ``after_steps``): a reaction of the run seen in its log, "rejoin" (learner
+    ``learner`` training again after a repair) or "syncer_restored" (a restarted syncer restored its
+    checkpoint), then that many seconds or the learner's steps more;
+  * ``after_s`` alone (only in ``until``): seconds after the fault started.
 Progress is observed from the event log, so a fault fires within one
 supervisor poll (<= 50 ms) of the trigger; the `fault_start` event records
-the actual progress at that moment.
+the actual progress at that moment. A reaction's time is when the supervisor
+read its event (the schedule's own clock), so `decide` stays pure.
 """
 
 from __future__ import annotations
@@ -53,26 +57,53 @@ PARAM_KEYS: tuple[str, ...] = tuple(dict.fromkeys(p for ps in ACTION_PARAMS.valu
 until."""
 
 __all__ = ["ACTIONS", "ACTION_PARAMS", "KILL_ACTIONS", "LINK_ACTIONS", "PARAM_KEYS", "PROCESS_ACTIONS",
-           "FaultSchedule", "FaultSpec", "Progress", "ScheduleError", "Transition", "Trigger", "config_table",
-           "never_fires", "parse_fault", "reached"]
+           "REACTIONS", "FaultSchedule", "FaultSpec", "Progress", "ScheduleError", "Transition", "Trigger",
+           "config_table", "missing_reaction", "never_fires", "parse_fault", "reached"]
+
+
+REACTIONS: dict[str, str] = {
+    "rejoin": "learner `learner` is training again after a repair: its first step after its restart "
+              "(`learner_restart`), or a repaired chip joining its group (`chip_joined`, recovery.policy shrink)",
+    "syncer_restored": "a restarted syncer restored its checkpoint (`syncer_restore`; any shard)",
+}
+"""The reactions a trigger's `after` may name, and which events mark them."""
 
 
 @dataclass(frozen=True)
 class Trigger:
-    """A moment in a run. Exactly one of step, merges, time_s, after_s is set."""
+    """A moment in a run. Exactly one of step, merges, time_s, after is set, or (in `until` only) after_s alone.
+
+    Written as a TOML inline table: `at = { step = 100, learner = 1 }`, `at = { merges = 5 }`,
+    `at = { time_s = 2.5 }`, `at = { after = "rejoin", learner = 2, after_s = 0.5 }`,
+    `at = { after = "syncer_restored" }`, `until = { after_s = 3.0 }`."""
 
     step: int | None = None
     """Inner step reached by `learner` (or by the most advanced learner when `learner` is unset)."""
     learner: int | None = None
-    """Whose step counts for `step`; unset means the most advanced learner."""
+    """Whose step counts for `step`, or whose rejoin for `after = "rejoin"` (needed there); with `step`, unset
+    means the most advanced learner."""
     merges: int | None = None
     """Syncer merge count reached."""
     time_s: float | None = None
     """Seconds since the run started."""
+    after: str | None = None
+    """A reaction of the run to wait for: "rejoin" (learner `learner` training again after a repair: its first
+    step after its restart, or a repaired chip joining its group) or "syncer_restored" (a restarted syncer, any
+    shard, restored its checkpoint). The first such reaction counts; in `until`, the first after the fault
+    started. Then `after_s` seconds or `after_steps` steps more (neither: at once). The scenario must hold a
+    fault that can cause it (on that learner; a syncer fault), else it is refused as never firing."""
     after_s: float | None = None
-    """Seconds after the fault started (only valid in `until`)."""
+    """With `after`: seconds after the reaction (as the supervisor read it, within one poll of its event).
+    Alone (only valid in `until`): seconds after the fault started."""
+    after_steps: int | None = None
+    """With `after = "rejoin"` only: inner steps learner `learner` takes after the step it rejoined at."""
 
     def describe(self) -> str:
+        if self.after is not None:
+            what = f"learner {self.learner} rejoined" if self.after == "rejoin" else "the syncer restored"
+            if self.after_steps is not None:
+                return f"{self.after_steps} steps after {what}"
+            return f"{self.after_s:g} s after {what}" if self.after_s else what
         if self.step is not None:
             who = f"learner {self.learner}" if self.learner is not None else "the most advanced learner"
             return f"{who} reached step {self.step}"
@@ -145,14 +176,19 @@ def _trigger(raw: Any, key: str, learners: int, is_until: bool) -> Trigger:
     if not isinstance(raw, dict):
         raise ScheduleError(f"{key} = {raw!r}: must be a table like {{ step = 100 }}")
     raw = {k: v for k, v in raw.items() if v is not None}
-    allowed = ("step", "learner", "merges", "time_s") + (("after_s",) if is_until else ())
+    allowed = ("step", "learner", "merges", "time_s", "after", "after_s", "after_steps")
     unknown = sorted(set(raw) - set(allowed))
     if unknown:
         raise ScheduleError(f"unknown key {key}.{unknown[0]}{did_you_mean(unknown[0], allowed)}; "
                             f"allowed: {', '.join(allowed)}")
+    if "after" in raw:
+        return _reaction(raw, key, learners)
     kinds = [k for k in ("step", "merges", "time_s", "after_s") if k in raw]
-    if len(kinds) != 1:
-        raise ScheduleError(f"{key}: set exactly one of {', '.join(k for k in allowed if k != 'learner')}")
+    if "after_steps" in raw or (not is_until and "after_s" in raw) or len(kinds) != 1:
+        heads = ("step", "merges", "time_s", "after") + (("after_s",) if is_until else ())
+        raise ScheduleError(f"{key}: set exactly one of {', '.join(heads)}"
+                            + ("" if is_until else " (after_s and after_steps count from an `after` reaction; "
+                               "after_s alone is for `until`)"))
     for k, v in raw.items():
         if k in ("step", "learner", "merges"):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -166,6 +202,40 @@ def _trigger(raw: Any, key: str, learners: int, is_until: bool) -> Trigger:
             raise ScheduleError(f"{key}.learner = {raw['learner']}: must be in [0, {learners - 1}]")
     fields: dict[str, Any] = {k: (float(v) if k in ("time_s", "after_s") else v) for k, v in raw.items()}
     return Trigger(**fields)
+
+
+def _reaction(raw: dict[str, Any], key: str, learners: int) -> Trigger:
+    """A trigger on a reaction: `{ after = "rejoin", learner = 2, after_s = 0.5 }` (keys already known)."""
+    after = raw["after"]
+    if after not in REACTIONS:
+        hint = did_you_mean(after, tuple(REACTIONS)) if isinstance(after, str) else ""
+        raise ScheduleError(f"{key}.after = {after!r}{hint}: must be one of {', '.join(REACTIONS)}")
+    others = sorted(set(raw) & {"step", "merges", "time_s"})
+    if others:
+        raise ScheduleError(f"{key}.{others[0]}: not with {key}.after (a trigger is one moment); use after_s or "
+                            "after_steps to wait past the reaction")
+    for k in ("learner", "after_steps"):
+        v = raw.get(k)
+        if k in raw and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise ScheduleError(f"{key}.{k} = {v!r}: must be an integer >= 0")
+    v = raw.get("after_s")
+    if "after_s" in raw and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                             or v < 0):
+        raise ScheduleError(f"{key}.after_s = {v!r}: must be a number >= 0")
+    if "after_s" in raw and "after_steps" in raw:
+        raise ScheduleError(f"{key}: set at most one of after_s, after_steps")
+    if after == "rejoin":
+        if "learner" not in raw:
+            raise ScheduleError(f"{key}.learner: needed with {key}.after = 'rejoin' (whose rejoin), in "
+                                f"[0, {learners - 1}]")
+        if raw["learner"] >= learners:
+            raise ScheduleError(f"{key}.learner = {raw['learner']}: must be in [0, {learners - 1}]")
+    else:
+        for k in ("learner", "after_steps"):
+            if k in raw:
+                raise ScheduleError(f"{key}.{k}: not with {key}.after = {after!r} (only with 'rejoin')")
+    return Trigger(after=after, learner=raw.get("learner"),
+                   after_s=float(raw["after_s"]) if "after_s" in raw else None, after_steps=raw.get("after_steps"))
 
 
 def config_table(raw: Any, key: str, cls: type) -> dict[str, Any]:
@@ -227,22 +297,54 @@ class Progress:
     """Highest inner step seen per learner."""
     merges: int = 0
     """Syncer merges seen."""
+    rejoins: dict[int, list[tuple[float, int]]] = field(default_factory=dict)
+    """Per learner, each time it rejoined (REACTIONS["rejoin"]): (elapsed_s when seen, the step it rejoined at)."""
+    syncer_restores: list[float] = field(default_factory=list)
+    """Each time a restarted syncer restored its checkpoint: elapsed_s when seen."""
+    restarted: set[int] = field(default_factory=set)
+    """Learners restarted whose first step since has not been seen yet (their rejoin is that step)."""
 
-    def observe(self, events: list[dict[str, Any]]) -> None:
+    def observe(self, events: list[dict[str, Any]], elapsed_s: float = 0.0) -> None:
+        """Take in events read from the log at `elapsed_s` (the schedule's clock; the time a reaction is
+        counted from)."""
         for e in events:
             ev = e.get("ev")
             if ev == "step":
                 m = int(e["learner"])
                 self.steps[m] = max(self.steps.get(m, 0), int(e["step"]))
+                if m in self.restarted:
+                    self.restarted.discard(m)
+                    self.rejoins.setdefault(m, []).append((elapsed_s, int(e["step"])))
             elif ev == "merge":
                 self.merges = max(self.merges, int(e.get("merges", self.merges + 1)))
+            elif ev == "learner_restart":
+                self.restarted.add(int(e["learner"]))
+            elif ev == "chip_joined":
+                self.rejoins.setdefault(int(e["learner"]), []).append((elapsed_s, int(e["step"])))
+            elif ev == "syncer_restore":
+                self.syncer_restores.append(elapsed_s)
 
     def as_dict(self) -> dict[str, Any]:
         return {"steps": {str(k): v for k, v in sorted(self.steps.items())}, "merges": self.merges}
 
 
 def reached(trig: Trigger, progress: Progress, elapsed_s: float, started_at_s: float | None) -> bool:
-    """Whether a trigger has been reached (pure). `started_at_s`: when the fault started (for after_s)."""
+    """Whether a trigger has been reached (pure). `started_at_s`: when the fault started (for after_s, and in
+    `until` a reaction counts only from then)."""
+    if trig.after is not None:
+        since = started_at_s if started_at_s is not None else -math.inf
+        if trig.after == "rejoin":
+            assert trig.learner is not None
+            seen = [(t, s) for t, s in progress.rejoins.get(trig.learner, []) if t >= since]
+        else:
+            seen = [(t, 0) for t in progress.syncer_restores if t >= since]
+        if not seen:
+            return False
+        t, step = seen[0]
+        if trig.after_steps is not None:
+            assert trig.learner is not None
+            return progress.steps.get(trig.learner, 0) >= step + trig.after_steps
+        return elapsed_s - t >= (trig.after_s or 0.0)
     if trig.step is not None:
         if trig.learner is not None:
             return progress.steps.get(trig.learner, 0) >= trig.step
@@ -318,6 +420,10 @@ def never_fires(spec: FaultSpec, steps: int, run_s: float) -> str | None:
             return f"{name}.step = {trig.step}: never reached, train.steps = {steps}"
         if trig.time_s is not None and trig.time_s >= run_s:
             return f"{name}.time_s = {trig.time_s:g}: never reached, timeouts.run_s = {run_s:g}"
+        if trig.after is not None and trig.after_steps is not None and trig.after_steps >= steps:
+            return f"{name}.after_steps = {trig.after_steps}: never reached, train.steps = {steps}"
+        if trig.after is not None and trig.after_s is not None and trig.after_s >= run_s:
+            return f"{name}.after_s = {trig.after_s:g}: never reached, timeouts.run_s = {run_s:g}"
     at, until = spec.at, spec.until
     if at is None or until is None:
         return None
@@ -327,4 +433,21 @@ def never_fires(spec: FaultSpec, steps: int, run_s: float) -> str | None:
         return f"until.merges = {until.merges}: must be after at.merges = {at.merges}"
     if at.time_s is not None and until.time_s is not None and until.time_s <= at.time_s:
         return f"until.time_s = {until.time_s:g}: must be after at.time_s = {at.time_s:g}"
+    return None
+
+
+def missing_reaction(index: int, schedule: tuple[FaultSpec, ...] | list[FaultSpec]) -> str | None:
+    """Why fault `index`'s `after` reaction can never happen in this schedule, or None: a learner rejoins only
+    after something hit it (another fault on that learner: a kill, or a freeze or link fault that makes it
+    fail), a syncer is restored only after a syncer fault. Recovery settings are the scenario's rules."""
+    spec = schedule[index]
+    for name, trig in (("at", spec.at), ("until", spec.until)):
+        if trig is None or trig.after is None:
+            continue
+        others = [f for i, f in enumerate(schedule) if i != index]
+        if trig.after == "rejoin" and not any(f.learner == trig.learner for f in others):
+            return (f"{name}.after = 'rejoin': no other fault hits learner {trig.learner}, so it never fails "
+                    "and rejoins")
+        if trig.after == "syncer_restored" and not any(_faults.get(f.action).target == "syncer" for f in others):
+            return f"{name}.after = 'syncer_restored': no fault kills the syncer (kill_syncer), so none is restored"
     return None

@@ -2,6 +2,9 @@
 
     diloco-chaos run [SCENARIO.toml] [--algorithm ddp|elastic_ddp|diloco|decoupled] [--runs-dir DIR] [--json PATH]
     diloco-chaos run ... --incident INCIDENT.toml   the same, with an incident's [[faults]] on top
+    diloco-chaos run ... --set train.steps=500 --set diloco.wire_dtype=fp32
+                                  change a scenario key (a dotted path; the value read as TOML) before validation;
+                                  repeatable; recorded in the run directory's config.json as `overrides`
     diloco-chaos replay RUN_DIR   run a recorded run again (config, seed, fault schedule) and compare
     diloco-chaos scenarios        list the built-in scenarios
     diloco-chaos tasks            list the built-in tasks (a scenario's [task] factory; docs/api.md)
@@ -15,7 +18,7 @@
     diloco-chaos toxiproxy-server [--host H] [--port P] [--seed N] [--log-level L]
                                   run the embedded Toxiproxy-compatible server until SIGINT/SIGTERM
 
-    diloco-chaos validate FILE... [--incident FILE]
+    diloco-chaos validate FILE... [--incident FILE] [--set KEY=VALUE ...]
                                   check files, run nothing: every error of every file, one per line (exit 0 or 2)
 
 Bad scenario values are reported (every one, each with its key and allowed range) and exit with code 2
@@ -36,6 +39,8 @@ from harness.supervisor import RunFailed, RunResult, run_scenario
 from trainers.config import ALGORITHMS
 
 EXIT_BAD_CONFIG = 2
+_SET_HELP = ("set a scenario key before validation, e.g. train.steps=500, diloco.wire_dtype=fp32, seed=3 "
+             "(VALUE read as TOML, else as a string); repeatable; checked like the file")
 EXIT_RUN_FAILED = 1
 
 
@@ -65,7 +70,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     bad = 0
     for path in args.files:
         try:
-            sc, errors = check(scenario_mod.read_toml(path, "scenario file"))
+            sc, errors = check(scenario_mod.apply_overrides(scenario_mod.read_toml(path, "scenario file"), args.set))
         except scenario_mod.ScenarioError as unreadable:
             sc, errors = None, [unreadable]
         if args.incident:
@@ -88,7 +93,8 @@ def _invalid(e: scenario_mod.ScenarioError) -> int:
 
 
 def _load(args: argparse.Namespace) -> scenario_mod.Scenario:
-    sc = scenario_mod.load(args.scenario) if args.scenario else scenario_mod.builtin(args.builtin)
+    sc = (scenario_mod.load(args.scenario, args.set) if args.scenario
+          else scenario_mod.builtin(args.builtin, args.set))
     if args.algorithm:
         sc = sc.replace(algorithm=args.algorithm)
     if args.seed is not None:
@@ -273,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--incident", help="TOML file of [[faults]] tables to inject on top of the scenario")
     run.add_argument("--json", metavar="PATH", help="also write the run's results as JSON (docs/metrics.md, "
                                                     "'Results JSON')")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=_SET_HELP)
     run.set_defaults(func=cmd_run)
     rp = sub.add_parser("replay", help="run a recorded run again and compare its fault timeline")
     rp.add_argument("run_dir", help="a run directory (holds config.json and events.jsonl)")
@@ -282,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     val = sub.add_parser("validate", help="check scenario files without running them (exit 0: all valid, 2: not)")
     val.add_argument("files", nargs="+", metavar="FILE", help="scenario TOML files")
     val.add_argument("--incident", help="also check this incident file on top of each scenario")
+    val.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=_SET_HELP)
     val.set_defaults(func=cmd_validate)
     inv = sub.add_parser("invariants", help="list every invariant with its bounds (a markdown table, from the "
                          "registry)")

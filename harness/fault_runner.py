@@ -49,7 +49,7 @@ class FaultRunner:
         return self.schedule.pending()
 
     def tick(self, events: list[dict[str, Any]], elapsed_s: float) -> None:
-        self.schedule.progress.observe(events)
+        self.schedule.progress.observe(events, elapsed_s)
         for tr in self.schedule.decide(elapsed_s):
             self._act(tr, elapsed_s)
 

@@ -10,10 +10,12 @@ so a run can be replayed from its directory alone.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import re
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -255,6 +257,10 @@ class Scenario:
     random_faults_source: str = ""
     """Record only: the `[random_faults]` table (JSON) whose draws were appended to `faults` before the run
     (chaos/fault_generator.py). The draws are already explicit entries, so a replay does not draw again."""
+    overrides: tuple[str, ...] = ()
+    """Record only: the `--set KEY=VALUE` overrides (`apply_overrides`) applied, in order, to the scenario's
+    tables before validation. The values above are already the effective ones, so a replay applies nothing
+    again; this says which of them came from the command line rather than the file."""
 
     def replace(self, **changes: Any) -> Scenario:
         """A copy with top-level fields changed, validated again. `faults` may be given as tables."""
@@ -290,13 +296,56 @@ def validate(sc: Scenario) -> None:
         raise ScenarioError.of(errors)
 
 
-def from_dict(table: dict[str, Any]) -> Scenario:
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`KEY=VALUE` -> (the key's path, the value). KEY is a dotted path (`train.steps`, `seed`); VALUE is read
+    as a TOML value (`500`, `0.5`, `true`, `"x"`, `[1, 2]`, `{ step = 3 }`), and taken as a plain string when
+    it is not one (`fp32`), so an unquoted word needs no shell quoting. Raises ScenarioError naming the text."""
+    key, eq, raw = text.partition("=")
+    key = key.strip()
+    if not eq or not key:
+        raise ScenarioError(f"--set {text!r}: must be KEY=VALUE, e.g. train.steps=500")
+    path = key.split(".")
+    if not all(_OVERRIDE_PART.fullmatch(p) for p in path):
+        raise ScenarioError(f"--set {text!r}: the key {key!r} must be a dotted path of names, e.g. train.steps")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return path, value
+
+
+_OVERRIDE_PART = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def apply_overrides(table: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """A copy of a scenario document with each `KEY=VALUE` override set (`parse_override`), in order, and the
+    overrides appended to its `overrides` record. A missing table on the path is created; what is set is not
+    checked here: `check` validates the result exactly like a file (an unknown key or a bad value gives the
+    same error, naming the key). Raises ScenarioError for a malformed override or a path through a value."""
+    out = copy.deepcopy(table)
+    for text in overrides:
+        path, value = parse_override(text)
+        node = out
+        for i, part in enumerate(path[:-1]):
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise ScenarioError(f"--set {text!r}: {'.'.join(path[:i + 1])} is a value, not a table "
+                                    f"(it holds {nxt!r})")
+            node = nxt
+        node[path[-1]] = value
+    if overrides:
+        recorded = out.get("overrides", [])
+        out["overrides"] = [*(recorded if isinstance(recorded, (list, tuple)) else [recorded]), *overrides]
+    return out
+
+
+def from_dict(table: dict[str, Any], overrides: Sequence[str] = ()) -> Scenario:
     """Build and validate a Scenario from a parsed TOML table (a `[random_faults]` table is drawn first, once
-    what its size depends on is valid). Raises ScenarioError holding every error of the document
-    (harness/scenario_check.py)."""
+    what its size depends on is valid), with `overrides` (`KEY=VALUE`, `apply_overrides`) set on it first.
+    Raises ScenarioError holding every error of the document (harness/scenario_check.py)."""
     from harness.scenario_check import check
 
-    sc, errors = check(table)
+    sc, errors = check(apply_overrides(table, overrides) if overrides else table)
     if sc is None:
         raise ScenarioError.of(errors)
     return sc
@@ -317,18 +366,19 @@ def read_toml(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
         raise ScenarioError(f"{what} {str(p)!r} cannot be read: {e.strerror or e}") from e
 
 
-def load(path: str | os.PathLike[str]) -> Scenario:
-    """Read a TOML scenario file. Raises ScenarioError with the key for any bad value."""
-    return from_dict(read_toml(path, "scenario file"))
+def load(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Scenario:
+    """Read a TOML scenario file, with `overrides` (`KEY=VALUE`) set on its tables before validation. Raises
+    ScenarioError with the key for any bad value."""
+    return from_dict(read_toml(path, "scenario file"), overrides)
 
 
-def builtin(name: str = "default") -> Scenario:
-    """One of the scenarios shipped inside the package (harness/scenarios/NAME.toml)."""
+def builtin(name: str = "default", overrides: Sequence[str] = ()) -> Scenario:
+    """One of the scenarios shipped inside the package (harness/scenarios/NAME.toml), with `overrides`."""
     names = builtin_names()
     if name not in names:
         raise ScenarioError(f"no built-in scenario {name!r}; the built-in ones: {', '.join(names)}")
     text = resources.files("harness").joinpath("scenarios", f"{name}.toml").read_text(encoding="utf-8")
-    return from_dict(tomllib.loads(text))
+    return from_dict(tomllib.loads(text), overrides)
 
 
 def builtin_names() -> list[str]:

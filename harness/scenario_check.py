@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from chaos import faults
-from chaos.schedule import KILL_ACTIONS, FaultSpec, ScheduleError, never_fires, parse_fault
+from chaos.schedule import KILL_ACTIONS, FaultSpec, ScheduleError, missing_reaction, never_fires, parse_fault
 from chaos.toxiproxy_backend import resolve_backend
 from harness.scenario import (
     _DATA_RANGES,
@@ -274,10 +274,14 @@ def rules(sc: Scenario, keys: Sequence[str], found: Found) -> None:
     `sc.faults[i]` is named in errors (`faults[3]`)."""
     steps = sc.train.steps if found.ok("train.steps") else sys.maxsize
     run_s = sc.timeouts.run_s if found.ok("timeouts.run_s") else math.inf
-    for key, f in zip(keys, sc.faults, strict=True):
-        why = never_fires(f, steps, run_s)
+    for n, (key, f) in enumerate(zip(keys, sc.faults, strict=True)):
+        why = never_fires(f, steps, run_s) or missing_reaction(n, sc.faults)
         if why is not None:
             found.add(key, f"{key}.{why} (the fault could never fire)")
+        if (any(t is not None and t.after == "rejoin" for t in (f.at, f.until)) and sc.recovery.policy == "fail"
+                and found.ok("recovery.policy")):
+            found.add(key, f"{key}: after = 'rejoin' needs a recovery.policy that brings a learner back, not "
+                           "'fail' (the first failure ends the run)")
         chips = sc.topology.chips_per_learner
         if f.chip is not None and f.chip >= chips and found.ok("topology.chips_per_learner"):
             found.add(key, f"{key}.chip = {f.chip}: must be in [0, {chips - 1}] (topology.chips_per_learner)")
@@ -466,6 +470,8 @@ def incident_problems(path: str | os.PathLike[str], sc: Scenario | None) -> list
             found.add(f"faults[{i}]", f"{where}: {e}")
     if sc is not None:
         on_top = Found()
-        rules(dataclasses.replace(sc, faults=tuple(s for _, s in specs)), [k for k, _ in specs], on_top)
+        own = [(f"scenario's faults[{i}]", f) for i, f in enumerate(sc.faults)]  # an incident's `after` may
+        both = own + specs  # wait on a reaction to one of the scenario's faults
+        rules(dataclasses.replace(sc, faults=tuple(s for _, s in both)), [k for k, _ in both], on_top)
         found.errors += [ScenarioError(f"{where} on top of scenario {sc.name!r}: {e}") for e in on_top.errors]
     return found.capped()
