@@ -17,6 +17,8 @@
     diloco-chaos toxiproxy-server [--host H] [--port P] [--seed N] [--log-level L]
                                   run the embedded Toxiproxy-compatible server until SIGINT/SIGTERM
 
+    diloco-chaos keys [SECTION]   every scenario key of a section (or all): type, default, range, meaning
+                                  (the same as docs/scenario.md)
     diloco-chaos validate FILE... [--incident FILE]
                                   check files, run nothing: every error of every file, one per line (exit 0 or 2)
 
@@ -32,6 +34,7 @@ import os
 import sys
 
 from harness import scenario as scenario_mod
+from harness import scenario_doc
 from harness.progress import Progress, error_lines, faults_table, summary_table, verdict_lines
 from harness.simulator import cli as simulate_cli
 from harness.supervisor import RunFailed, RunResult, run_scenario
@@ -329,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
                      choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], help="logging level (default INFO)")
     tps.set_defaults(func=cmd_toxiproxy_server)
     simulate_cli.add_parser(sub)
+    scenario_doc.add_parser(sub)
     args = parser.parse_args(argv)
     return int(args.func(args))
 
