@@ -259,9 +259,14 @@ def _faults_list(bands: list[dict[str, Any]]) -> str:
 # -- verdicts: invariants, errors, discarded work ----------------------------------------------------------
 
 
+def _g(x: Any) -> str:
+    """An invariant's figure or bound: 6 significant digits (a bound of 1e-05 is not 0.0000)."""
+    return "-" if x is None else f"{x:.6g}" if isinstance(x, float) else str(x)
+
+
 def _figure(f: InvariantFigure) -> str:
     unit = f" {f.unit}" if f.unit else ""
-    return f"{_fmt(f.figure, 4)}{unit}"
+    return f"{_g(f.figure)}{unit}"
 
 
 def _invariants_table(figures: tuple[InvariantFigure, ...], recorded: bool) -> str:
@@ -274,7 +279,7 @@ def _invariants_table(figures: tuple[InvariantFigure, ...], recorded: bool) -> s
         unit = f" {f.unit}" if f.unit else ""
         out.append(f'<tr class="invariant {"ok" if f.ok else "fail"}" id="invariant-{html.escape(f.name)}">'
                    f"<td>{verdict}</td><td>{html.escape(f.name)}</td><td>{html.escape(_figure(f))}</td>"
-                   f"<td>{html.escape(f.relation)} {html.escape(_fmt(f.bound, 4) + unit)}</td>"
+                   f"<td>{html.escape(f.relation)} {html.escape(_g(f.bound) + unit)}</td>"
                    f"<td>{html.escape(f.measure)}{': ' if f.measure and f.detail else ''}{html.escape(f.detail)}"
                    "</td></tr>")
     out.append("</table>")

@@ -377,7 +377,7 @@ def test_verdicts_violated_invariants_first_errors_labelled_discarded_work(tmp_p
     assert order[:len(failed)] == failed and set(order) == set(recorded)
     row = text[text.index('id="invariant-token_accounting"'):]
     row = row[:row.index("</tr>")]
-    assert "VIOLATED" in row and "15360.0000" in row and "&lt;= 0.0010" in row, row
+    assert "VIOLATED" in row and "<td>15360 tokens</td>" in row and "&lt;= 0.001 tokens" in row, row
     assert "recorded in invariants.json" in text
     summary = dom.by_id["verdict-summary"]
     assert summary["class"] == "fail"
