@@ -49,6 +49,34 @@ REPAIR_DISTRIBUTIONS = ("fixed", "exponential", "lognormal")
 MAX_FAULTS = 10_000
 """Most entries a `[random_faults]` table may expand into (expected count, or max_faults)."""
 
+
+
+@dataclass(frozen=True)
+class Limit:
+    """The range a number of a `[random_faults]` table must be in: `validate` checks it, docs/scenario.md and
+    `diloco-chaos keys random_faults` show it."""
+
+    lo: float
+    hi: float | None
+    """None: the scenario's train.steps."""
+    integral: bool = False
+    lo_open: bool = False
+
+    def text(self) -> str:
+        hi = "train.steps" if self.hi is None else f"{self.hi:.10g}"
+        return f"{'(' if self.lo_open else '['}{self.lo:.10g}, {hi}]"
+
+
+LIMITS: dict[str, Limit] = {
+    "mtbf_steps": Limit(0.0, 1e9, lo_open=True),
+    "repair_mean_s": Limit(0.0, 3600.0), "repair_min_s": Limit(0.0, 3600.0), "repair_max_s": Limit(0.0, 3600.0),
+    "repair_sd_s": Limit(0.0, 3600.0, lo_open=True), "freeze_s": Limit(0.0, 3600.0, lo_open=True),
+    "start_step": Limit(1, None, integral=True), "end_step": Limit(2, None, integral=True),
+    "max_faults": Limit(1, MAX_FAULTS, integral=True), "min_gap_steps": Limit(1, None, integral=True),
+    "seed": Limit(0, 2**31 - 1, integral=True),
+}
+"""The numeric fields of RandomFaultsConfig and their ranges (besides the rules between fields in `validate`)."""
+
 _KILLS = ("kill_chip", "kill_learner", "crash_host")
 _WITH_CHIP = ("kill_chip", "freeze")
 
@@ -136,20 +164,10 @@ def validate(raw: Any, key: str, learners: int, chips: int, steps: int) -> Rando
             if v not in REPAIR_DISTRIBUTIONS:
                 raise ScheduleError(f"{k} = {v!r}: must be one of {', '.join(REPAIR_DISTRIBUTIONS)}")
             kw[name] = v
-        elif name == "mtbf_steps":
-            kw[name] = _num(k, v, 0.0, 1e9, lo_open=True)
-        elif name in ("repair_mean_s", "repair_min_s", "repair_max_s"):
-            kw[name] = _num(k, v, 0.0, 3600.0)
-        elif name in ("repair_sd_s", "freeze_s"):
-            kw[name] = _num(k, v, 0.0, 3600.0, lo_open=True)
-        elif name in ("start_step", "end_step"):
-            kw[name] = _num(k, v, 1 if name == "start_step" else 2, steps, integral=True)
-        elif name == "max_faults":
-            kw[name] = _num(k, v, 1, MAX_FAULTS, integral=True)
-        elif name == "min_gap_steps":
-            kw[name] = _num(k, v, 1, steps, integral=True)
-        else:  # seed
-            kw[name] = _num(k, v, 0, 2**31 - 1, integral=True)
+        else:
+            lim = LIMITS[name]
+            kw[name] = _num(k, v, lim.lo, steps if lim.hi is None else lim.hi, integral=lim.integral,
+                            lo_open=lim.lo_open)
     cfg = RandomFaultsConfig(**kw)
     if cfg.repair_min_s > cfg.repair_max_s:
         raise ScheduleError(f"{key}.repair_min_s = {cfg.repair_min_s:g}: must be <= {key}.repair_max_s = "

@@ -24,6 +24,7 @@ from harness.progress import error_lines
 from harness.rundir import REPORT_FILE, read_json
 from harness.scenario import Scenario
 
+_NEGATE = {"<=": ">", ">=": "<", "==": "!="}
 INVARIANTS: tuple[str, ...] = tuple(discover())
 """Names `ChaosRun.check` / `ChaosRun.measure` accept: every registered invariant, in check_all's order."""
 
@@ -142,6 +143,21 @@ class ChaosRun:
         print(f"[{self.name}] figures: {json.dumps(out, default=str)}")
         return out
 
+    def _violated(self) -> list[str]:
+        """The invariants the run recorded as violated (invariants.json), one line each; [] when all held or
+        none were recorded (a run that did not finish)."""
+        from harness.results import recorded_invariants
+
+        try:
+            recorded = recorded_invariants(self.run_dir) or ()
+        except (OSError, ValueError):  # a damaged file must not hide the rest of the failure report
+            return []
+        bad = [f for f in recorded if not f.ok]
+        return [f"invariants: {len(bad)} of {len(recorded)} violated (invariants.json)"] + [
+            f"  {f.name} violated: {f.measure or 'figure'} {f.figure} {_NEGATE.get(f.relation, '!' + f.relation)} "
+            f"bound {f.bound} ({f.detail})"
+            for f in bad] if bad else []
+
     def summary(self) -> str:
         """Run directory and key figures, the lines of the failure report."""
         sc, rep = self.scenario, self.report
@@ -158,6 +174,7 @@ class ChaosRun:
             "wall_s": rep.get("wall_s"),
         }
         lines = [head, "    " + " | ".join(f"{k} {v}" for k, v in key.items())]
+        lines += ["    " + ln for ln in self._violated()]
         lines += ["    " + ln for ln in error_lines(rep.get("errors", []))]
         for f in self.printed:
             lines.append(f"    figures: {json.dumps(f, default=str)}")

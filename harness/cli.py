@@ -5,7 +5,9 @@
     diloco-chaos run ... --set train.steps=500 --set diloco.wire_dtype=fp32
                                   change a scenario key (a dotted path; the value read as TOML) before validation;
                                   repeatable; recorded in the run directory's config.json as `overrides`
-    diloco-chaos replay RUN_DIR   run a recorded run again (config, seed, fault schedule) and compare
+    diloco-chaos replay RUN_DIR [--against RUN_DIR2]   run a recorded run again (config, seed, fault schedule),
+                                  or take RUN_DIR2 as its replay, and compare: fault timeline, key figures and
+                                  invariant verdicts side by side; exit 1 when the timeline or a verdict differs
     diloco-chaos scenarios        list the built-in scenarios
     diloco-chaos tasks            list the built-in tasks (a scenario's [task] factory; docs/api.md)
     diloco-chaos report RUN_DIR [--open]   write RUN_DIR/report.html (plots, timeline, metrics); print its path
@@ -18,6 +20,8 @@
     diloco-chaos toxiproxy-server [--host H] [--port P] [--seed N] [--log-level L]
                                   run the embedded Toxiproxy-compatible server until SIGINT/SIGTERM
 
+    diloco-chaos keys [SECTION]   every scenario key of a section (or all): type, default, range, meaning
+                                  (the same as docs/scenario.md)
     diloco-chaos validate FILE... [--incident FILE] [--set KEY=VALUE ...]
                                   check files, run nothing: every error of every file, one per line (exit 0 or 2)
 
@@ -33,6 +37,7 @@ import os
 import sys
 
 from harness import scenario as scenario_mod
+from harness import scenario_doc
 from harness.progress import Progress, error_lines, faults_table, summary_table, verdict_lines
 from harness.simulator import cli as simulate_cli
 from harness.supervisor import RunFailed, RunResult, run_scenario
@@ -164,18 +169,26 @@ def _execute(sc: scenario_mod.Scenario, args: argparse.Namespace, verb: str) -> 
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from harness.replay import compare_timelines, fault_timeline, recorded_scenario
+    """Run a recorded run again (or, with --against, take a finished run as its replay), then print both runs'
+    figures and verdicts side by side; exit 1 when the fault timeline or a verdict differs."""
+    from harness.replay import RunVerdicts, compare_timelines, fault_timeline, recorded_scenario, side_by_side
 
     try:
         sc = recorded_scenario(args.run_dir)
+        original = RunVerdicts.read(args.run_dir)
+        against = RunVerdicts.read(args.against) if args.against else None
     except scenario_mod.ScenarioError as e:
         print(f"diloco-chaos: cannot replay: {e}", file=sys.stderr)
         return EXIT_BAD_CONFIG
-    res = _execute(sc, args, "replay")
-    if isinstance(res, int):
-        return res
-    before, after = fault_timeline(args.run_dir), fault_timeline(res.run_dir)
-    print(summary_table([res.report]))
+    if against is None:
+        res = _execute(sc, args, "replay")
+        if isinstance(res, int):
+            return res
+        print(summary_table([res.report]))
+        replay_dir = str(res.run_dir)
+    else:
+        replay_dir = args.against
+    before, after = fault_timeline(args.run_dir), fault_timeline(replay_dir)
     seen = {x["index"]: x for x in after}
     for x in before:
         y = seen.get(x["index"], {})
@@ -186,8 +199,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"diloco-chaos: replay differs: {d}", file=sys.stderr)
     print(f"replay: {len(before)} faults recorded, {len(after)} fired again; "
           + ("the same fault timeline" if not diffs else f"{len(diffs)} differences (above)"))
-    print(f"run directory: {res.run_dir}")
-    return EXIT_RUN_FAILED if diffs else 0
+    lines, verdicts = side_by_side(original, against or RunVerdicts.read(replay_dir))
+    print("\n".join(lines))
+    for d in verdicts:
+        print(f"diloco-chaos: replay's verdict differs: {d}", file=sys.stderr)
+    print("verdicts: " + ("the same in both runs" if not verdicts else f"{len(verdicts)} differ (above)"))
+    print(f"run directory: {replay_dir}")
+    return EXIT_RUN_FAILED if diffs or verdicts else 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -281,10 +299,12 @@ def main(argv: list[str] | None = None) -> int:
                                                     "'Results JSON')")
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=_SET_HELP)
     run.set_defaults(func=cmd_run)
-    rp = sub.add_parser("replay", help="run a recorded run again and compare its fault timeline")
+    rp = sub.add_parser("replay", help="run a recorded run again; compare its fault timeline, figures and verdicts")
     rp.add_argument("run_dir", help="a run directory (holds config.json and events.jsonl)")
     rp.add_argument("--runs-dir", default="runs", type=_runs_dir, help="where the replay's run directory is created")
     rp.add_argument("--quiet", action="store_true", help="no live progress")
+    rp.add_argument("--against", metavar="RUN_DIR", help="run nothing: compare with this finished run (e.g. an "
+                                                         "earlier replay) as the replay")
     rp.set_defaults(func=cmd_replay)
     val = sub.add_parser("validate", help="check scenario files without running them (exit 0: all valid, 2: not)")
     val.add_argument("files", nargs="+", metavar="FILE", help="scenario TOML files")
@@ -320,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
                      choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], help="logging level (default INFO)")
     tps.set_defaults(func=cmd_toxiproxy_server)
     simulate_cli.add_parser(sub)
+    scenario_doc.add_parser(sub)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

@@ -11,6 +11,11 @@ What it shows:
   model did not advance (report.json availability.intervals, which count from the first inner step, moved to
   run-start time) as red marks along the bottom;
 * a timeline with one row per learner and one for the syncer, colored by state (see `learner_timeline`);
+* the verdicts: each invariant's verdict with its figure and bound, violated ones first (read from the run's
+  invariants.json, written once as the run ended; computed now only for a run directory without one), the
+  errors the run's processes logged, unexpected ones first, expected ones with the injected fault that explains
+  them (report.json's `errors`, labelled by harness.run_errors), and the discarded work per learner
+  (report.json goodput's `discarded_chip_s`: chip-seconds of steps that never reached the global model);
 * the metrics table: the run, model quality, progress, goodput and uptime with the downtime intervals, per
   learner steps, steps/s and time in each state, speed profiles and every fault with its timing.
 
@@ -43,6 +48,7 @@ from harness.events import EVENTS_FILE
 from harness.record import Event, RunLog
 from harness.record.learner import Step
 from harness.record.syncer import Eval
+from harness.results import InvariantFigure, invariant_figures, recorded_invariants
 from harness.run_timeline import (
     STATE_COLORS,
     Segment,
@@ -250,6 +256,89 @@ def _faults_list(bands: list[dict[str, Any]]) -> str:
     return "\n".join(['<ul id="faults">', *items, "</ul>", empty])
 
 
+# -- verdicts: invariants, errors, discarded work ----------------------------------------------------------
+
+
+def _g(x: Any) -> str:
+    """An invariant's figure or bound: 6 significant digits (a bound of 1e-05 is not 0.0000)."""
+    return "-" if x is None else f"{x:.6g}" if isinstance(x, float) else str(x)
+
+
+def _figure(f: InvariantFigure) -> str:
+    unit = f" {f.unit}" if f.unit else ""
+    return f"{_g(f.figure)}{unit}"
+
+
+def _invariants_table(figures: tuple[InvariantFigure, ...], recorded: bool) -> str:
+    """One row per invariant, violated ones first (each group in check_all's order)."""
+    rows = sorted(figures, key=lambda f: f.ok)
+    out = ['<table id="invariants">', "<tr><th>verdict</th><th>invariant</th><th>figure</th><th>bound</th>"
+           "<th>what, and detail</th></tr>"]
+    for f in rows:
+        verdict = "holds" if f.ok else "VIOLATED"
+        unit = f" {f.unit}" if f.unit else ""
+        out.append(f'<tr class="invariant {"ok" if f.ok else "fail"}" id="invariant-{html.escape(f.name)}">'
+                   f"<td>{verdict}</td><td>{html.escape(f.name)}</td><td>{html.escape(_figure(f))}</td>"
+                   f"<td>{html.escape(f.relation)} {html.escape(_g(f.bound) + unit)}</td>"
+                   f"<td>{html.escape(f.measure)}{': ' if f.measure and f.detail else ''}{html.escape(f.detail)}"
+                   "</td></tr>")
+    out.append("</table>")
+    source = ("recorded in invariants.json as the run ended" if recorded
+              else "computed now: this run directory has no invariants.json")
+    empty = '<p class="none">No invariant applies to this run.</p>' if not figures else ""
+    return "\n".join([*out, empty, f'<p class="sub">{source}</p>'])
+
+
+def _errors_list(errors: list[dict[str, Any]]) -> str:
+    """Unexpected errors first, then those an injected fault explains, each with that fault."""
+    ordered = sorted(errors, key=lambda e: bool(e.get("expected")))
+    items = []
+    for e in ordered:
+        where = f"{e.get('proc', '?')} {e.get('ev')} at {_fmt(e.get('t_s'), 2)} s: {e.get('error')}"
+        if e.get("expected"):
+            items.append(f'<li class="error expected">expected: {html.escape(where)} '
+                         f'<span class="cause">(cause: {html.escape(str(e.get("cause")))})</span></li>')
+        else:
+            items.append(f'<li class="error unexpected"><b>UNEXPECTED</b>: {html.escape(where)}</li>')
+    empty = "" if errors else '<p class="none">No process of the run logged an error.</p>'
+    return "\n".join(['<ul id="errors">', *items, "</ul>", empty])
+
+
+def _discarded_table(report: dict[str, Any]) -> str:
+    """Per learner: chip-seconds of steps whose work never reached the global model, of those allocated."""
+    gp = report.get("goodput") or {}
+    rows = [(f"learner {m}", d) for m, d in sorted((gp.get("per_learner") or {}).items(), key=lambda x: int(x[0]))]
+    rows.append(("run", gp))
+    out = ['<table id="discarded">', "<tr><th></th><th>discarded chip-s</th><th>allocated chip-s</th>"
+           "<th>share</th></tr>"]
+    for who, d in rows:
+        disc, alloc = d.get("discarded_chip_s"), d.get("allocated_chip_s")
+        share = f"{disc / alloc:.1%}" if isinstance(disc, (int, float)) and alloc else "-"
+        out.append(f'<tr class="discarded"><th>{who}</th><td>{_fmt(disc, 3)}</td><td>{_fmt(alloc, 3)}</td>'
+                   f"<td>{share}</td></tr>")
+    return "\n".join([*out, "</table>"])
+
+
+def _verdict_summary(figures: tuple[InvariantFigure, ...], errors: list[dict[str, Any]],
+                     report: dict[str, Any]) -> str:
+    failed = [f.name for f in figures if not f.ok]
+    unexpected = sum(not e.get("expected") for e in errors)
+    inv = (f"invariants: all {len(figures)} held" if not failed
+           else f"invariants: {len(failed)} of {len(figures)} violated ({', '.join(failed)})")
+    text = (f"{inv}; errors: {unexpected} unexpected, {len(errors) - unexpected} expected; discarded work: "
+            f"{_fmt((report.get('goodput') or {}).get('discarded_chip_s'), 3)} chip-s")
+    bad = bool(failed or unexpected)
+    return f'<p id="verdict-summary" class="{"fail" if bad else "ok"}">{html.escape(text)}</p>'
+
+
+def _verdicts(page: Page) -> list[str]:
+    errors = page.report.get("errors", [])
+    return ["<h2>Verdicts</h2>", _verdict_summary(page.invariants, errors, page.report),
+            "<h3>Invariants</h3>", _invariants_table(page.invariants, page.invariants_recorded),
+            "<h3>Errors</h3>", _errors_list(errors),
+            "<h3>Discarded work</h3>", _discarded_table(page.report)]
+
+
 def _img(id_: str, png: bytes, alt: str) -> str:
     data = base64.b64encode(png).decode("ascii")
     return f'<img id="{id_}" alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
@@ -266,6 +355,10 @@ td { font-family: monospace; }
 ul#faults { font-size: 0.9em; padding-left: 1.2em; } .swatch { display: inline-block; width: 0.9em;
   height: 0.9em; margin-right: 0.4em; vertical-align: middle; opacity: 0.6; }
 .sub { color: #666; font-size: 0.85em; }
+h3 { font-size: 1em; margin-top: 1.2em; }
+#verdict-summary { font-weight: bold; padding: 4px 8px; } #verdict-summary.fail, tr.fail td { color: #b00020; }
+#verdict-summary.fail { background: #fdecee; } #verdict-summary.ok { background: #eaf6ea; }
+li.error.unexpected { color: #b00020; } ul#errors { font-size: 0.9em; font-family: monospace; }
 """
 
 
@@ -280,10 +373,14 @@ class Page:
     timeline: dict[int, list[Segment]]
     stalled: list[tuple[float, float]]
     pngs: dict[str, bytes]
+    invariants: tuple[InvariantFigure, ...] = ()
+    """The invariants' verdicts (invariants.json)."""
+    invariants_recorded: bool = True
+    """False: the run directory has no invariants.json, `invariants` were computed when the page was made."""
 
 
 def render_html(page: Page) -> str:
-    """The self-contained HTML: the two PNGs inlined, the fault list, the metrics table."""
+    """The self-contained HTML: the verdicts, the two PNGs inlined, the fault list, the metrics table."""
     report, bands, pngs = page.report, page.bands, page.pngs
     title = f"diloco-chaos report: {report.get('name', page.run_dir.name)} ({report.get('algorithm', '?')})"
     sections = [("run", _run_rows(report, page.config)), ("model quality", _quality_rows(report)),
@@ -291,18 +388,10 @@ def render_html(page: Page) -> str:
                 ("goodput and uptime", _availability_rows(report, page.stalled)),
                 ("per learner", _learner_rows(report, page.timeline)), ("speed profiles", _speed_rows(report)),
                 ("faults", [(f"F{b['index']}", _fault_text(b)) for b in bands] or [("faults", "none")])]
-    errs = report.get("errors", [])
-    unexpected = [(e.get("proc", "?"), f"{e.get('ev')}: {e.get('error')}") for e in errs if not e.get("expected")]
-    expected = [(e.get("proc", "?"), f"{e.get('ev')}: {e.get('error')} (expected: {e.get('cause')})")
-                for e in errs if e.get("expected")]
-    if unexpected:
-        sections.append(("UNEXPECTED errors", unexpected))
-    if expected:
-        sections.append(("expected errors (caused by injected faults)", expected))
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{html.escape(title)}</title>",
         f"<style>{_CSS}</style></head><body>", f"<h1>{html.escape(title)}</h1>",
-        f'<p class="sub">{html.escape(str(page.run_dir))}</p>',
+        f'<p class="sub">{html.escape(str(page.run_dir))}</p>', *_verdicts(page),
         "<h2>Eval loss, faults shaded</h2>", _img("eval-loss", pngs[EVAL_PNG], "eval loss over time"),
         "<h2>Faults</h2>", _faults_list(bands),
         "<h2>Timeline</h2>", _img("timeline", pngs[TIMELINE_PNG], "learner and syncer states over time"),
@@ -333,5 +422,8 @@ def write_report(run_dir: str | os.PathLike[str]) -> Path:
     for name, data in pngs.items():
         (plots / name).write_bytes(data)
     out = run_dir / HTML_FILE
-    out.write_text(render_html(Page(run_dir, report, config, bands, timeline, stalled, pngs)), encoding="utf-8")
+    recorded = recorded_invariants(run_dir)
+    figures = recorded if recorded is not None else invariant_figures(run_dir)
+    out.write_text(render_html(Page(run_dir, report, config, bands, timeline, stalled, pngs, figures,
+                                    recorded is not None)), encoding="utf-8")
     return out

@@ -7,6 +7,12 @@ at the same step or merge count by construction (the trigger is the step);
 the progress actually seen when a fault fired can trail its trigger by one
 supervisor poll (<= 50 ms of training), which the comparison reports.
 
+A replay is also judged: `RunVerdicts` reads each run's key figures (report.json) and its invariants' verdicts
+(invariants.json, recorded as the run ended), `side_by_side` prints the original's and the replay's next to each
+other and lists each verdict that differs (an invariant that holds in one and not the other, or unexpected errors
+in only one), which makes `diloco-chaos replay` exit non-zero. The asynchronous learners make the figures
+themselves differ a little from run to run with the same seed (docs/metrics.md); a verdict should not.
+
 An incident file is a TOML file of `[[faults]]` tables (the same schedule
 format), e.g. a production incident written down by hand, applied on top of a
 scenario with `diloco-chaos run --incident FILE`.
@@ -15,13 +21,15 @@ scenario with `diloco-chaos run --incident FILE`.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from chaos.schedule import ScheduleError, never_fires, parse_fault
 from harness.record import RunLog
 from harness.record.run import FaultStart
-from harness.rundir import CONFIG_FILE, RunDirError, check_run_dir, read_json
+from harness.results import InvariantFigure, invariant_figures
+from harness.rundir import CONFIG_FILE, REPORT_FILE, RunDirError, check_run_dir, read_json
 from harness.scenario import Scenario, ScenarioError, from_dict, read_toml
 
 
@@ -79,3 +87,67 @@ def compare_timelines(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> list[
     for x in sorted(set(ka) ^ set(kb)):
         diffs.append(f"faults[{x[0]}] {x[1]} at {x[2]!r} fired in only one of the runs")
     return diffs
+
+
+@dataclass(frozen=True)
+class RunVerdicts:
+    """What replay compares of one finished run: key figures (report.json) and verdicts (invariants.json)."""
+
+    run_dir: str
+    final_eval_loss: float | None
+    goodput: float | None
+    merges: int | None
+    uptime: float | None
+    unexpected_errors: int
+    """Errors of the run's processes that no injected fault explains (report.json `errors`)."""
+    invariants: tuple[InvariantFigure, ...]
+
+    @classmethod
+    def read(cls, run_dir: str | os.PathLike[str]) -> RunVerdicts:
+        """From a finished run directory (report.json required; invariants.json, else checked now)."""
+        try:
+            check_run_dir(run_dir, (REPORT_FILE,), None)
+        except RunDirError as e:
+            raise ScenarioError(str(e)) from None
+        r = read_json(Path(run_dir) / REPORT_FILE)
+        return cls(str(run_dir), r.get("final_eval_loss"), (r.get("goodput") or {}).get("goodput"),
+                   r.get("merge_count"), (r.get("availability") or {}).get("uptime"),
+                   sum(not e.get("expected") for e in r.get("errors", [])), invariant_figures(run_dir))
+
+
+def _num(x: Any, digits: int) -> str:
+    return "-" if x is None else f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+
+def _verdict(f: InvariantFigure | None) -> str:
+    if f is None:
+        return "not checked"
+    unit = f" {f.unit}" if f.unit else ""
+    def g(x: Any) -> str:
+        return "n/a" if x is None else f"{x:.6g}" if isinstance(x, float) else str(x)
+
+    return f"{'holds' if f.ok else 'VIOLATED'} {g(f.figure)}{unit} ({f.relation} {g(f.bound)})"
+
+
+def side_by_side(a: RunVerdicts, b: RunVerdicts, names: tuple[str, str] = ("original", "replay")
+                 ) -> tuple[list[str], list[str]]:
+    """The two runs' figures and verdicts as table lines, and every verdict that differs (empty: the same)."""
+    ia, ib = {f.name: f for f in a.invariants}, {f.name: f for f in b.invariants}
+    rows = [("final eval loss", _num(a.final_eval_loss, 4), _num(b.final_eval_loss, 4)),
+            ("goodput", _num(a.goodput, 4), _num(b.goodput, 4)), ("merges", _num(a.merges, 0), _num(b.merges, 0)),
+            ("uptime", _num(a.uptime, 4), _num(b.uptime, 4)),
+            ("unexpected errors", str(a.unexpected_errors), str(b.unexpected_errors))]
+    differs: set[str] = set()
+    if (a.unexpected_errors > 0) != (b.unexpected_errors > 0):
+        differs.add("unexpected errors")
+    for name in [*ia, *(n for n in ib if n not in ia)]:
+        fa, fb = ia.get(name), ib.get(name)
+        rows.append((f"invariant {name}", _verdict(fa), _verdict(fb)))
+        if fa is None or fb is None or fa.ok != fb.ok:
+            differs.add(f"invariant {name}")
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(names[0]), *(len(r[1]) for r in rows))
+    lines = [f"{'':<{w0}}  {names[0]:<{w1}}  {names[1]}"]
+    lines += [f"{k:<{w0}}  {x:<{w1}}  {y}{'   <- verdict differs' if k in differs else ''}" for k, x, y in rows]
+    diffs = [f"{k}: {x} in the {names[0]}, {y} in the {names[1]}" for k, x, y in rows if k in differs]
+    return lines, diffs

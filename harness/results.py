@@ -6,6 +6,11 @@ field is documented in docs/metrics.md ("Results JSON"). The schema is stable: a
 (with a default, so older readers keep working); renaming or removing one, or changing its meaning, bumps
 SCHEMA_VERSION. A row's invariants are those of harness/invariants.py that apply to it without a bound chosen
 by the user: the bound-free ones, and `converged` against fault-free ddp for compare's runs with faults.
+
+The bound-free verdicts are checked once per run, as it ends, and written to its run directory as
+invariants.json (`record_invariants`, the same InvariantFigure records, same schema version); every reader
+(the CLI's summary, report.html, replay, a row here) reads them back (`invariant_figures`) instead of checking
+again.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from harness.invariants import InvariantResult, check_all, load_run
-from harness.rundir import CONFIG_FILE, read_json, write_json
+from harness.rundir import CONFIG_FILE, INVARIANTS_FILE, read_json, write_json
 
 SCHEMA_VERSION = 1
 """Bumped when a field is renamed or removed or its meaning changes; adding a field does not bump it."""
@@ -115,13 +120,47 @@ class ResultsFile:
     """Fields a newer writer added that this reader does not know (kept, not interpreted)."""
 
 
-def invariant_figures(run_dir: str | os.PathLike[str], baseline_loss: float | None = None,
-                      tolerance: float | None = None) -> tuple[InvariantFigure, ...]:
-    """harness.invariants.check_all on the run directory: the bound-free invariants, plus `converged` when a
+def computed_invariants(run_dir: str | os.PathLike[str], baseline_loss: float | None = None,
+                        tolerance: float | None = None) -> tuple[InvariantFigure, ...]:
+    """harness.invariants.check_all on the run directory now: the bound-free invariants, plus `converged` when a
     baseline loss and tolerance are given."""
     results = check_all(load_run(run_dir), baseline_loss=baseline_loss,
                         tolerance=tolerance if baseline_loss is not None else None)
     return tuple(InvariantFigure.of(r) for r in results)
+
+
+def record_invariants(run_dir: str | os.PathLike[str]) -> tuple[InvariantFigure, ...]:
+    """Check the bound-free invariants once, as the run ends (after report.json, which some of them read), and
+    write them to run_dir/invariants.json (`{"schema_version": N, "invariants": [InvariantFigure...]}`), so every
+    reader (the CLI's summary, report.html, replay, `--json`) shows the same verdicts without recomputing."""
+    figures = computed_invariants(run_dir)
+    obj = {"schema_version": SCHEMA_VERSION, "invariants": [dataclasses.asdict(f) for f in figures]}
+    json.dumps(obj, allow_nan=False)
+    write_json(Path(run_dir) / INVARIANTS_FILE, obj)
+    return figures
+
+
+def recorded_invariants(run_dir: str | os.PathLike[str]) -> tuple[InvariantFigure, ...] | None:
+    """The verdicts run_dir/invariants.json holds; None when the run directory has none (a run that did not
+    finish, or one made before the file existed). A file of another schema version raises ValueError."""
+    path = Path(run_dir) / INVARIANTS_FILE
+    if not path.is_file():
+        return None
+    d = read_json(path)
+    if d.get("schema_version") != SCHEMA_VERSION:
+        raise ValueError(f"{path}: schema_version {d.get('schema_version')!r}, this reader knows {SCHEMA_VERSION}")
+    return tuple(_build(InvariantFigure, i) for i in d["invariants"])
+
+
+def invariant_figures(run_dir: str | os.PathLike[str], baseline_loss: float | None = None,
+                      tolerance: float | None = None) -> tuple[InvariantFigure, ...]:
+    """The run's invariant verdicts: those recorded in invariants.json when no baseline is given (else, for a
+    run directory without the file, computed now), plus `converged` against `baseline_loss` when one is."""
+    if baseline_loss is None:
+        recorded = recorded_invariants(run_dir)
+        if recorded is not None:
+            return recorded
+    return computed_invariants(run_dir, baseline_loss, tolerance)
 
 
 def run_row(label: str, res: Any, baseline_loss: float | None = None, tolerance: float | None = None) -> RunRow:

@@ -5,6 +5,7 @@ Layout:
     events.jsonl  the append-only event log of every process
     global.pt     the global model checkpoint (written atomically)
     report.json   the summary computed from the event log
+    invariants.json each bound-free invariant's verdict, figure and bound, checked once as the run ended
     processes.json pids of every process the run started (so tests can prove none survives)
 """
 
@@ -21,6 +22,7 @@ import torch
 
 CONFIG_FILE = "config.json"
 REPORT_FILE = "report.json"
+INVARIANTS_FILE = "invariants.json"
 CHECKPOINT_FILE = "global.pt"
 PROCESSES_FILE = "processes.json"
 

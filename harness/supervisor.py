@@ -222,6 +222,7 @@ class Supervisor:
                 signal.signal(signal.SIGTERM, old_term)
             self.events.log("run_end", wall_s=time.monotonic() - t0)
         from harness.report import build_report, final_eval
+        from harness.results import record_invariants
         from harness.syncer_shards import assemble_final
 
         label_errors(self.run_dir, sc, self.events, t0)
@@ -229,6 +230,7 @@ class Supervisor:
         final_eval(self.run_dir, sc, self.events)
         report = build_report(self.run_dir)
         write_json(self.run_dir / REPORT_FILE, report)
+        record_invariants(self.run_dir)  # once, after report.json (some invariants read it)
         self.events.close()
         return RunResult(self.run_dir, report, [p.pid for p in [*self.procs.values(), *self.retired]])
 

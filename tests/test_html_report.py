@@ -1,6 +1,7 @@
 """Tests for harness.html_report: the timeline states from hand-built events, the page written for a fake run
 directory (self-contained, PNGs that decode), the `report` verb, and the page as a real headless Chromium
-renders it (skipped where Debian's chromium is not installed)."""
+renders it (skipped where Debian's chromium is not installed), with its verdicts: invariants (violated first),
+labelled errors and discarded work."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ from harness.html_report import (
     write_report,
 )
 from harness.report import build_report
-from harness.rundir import CONFIG_FILE, REPORT_FILE, write_json
+from harness.results import record_invariants
+from harness.rundir import CONFIG_FILE, INVARIANTS_FILE, REPORT_FILE, read_json, write_json
 from harness.scenario import Scenario
 
 T0 = 100.0
@@ -251,6 +253,8 @@ class _Dom(HTMLParser):
         self.fault_items: list[str] = []
         self._in_faults = False
         self._li: list[str] | None = None
+        self.rows: list[tuple[str, str]] = []
+        """(class, id) of each <tr> and <li> with a class: the verdicts' invariant rows and error items."""
         self.feed(text)
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
@@ -258,6 +262,8 @@ class _Dom(HTMLParser):
         self.tags.append(tag)
         if a.get("id"):
             self.by_id[str(a["id"])] = {"tag": tag, **a}
+        if tag in ("tr", "li") and a.get("class"):
+            self.rows.append((str(a["class"]), str(a.get("id") or "")))
         if tag == "ul" and a.get("id") == "faults":
             self._in_faults = True
         elif tag == "li" and self._in_faults:
@@ -290,6 +296,10 @@ def _check_page(dom: _Dom, faults: int) -> None:
     assert dom.by_id["metrics"]["tag"] == "table"
     assert dom.by_id["faults"]["tag"] == "ul"
     assert len(dom.fault_items) == faults
+    for id_ in ("verdict-summary", "invariants", "errors", "discarded"):
+        assert id_ in dom.by_id, id_
+    verdicts = [c.split()[1] for c, _ in dom.rows if c.startswith("invariant ")]
+    assert verdicts and verdicts == sorted(verdicts, key=lambda c: c == "ok"), "violated invariants come first"
 
 
 def test_write_report_writes_a_self_contained_page_and_pngs(tmp_path: Path) -> None:
@@ -313,7 +323,8 @@ def test_write_report_writes_a_self_contained_page_and_pngs(tmp_path: Path) -> N
 
 def test_metrics_table_holds_the_run_figures(tmp_path: Path) -> None:
     text = write_report(make_run(tmp_path / "run")).read_text()
-    table = text[text.index('<table id="metrics">'):text.index("</table>")]
+    start = text.index('<table id="metrics">')
+    table = text[start:text.index("</table>", start)]
     for cell in ("decoupled", ">7<", "2 x 2", "13.00", "3.1000", "5.5000", "10240", "35840", ">20<", "1.50",
                  "0.6100", "0.9500", "learner 0 steps", "3.630 steps/s", "learner 1 time by state",
                  "down 1.50 s", "slowed to 0.5", "achieved 0.5500", "kill_syncer(syncer)", "9.00 s to 9.90 s"):
@@ -335,6 +346,55 @@ def test_write_report_on_build_reports_output(tmp_path: Path) -> None:
     run = make_run(tmp_path / "run")
     write_json(run / REPORT_FILE, build_report(run))
     _check_page(_Dom(write_report(run).read_text()), faults=6)
+
+
+def _verdict_run(run_dir: Path) -> Path:
+    """The sample run with labelled errors and discarded work in its report, and its invariants recorded (the
+    sample's hand-built events leave several protocol invariants unverifiable, so they are violated)."""
+    report = sample_report()
+    report["errors"] = [
+        {"proc": "learner1.chip0", "ev": "chip_error", "error": "RuntimeError: Connection reset by peer",
+         "t_s": 5.1, "expected": True, "cause": "fault 2: kill_chip(learner 1, chip=1)"},
+        {"proc": "syncer", "ev": "syncer_error", "error": "ValueError: bad fragment 9", "t_s": 7.25,
+         "expected": False, "cause": None}]
+    report["goodput"].update(discarded_chip_s=2.5, per_learner={
+        "0": {"allocated_chip_s": 21.5, "discarded_chip_s": 1.25}, "1": {"allocated_chip_s": 21.5,
+                                                                         "discarded_chip_s": 1.25}})
+    run = make_run(run_dir, report=report)
+    record_invariants(run)
+    return run
+
+
+def test_verdicts_violated_invariants_first_errors_labelled_discarded_work(tmp_path: Path) -> None:
+    run = _verdict_run(tmp_path / "run")
+    recorded = {f["name"]: f for f in read_json(run / INVARIANTS_FILE)["invariants"]}
+    failed = [n for n, f in recorded.items() if not f["ok"]]
+    assert "token_accounting" in failed and recorded["faults_fired"]["ok"]
+    text = write_report(run).read_text()
+    dom = _Dom(text)
+    _check_page(dom, faults=6)
+    order = [i.removeprefix("invariant-") for c, i in dom.rows if c.startswith("invariant ")]
+    assert order[:len(failed)] == failed and set(order) == set(recorded)
+    row = text[text.index('id="invariant-token_accounting"'):]
+    row = row[:row.index("</tr>")]
+    assert "VIOLATED" in row and "<td>15360 tokens</td>" in row and "&lt;= 0.001 tokens" in row, row
+    assert "recorded in invariants.json" in text
+    summary = dom.by_id["verdict-summary"]
+    assert summary["class"] == "fail"
+    assert f"invariants: {len(failed)} of {len(recorded)} violated" in text
+    errors = [c for c, _ in dom.rows if c.startswith("error ")]
+    assert errors == ["error unexpected", "error expected"]
+    assert "UNEXPECTED</b>: syncer syncer_error at 7.25 s: ValueError: bad fragment 9" in text
+    assert "(cause: fault 2: kill_chip(learner 1, chip=1))" in text
+    table = text[text.index('<table id="discarded">'):]
+    table = table[:table.index("</table>")]
+    assert "<th>learner 0</th><td>1.250</td><td>21.500</td><td>5.8%</td>" in table
+    assert "<th>run</th><td>2.500</td><td>43.000</td><td>5.8%</td>" in table
+    # the page reads the recorded verdicts, it does not check again: an edited file shows
+    d = read_json(run / INVARIANTS_FILE)
+    d["invariants"] = [dict(f, ok=True) for f in d["invariants"]]
+    write_json(run / INVARIANTS_FILE, d)
+    assert f"invariants: all {len(recorded)} held" in write_report(run).read_text()
 
 
 def test_cli_report_prints_the_page_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -375,7 +435,7 @@ def _browse(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def page(tmp_path: Path) -> Path:
-    return write_report(make_run(tmp_path / "run"))
+    return write_report(_verdict_run(tmp_path / "run"))
 
 
 @needs_chromium
@@ -383,7 +443,10 @@ def test_chromium_dom_has_the_plots_table_and_faults(tmp_path: Path, page: Path)
     res = _browse(tmp_path, "--dump-dom", page.as_uri())
     assert res.returncode == 0, res.stderr[-2000:]
     assert 'id="eval-loss"' in res.stdout, res.stdout[:2000]
-    _check_page(_Dom(res.stdout), faults=6)
+    dom = _Dom(res.stdout)
+    _check_page(dom, faults=6)
+    first = next(c for c, _ in dom.rows if c.startswith("invariant "))
+    assert first == "invariant fail", "the browser shows a violated invariant first"
 
 
 def _pixels_near(img: Image.Image, rgb: tuple[int, int, int], tol: int = 12) -> int:

@@ -18,6 +18,7 @@ each on two cores.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import sys
@@ -381,3 +382,19 @@ def test_failure_section_puts_unexpected_errors_first_and_labels_the_expected_on
     assert at["UNEXPECTED errors (1)"] < at["expected errors (1"], lines
     assert "syncer syncer_error: KeyError: 'fragment'" in lines[at["UNEXPECTED errors (1)"] + 1]
     assert lines[at["expected errors (1"] + 1].endswith("[expected: fault 0: kill_chip(learner 1, chip=0)]")
+
+
+def test_failure_section_lists_the_invariants_the_run_recorded_as_violated(tmp_path: Path) -> None:
+    from harness.results import InvariantFigure
+    from harness.rundir import INVARIANTS_FILE, write_json
+
+    run = _fake_run(tmp_path, [], ended_at=time.time())
+    run.__dict__["report"] = {"errors": []}
+    assert not any("invariants" in ln for ln in run.summary().splitlines())  # none recorded: nothing said
+    figures = [InvariantFigure("faults_fired", True, 1, 1, ">=", "", "faults fired", ""),
+               InvariantFigure("pushes_received", False, 15, 0, "<=", "", "pushes never logged", "15 of 120")]
+    write_json(run.run_dir / INVARIANTS_FILE, {"schema_version": 1,
+                                               "invariants": [dataclasses.asdict(f) for f in figures]})
+    lines = run.summary().splitlines()
+    at = next(i for i, ln in enumerate(lines) if "invariants: 1 of 2 violated" in ln)
+    assert lines[at + 1].strip() == "pushes_received violated: pushes never logged 15 > bound 0 (15 of 120)", lines

@@ -1,14 +1,26 @@
-"""Replay and incident files: the same fault timeline again from a run directory; incidents validated like scenarios."""
+"""Replay and incident files: the same fault timeline again from a run directory, both runs' figures and verdicts
+side by side (exit 1 when a verdict differs); incidents validated like scenarios."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import tiny
 
-from harness.replay import compare_timelines, fault_timeline, load_incident, recorded_scenario
+from harness import cli
+from harness.replay import (
+    RunVerdicts,
+    compare_timelines,
+    fault_timeline,
+    load_incident,
+    recorded_scenario,
+    side_by_side,
+)
+from harness.results import InvariantFigure, recorded_invariants
 from harness.scenario import ScenarioError
 from harness.supervisor import run_scenario
 
@@ -25,7 +37,11 @@ def test_replay_reproduces_the_fault_timeline(runs_dir):
     out = subprocess.run([sys.executable, "-m", "harness.cli", "replay", str(first.run_dir), "--runs-dir",
                           str(runs_dir / "replays"), "--quiet"], capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr
+    assert "verdicts: the same in both runs" in out.stdout, out.stdout
     (replay_dir,) = (runs_dir / "replays").iterdir()
+    for name in ("faults_fired", "updates_accounted", "pushes_received"):
+        (row,) = [ln for ln in out.stdout.splitlines() if ln.startswith(f"invariant {name} ")]
+        assert row.split()[2] == "holds" and "differs" not in row, row
     a = sorted(fault_timeline(first.run_dir), key=lambda x: x["index"])
     b = sorted(fault_timeline(replay_dir), key=lambda x: x["index"])
     assert [(x["index"], x["describe"], x["trigger"]) for x in a] == \
@@ -56,3 +72,45 @@ def test_incident_file_adds_faults_and_names_bad_keys(tmp_path):
         load_incident(tmp_path / "x.toml", sc)
     with pytest.raises(ScenarioError, match="is not a run directory"):
         recorded_scenario(tmp_path)
+
+
+def test_replay_with_a_mutation_exits_1_naming_the_verdict_that_differs(runs_dir: Path) -> None:
+    """The replay runs with DILOCO_CHAOS_MUTATION=drop_pushes (the syncer silently drops ~10% of pushes,
+    trainers/mutations.py), which pushes_received catches: its verdict differs from the original's."""
+    first = run_scenario(tiny("decoupled", learners=2, chips=1, steps=60), runs_dir)
+    recorded = recorded_invariants(first.run_dir)
+    assert recorded is not None and all(f.ok for f in recorded), recorded
+    env = {**os.environ, "DILOCO_CHAOS_MUTATION": "drop_pushes"}
+    out = subprocess.run([sys.executable, "-m", "harness.cli", "replay", str(first.run_dir), "--runs-dir",
+                          str(runs_dir / "replays"), "--quiet"], capture_output=True, text=True, timeout=240,
+                         env=env)
+    assert out.returncode == 1, out.stdout + out.stderr
+    (row,) = [ln for ln in out.stdout.splitlines() if ln.startswith("invariant pushes_received ")]
+    assert row.split()[2:4] == ["holds", "0"] and "VIOLATED" in row and row.endswith("<- verdict differs"), row
+    assert "replay's verdict differs: invariant pushes_received: holds 0 (<= 0) in the original, VIOLATED" \
+        in out.stderr, out.stderr
+    for key in ("final eval loss", "goodput", "merges", "uptime", "unexpected errors"):
+        assert any(ln.startswith(key + " ") for ln in out.stdout.splitlines()), key
+    (replay_dir,) = (runs_dir / "replays").iterdir()
+    replayed = {f.name: f for f in recorded_invariants(replay_dir) or ()}
+    assert not replayed["pushes_received"].ok and replayed["pushes_received"].figure > 0
+    # two finished runs compared without running anything: the same exit codes
+    assert cli.main(["replay", str(first.run_dir), "--against", str(replay_dir)]) == 1
+    assert cli.main(["replay", str(first.run_dir), "--against", str(first.run_dir)]) == 0
+
+
+def _verdicts(unexpected: int, *figures: InvariantFigure) -> RunVerdicts:
+    return RunVerdicts("run", 2.0, 0.95, 60, 1.0, unexpected, figures)
+
+
+def test_side_by_side_lists_each_differing_verdict() -> None:
+    held = InvariantFigure("model_finite", True, 0, 0, "<=", "", "non-finite values", "")
+    broke = InvariantFigure("model_finite", False, 3, 0, "<=", "", "non-finite values", "3 NaN")
+    lines, diffs = side_by_side(_verdicts(0, held), _verdicts(0, held))
+    assert diffs == [] and lines[-1].split() == ["invariant", "model_finite", "holds", "0", "(<=", "0)", "holds",
+                                                 "0", "(<=", "0)"]
+    _, diffs = side_by_side(_verdicts(0, held), _verdicts(2, broke))
+    assert diffs == ["unexpected errors: 0 in the original, 2 in the replay",
+                     "invariant model_finite: holds 0 (<= 0) in the original, VIOLATED 3 (<= 0) in the replay"]
+    _, diffs = side_by_side(_verdicts(1, held), _verdicts(2))  # errors in both: no verdict differs on them
+    assert diffs == ["invariant model_finite: holds 0 (<= 0) in the original, not checked in the replay"]
