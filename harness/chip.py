@@ -8,6 +8,7 @@ syncer. Every collective inside the learner is bounded by `timeouts.gloo_s`
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import time
 from collections.abc import Callable
@@ -217,7 +218,14 @@ def chip_main(spec: ChipSpec) -> None:
         def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
             return task.train_batch(spec.learner, spec.rank, step)
 
+        nonfinite_logged = False
+
         def on_step(step: int, loss: float, tokens: int) -> None:
+            nonlocal nonfinite_logged
+            if not nonfinite_logged and not math.isfinite(loss):  # the learner trains on NaN from here: say so once
+                nonfinite_logged = True
+                events.log("learner_nonfinite", learner=spec.learner, step=step, loss=loss,
+                           error=f"training loss {loss} at step {step}: the learner's work is non-finite")
             extra = {"cpu_s": round(time.process_time(), 4)} if step % CPU_MARK_EVERY == 0 else {}
             events.log("step", learner=spec.learner, step=step, loss=round(loss, 5), tokens=tokens,
                        chips=core.collective.size, compute_s=round(core.last_compute_s, 5),
