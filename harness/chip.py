@@ -20,7 +20,7 @@ import torch.distributed as dist
 from harness import scenario as scenario_mod
 from harness.events import EVENTS_FILE, EventLog
 from harness.link_process import LinkProcess
-from harness.procutil import become_run_process, cpu_seconds
+from harness.procutil import become_run_process, cpu_seconds, print_error, stderr_to_file
 from harness.syncer_service import max_frame_bytes
 from harness.task_check import scenario_task
 from harness.wire_precision import wire_dtype_for
@@ -188,6 +188,7 @@ def chip_main(spec: ChipSpec) -> None:
     become_run_process(spec.parent_pid)
     sc = spec.scenario
     proc = f"learner{spec.learner}.chip{spec.rank}"
+    stderr_to_file(spec.run_dir, proc)
     events = EventLog(os.path.join(spec.run_dir, EVENTS_FILE), proc)
     events.log("chip_start", learner=spec.learner, rank=spec.rank, size=spec.size, generation=spec.generation)
     t = sc.timeouts
@@ -296,7 +297,8 @@ def chip_main(spec: ChipSpec) -> None:
     except Exception as e:
         failed = True
         events.log("chip_error", learner=spec.learner, rank=spec.rank, error=f"{type(e).__name__}: {e}")
-        raise
+        print_error(e)  # into logs/<proc>.stderr now; exit 1 without the interpreter printing it a second time
+        raise SystemExit(1) from e
     finally:
         if link is not None:
             link.close(flush_timeout_s=t.socket_op_s * 2, finished=not failed)

@@ -11,6 +11,7 @@ report.json and the HTML report give.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from typing import Any, TextIO
@@ -20,6 +21,7 @@ from harness.record.learner import Step
 from harness.record.run import FaultEnd, FaultStart, RunStart
 from harness.record.syncer import Eval, Merge
 from harness.run_timeline import fault_end_t
+from harness.rundir import stderr_file
 
 
 def fault_line(e: FaultStart | FaultEnd) -> str:
@@ -111,16 +113,22 @@ def verdict_lines(figures: list[Any]) -> str:
     return "\n".join([head, *lines])
 
 
-def error_lines(errors: list[dict[str, Any]], shown: int = 3) -> list[str]:
+def error_lines(errors: list[dict[str, Any]], shown: int = 3,
+                run_dir: str | os.PathLike[str] | None = None) -> list[str]:
     """The run's errors (report.json's `errors`): unexpected ones first and marked, then those an injected fault
     explains, each with its fault (entries written before errors were labelled count as unexpected). Empty
-    when the run logged none."""
+    when the run logged none. With `run_dir`, an unexpected error's process's stderr file (logs/<proc>.stderr,
+    with its traceback) is named under it; the expected ones' stay in the run directory, off the terminal."""
     unexpected = [e for e in errors if not e.get("expected")]
     expected = [e for e in errors if e.get("expected")]
     lines = []
     if unexpected:
         lines.append(f"UNEXPECTED errors ({len(unexpected)}):")
-        lines += [f"  {e.get('proc')} {e.get('ev')}: {e.get('error')}" for e in unexpected[:shown]]
+        for e in unexpected[:shown]:
+            lines.append(f"  {e.get('proc')} {e.get('ev')}: {e.get('error')}")
+            log = stderr_file(run_dir, str(e.get("proc"))) if run_dir is not None else None
+            if log is not None and log.is_file() and "Traceback" in log.read_text(errors="replace"):
+                lines.append(f"    its stderr: {log}")
     if expected:
         lines.append(f"expected errors ({len(expected)}, caused by injected faults):")
         lines += [f"  {e.get('proc')} {e.get('ev')}: {e.get('error')}  [expected: {e.get('cause')}]"
