@@ -65,10 +65,8 @@ class FaultRunner:
 
     def _follow_kills(self, events: list[dict[str, Any]], elapsed_s: float) -> None:
         """Feed the records to the reactions tracker; end each kill they show recovered."""
-        for raw in events:
-            rec, _ = parse_lenient(raw)
-            if rec is None:
-                continue
+        recs = [rec for rec in (parse_lenient(raw)[0] for raw in events) if rec is not None]
+        for rec in sorted(recs, key=lambda e: e.t):  # several processes append: file order is not time order
             for i in self.reactions.feed(rec):
                 if self.schedule.started_at[i] is None:  # already ended (run teardown)
                     continue

@@ -154,11 +154,24 @@ def fault_response(evs: Sequence[Event]) -> list[dict[str, Any]]:
     rejoin (that reaction -> the learner stepping again, the repaired chip joined, or the syncer restored).
     Each reaction is the fault's own (`concerns`: a syncer_down only for a fault on the syncer, a learner's
     reactions only for a fault on that learner), counted while the fault was on (`FaultReactions`): report.json,
-    the HTML report and the live output all read this definition, so they agree."""
+    the HTML report and the live output all read this definition, so they agree. A kill whose `fault_end`
+    recorded its recovery (the supervisor followed it live, its records in the order it read them) is measured
+    from that record: its reaction and `ended_t`, so that two records written at nearly the same time by two
+    processes cannot make report.json's figures and the fault's logged end disagree."""
+    ordered = sorted(evs, key=lambda e: e.t)
     tracker = FaultReactions()
-    for e in sorted(evs, key=lambda e: e.t):
+    for e in ordered:
         tracker.feed(e)
-    return [tracker.row(i) for i in sorted(tracker.tracked, key=lambda i: (tracker.tracked[i].fault.t, i))]
+    rows = []
+    for i in sorted(tracker.tracked, key=lambda i: (tracker.tracked[i].fault.t, i)):
+        row, f = tracker.row(i), tracker.tracked[i].fault
+        end = next((e for e in ordered if isinstance(e, FaultEnd) and e.index == i and e.ended_t is not None
+                    and e.reaction is not None), None)
+        react = end and next((e for e in ordered if e.ev == end.reaction and e.t >= f.t and concerns(f, e)), None)
+        if end is not None and end.ended_t is not None and react is not None:
+            row.update(detect_s=round(react.t - f.t, 3), reaction=react.ev, rejoin_s=round(end.ended_t - react.t, 3))
+        rows.append(row)
+    return rows
 
 
 # -- states from events ------------------------------------------------------------------------------------

@@ -105,3 +105,30 @@ def test_a_kills_end_on_screen_is_its_fault_end_at_its_recovery_time() -> None:
     lines = out.getvalue().splitlines()
     assert lines[0] == "[   4.2s] fault F0 fired: kill_chip(0); trigger: learner 0 reached step 5", lines
     assert lines[1] == "[   8.0s] fault F0 ended: kill_chip(0); until the repaired chip rejoined", lines
+
+
+def test_the_fault_runner_ends_a_kill_at_its_recovery_and_not_again_at_the_end_of_the_run(tmp_path) -> None:
+    """The supervisor's side: fed the records it tails, the runner logs the kill's fault_end once its learner
+    steps again after the restart (ended_t: that step's time), and the end of the run ends nothing more; a
+    kill never recovered ends "not recovered by run end"."""
+    from chaos.schedule import parse_fault
+    from harness.events import EventLog, read_events
+    from harness.fault_runner import FaultRunner
+
+    kills = tuple(parse_fault({"action": "kill_learner", "learner": m, "at": {"step": 5, "learner": 0}},
+                              f"faults[{m}]", learners=2) for m in range(2))
+    path = tmp_path / "events.jsonl"
+    runner = FaultRunner(kills, None, EventLog(path, "supervisor"))
+    for i in range(2):  # as if both had fired (their processes are not real here)
+        runner.schedule.started_at[i], runner.schedule.fired[i] = 1.0, 1
+    runner.tick(complete([
+        {"ev": "fault_start", "index": 0, "action": "kill_learner", "learner": 0, "t": 1.0},
+        {"ev": "fault_start", "index": 1, "action": "kill_learner", "learner": 1, "t": 1.0},
+        {"ev": "step", "learner": 0, "step": 6, "t": 2.5},  # file order is not time order: sorted first
+        {"ev": "learner_down", "learner": 0, "t": 1.2}, {"ev": "learner_restart", "learner": 0, "t": 2.0},
+        {"ev": "learner_down", "learner": 1, "t": 1.3}]), 3.0)
+    runner.stop_all(9.0)
+    ends = [e for e in read_events(path) if e["ev"] == "fault_end"]
+    assert [(e["index"], e["reason"], e.get("ended_t"), e.get("reaction")) for e in ends] == [
+        (0, "until the restarted learner stepped again", 2.5, "learner_down"),
+        (1, "not recovered by run end", None, None)], ends
