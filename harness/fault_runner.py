@@ -87,8 +87,8 @@ class FaultRunner:
     def _act(self, tr: Transition, elapsed_s: float, **end: Any) -> None:
         spec = self.schedule.faults[tr.index]
         reason = tr.reason
-        if not tr.start and not end and spec.action in KILL_ACTIONS:  # still not back at the end of the run
-            reason = "not recovered by run end"
+        if not tr.start and not end and spec.action in KILL_ACTIONS and reason == "end of run":
+            reason = "not recovered by run end"  # a kill still not back when the run ended
         fields = {"index": tr.index, "action": spec.action, "learner": spec.learner, "describe": spec.describe(),
                   "reason": reason, "elapsed_s": round(elapsed_s, 3), "progress": self.schedule.progress.as_dict(),
                   **end}
@@ -100,6 +100,10 @@ class FaultRunner:
             except ProcessLookupError as e:  # the learner (or syncer) is down already: the fault hit nothing
                 fields["missed"] = str(e)
             self.events.log("fault_start", **fields)
+            if "missed" in fields and spec.action in KILL_ACTIONS:  # nothing to recover from: over at once
+                self.schedule.started_at[tr.index] = None
+                self.schedule.cleared[tr.index] += 1
+                self._act(Transition(tr.index, False, "it hit nothing"), elapsed_s)
         else:
             handle = self.handles.pop(tr.index, None)
             if handle is not None:

@@ -85,7 +85,7 @@ class _Tracked:
 
     fault: FaultStart
     closed: bool = False
-    """A lasting fault ended (its fault_end) before any reaction: none will count any more."""
+    """A lasting fault ended (its fault_end) before any reaction, or the fault hit nothing: no reaction counts."""
     reaction: Event | None = None
     restarted: bool = False
     """learner_down: the learner was restarted; it is back at its next step."""
@@ -109,7 +109,7 @@ class FaultReactions:
     def feed(self, e: Event) -> list[int]:
         """Take one record; the indices of the kill faults it shows recovered (usually none)."""
         if isinstance(e, FaultStart):
-            self.tracked[e.index] = _Tracked(e)
+            self.tracked[e.index] = _Tracked(e, closed=e.missed is not None)  # one that hit nothing: no reaction
             return []
         if isinstance(e, LearnerBye):
             self._bye.setdefault(e.learner, e.t)

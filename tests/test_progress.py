@@ -132,3 +132,12 @@ def test_the_fault_runner_ends_a_kill_at_its_recovery_and_not_again_at_the_end_o
     assert [(e["index"], e["reason"], e.get("ended_t"), e.get("reaction")) for e in ends] == [
         (0, "until the restarted learner stepped again", 2.5, "learner_down"),
         (1, "not recovered by run end", None, None)], ends
+
+
+def test_a_fault_that_hit_nothing_has_no_reaction() -> None:
+    from harness.run_timeline import fault_response
+
+    recs = as_records([{"ev": "fault_start", "index": 0, "action": "kill_learner", "learner": 1, "t": 1.0,
+                        "missed": "learner 1 is down"},
+                       {"ev": "learner_leave", "learner": 1, "t": 1.5}, {"ev": "learner_join", "learner": 1, "t": 3.0}])
+    assert fault_response(recs)[0]["reaction"] is None
