@@ -8,6 +8,7 @@ syncer. Every collective inside the learner is bounded by `timeouts.gloo_s`
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import time
 from collections.abc import Callable
@@ -19,7 +20,7 @@ import torch.distributed as dist
 from harness import scenario as scenario_mod
 from harness.events import EVENTS_FILE, EventLog
 from harness.link_process import LinkProcess
-from harness.procutil import become_run_process, cpu_seconds
+from harness.procutil import become_run_process, cpu_seconds, print_error, stderr_to_file
 from harness.syncer_service import max_frame_bytes
 from harness.task_check import scenario_task
 from harness.wire_precision import wire_dtype_for
@@ -187,6 +188,7 @@ def chip_main(spec: ChipSpec) -> None:
     become_run_process(spec.parent_pid)
     sc = spec.scenario
     proc = f"learner{spec.learner}.chip{spec.rank}"
+    stderr_to_file(spec.run_dir, proc)
     events = EventLog(os.path.join(spec.run_dir, EVENTS_FILE), proc)
     events.log("chip_start", learner=spec.learner, rank=spec.rank, size=spec.size, generation=spec.generation)
     t = sc.timeouts
@@ -217,7 +219,14 @@ def chip_main(spec: ChipSpec) -> None:
         def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
             return task.train_batch(spec.learner, spec.rank, step)
 
+        nonfinite_logged = False
+
         def on_step(step: int, loss: float, tokens: int) -> None:
+            nonlocal nonfinite_logged
+            if not nonfinite_logged and not math.isfinite(loss):  # the learner trains on NaN from here: say so once
+                nonfinite_logged = True
+                events.log("learner_nonfinite", learner=spec.learner, step=step, loss=loss,
+                           error=f"training loss {loss} at step {step}: the learner's work is non-finite")
             extra = {"cpu_s": round(time.process_time(), 4)} if step % CPU_MARK_EVERY == 0 else {}
             events.log("step", learner=spec.learner, step=step, loss=round(loss, 5), tokens=tokens,
                        chips=core.collective.size, compute_s=round(core.last_compute_s, 5),
@@ -288,7 +297,8 @@ def chip_main(spec: ChipSpec) -> None:
     except Exception as e:
         failed = True
         events.log("chip_error", learner=spec.learner, rank=spec.rank, error=f"{type(e).__name__}: {e}")
-        raise
+        print_error(e)  # into logs/<proc>.stderr now; exit 1 without the interpreter printing it a second time
+        raise SystemExit(1) from e
     finally:
         if link is not None:
             link.close(flush_timeout_s=t.socket_op_s * 2, finished=not failed)

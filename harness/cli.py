@@ -150,7 +150,7 @@ def _faults_and_verdicts(run_dir: str | os.PathLike[str]) -> str:
     bands = fault_bands(RunLog.load(run_dir).records)
     errors = read_json(os.path.join(run_dir, REPORT_FILE)).get("errors", [])
     return "\n".join([faults_table(bands), verdict_lines(list(invariant_figures(run_dir))),
-                      *(error_lines(errors) or ["errors: none"])])
+                      *(error_lines(errors, run_dir=run_dir) or ["errors: none"])])
 
 
 def _execute(sc: scenario_mod.Scenario, args: argparse.Namespace, verb: str) -> RunResult | int:

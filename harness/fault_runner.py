@@ -7,6 +7,12 @@ and the runner applies them through each kind's module (chaos/faults/), logging
 (the trigger reached) and the progress at that moment. `stop_all` ends every
 active fault; the supervisor calls it on every way out of a run. Process faults go to
 chaos/processes.py by pid from the supervisor's registry.
+
+A kill (kill_chip, kill_learner, crash_host, kill_syncer) is one signal, but its effect lasts until what it
+killed is back; the runner follows the records it is given with harness.run_timeline.FaultReactions, the same
+definition report.json's fault_response uses, and logs the kill's `fault_end` when it recovers (with the time
+of the record that showed it, `ended_t`), or "not recovered by run end" at the end. So a fault's end has one
+source, its `fault_end`, for the live output, the final table, report.json and the HTML report.
 """
 
 from __future__ import annotations
@@ -19,8 +25,10 @@ from chaos import faults
 from chaos.faults.base import FaultHandle
 from chaos.links import LinkChaos
 from chaos.processes import ProcessChaos
-from chaos.schedule import FaultSchedule, FaultSpec, Transition
+from chaos.schedule import KILL_ACTIONS, FaultSchedule, FaultSpec, Transition
 from harness.events import EventLog
+from harness.record import parse_lenient
+from harness.run_timeline import RECOVERED, FaultReactions
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +43,7 @@ class FaultRunner:
         self.processes = processes
         self.events = events
         self.handles: dict[int, FaultHandle] = {}
+        self.reactions = FaultReactions()
 
     def never_fired(self) -> list[str]:
         """Faults whose trigger was never reached: a schedule that did not happen is a failed run."""
@@ -50,8 +59,23 @@ class FaultRunner:
 
     def tick(self, events: list[dict[str, Any]], elapsed_s: float) -> None:
         self.schedule.progress.observe(events, elapsed_s)
+        self._follow_kills(events, elapsed_s)
         for tr in self.schedule.decide(elapsed_s):
             self._act(tr, elapsed_s)
+
+    def _follow_kills(self, events: list[dict[str, Any]], elapsed_s: float) -> None:
+        """Feed the records to the reactions tracker; end each kill they show recovered."""
+        recs = [rec for rec in (parse_lenient(raw)[0] for raw in events) if rec is not None]
+        for rec in sorted(recs, key=lambda e: e.t):  # several processes append: file order is not time order
+            for i in self.reactions.feed(rec):
+                if self.schedule.started_at[i] is None:  # already ended (run teardown)
+                    continue
+                self.schedule.started_at[i] = None
+                self.schedule.cleared[i] += 1
+                k = self.reactions.tracked[i]
+                assert k.reaction is not None and k.back is not None
+                self._act(Transition(i, False, RECOVERED.get(k.reaction.ev, "recovered")), elapsed_s,
+                          ended_t=k.back.t, reaction=k.reaction.ev)
 
     def stop_all(self, elapsed_s: float) -> None:
         for tr in self.schedule.end_all():
@@ -60,10 +84,14 @@ class FaultRunner:
             except Exception as e:  # noqa: BLE001 - teardown goes on; the error is logged
                 log.warning("could not end fault %d: %s", tr.index, e)
 
-    def _act(self, tr: Transition, elapsed_s: float) -> None:
+    def _act(self, tr: Transition, elapsed_s: float, **end: Any) -> None:
         spec = self.schedule.faults[tr.index]
+        reason = tr.reason
+        if not tr.start and not end and spec.action in KILL_ACTIONS and reason == "end of run":
+            reason = "not recovered by run end"  # a kill still not back when the run ended
         fields = {"index": tr.index, "action": spec.action, "learner": spec.learner, "describe": spec.describe(),
-                  "reason": tr.reason, "elapsed_s": round(elapsed_s, 3), "progress": self.schedule.progress.as_dict()}
+                  "reason": reason, "elapsed_s": round(elapsed_s, 3), "progress": self.schedule.progress.as_dict(),
+                  **end}
         if tr.start:
             kind = faults.get(spec.action)
             fields["applied_from_t"] = time.monotonic()  # its effect may show before it is logged (an agent's reply)
@@ -72,6 +100,10 @@ class FaultRunner:
             except ProcessLookupError as e:  # the learner (or syncer) is down already: the fault hit nothing
                 fields["missed"] = str(e)
             self.events.log("fault_start", **fields)
+            if "missed" in fields and spec.action in KILL_ACTIONS:  # nothing to recover from: over at once
+                self.schedule.started_at[tr.index] = None
+                self.schedule.cleared[tr.index] += 1
+                self._act(Transition(tr.index, False, "it hit nothing"), elapsed_s)
         else:
             handle = self.handles.pop(tr.index, None)
             if handle is not None:

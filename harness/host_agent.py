@@ -250,9 +250,11 @@ def agent_main(spec: AgentSpec, report: Any = None) -> None:
 
         enter_netns(spec.netns)
     if spec.parent_pid is not None:
-        from harness.procutil import become_run_process
+        from harness.procutil import become_run_process, stderr_to_file
 
         become_run_process(spec.parent_pid)
+        stderr_to_file(os.path.dirname(spec.spec_path),  # learner<m>.agent, beside its torchrun's log
+                       os.path.basename(spec.spec_path).replace(".torchrun.spec", ".agent"))
 
     def on_term(signum: int, frame: Any) -> None:
         _kill_workers(spec.spec_path)

@@ -19,12 +19,12 @@ What it shows:
 * the metrics table: the run, model quality, progress, goodput and uptime with the downtime intervals, per
   learner steps, steps/s and time in each state, speed profiles and every fault with its timing.
 
-Fault bands: a fault that lasts (freeze, slow, the link actions) spans its `fault_start` to its `fault_end`.
-A one-shot kill (kill_chip, kill_learner, crash_host, kill_syncer) has a `fault_end` only at the end of the
-run, so its band ends at the recovery instead, as harness.metrics.fault_response measures it (report.json's
-fault_response): fault start + detect_s + rejoin_s, i.e. the killed learner stepping again after its
-restart, the repaired chip rejoining its shrunk learner, or the syncer restored from its checkpoint. A kill
-never recovered from spans to the end of the run.
+Fault bands (harness.run_timeline.fault_bands): each fault spans its `fault_start` to its `fault_end`. A
+lasting fault (freeze, slow, the link actions) ends when its `until` clears it; a one-shot kill (kill_chip,
+kill_learner, crash_host, kill_syncer) when what it killed recovered (the supervisor logs its fault_end then,
+with the time of the record that showed it: the killed learner stepping again after its restart, the repaired
+chip rejoining its shrunk learner, the syncer restored from its checkpoint), or at the end of the run if it
+never did. The live output, the CLI's table and report.json's faults read the same events.
 
 Times everywhere are seconds since the run's `run_start` event (the origin of report.json's times too).
 """

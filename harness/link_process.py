@@ -67,7 +67,7 @@ from harness.codec import (
 from harness.events import EventLog
 from harness.link import LinkFatal, SyncerLink
 from harness.link_shards import ShardedLink
-from harness.procutil import cpu_seconds, die_with_parent, reset_compute_pool
+from harness.procutil import cpu_seconds, die_with_parent, reset_compute_pool, stderr_to_file
 from harness.scenario import Timeouts
 from harness.shared_state import Doorbell, SharedInbox, SharedSnapshot
 from harness.wire import (
@@ -346,6 +346,7 @@ def _serve(sock: socket.socket, training_end: socket.socket, parent_pid: int, sh
            wire_dtype: str) -> None:
     """The link process: wait for the host's HELLO, connect, then relay until BYE or the host's end."""
     die_with_parent(parent_pid)
+    stderr_to_file(os.path.dirname(events_path), f"learner{learner}.link")
     reset_compute_pool()  # before any thread of ours runs a tensor op
     training_end.close()  # or the training process's end would never see EOF when we exit, nor we when it does
     events = EventLog(events_path, f"learner{learner}.link")

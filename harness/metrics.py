@@ -25,16 +25,14 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from chaos.schedule import KILL_ACTIONS
 from harness.record import Event
 from harness.record.learner import Apply, ChipStart, InitialPull, LearnerDone, Resume, Step
-from harness.record.run import FaultEnd, FaultStart, LearnerRestart, ProcessFault, ProcessFaultOff, SyncerDown
+from harness.record.run import LearnerRestart, ProcessFault, ProcessFaultOff, SyncerDown
 from harness.record.syncer import LearnerBye, LearnerJoin, LearnerLeave, Merge, SyncerStart, shard_of
 
 DOWNTIME_WINDOW_S = 1.0
@@ -405,43 +403,3 @@ def learner_availability(evs: Sequence[Event], learners: int, start: float, end:
         up[m] += end - t0
     span = end - start
     return {str(m): round(up[m] / span, 4) if span > 0 else None for m in range(learners)}
-
-
-REACTIONS = ("learner_down", "learner_shrink", "learner_leave", "syncer_down")
-BACK = {"learner_down": "learner_restart", "learner_shrink": "chip_joined", "syncer_down": "syncer_restore"}
-
-
-def fault_response(evs: Sequence[Event]) -> list[dict[str, Any]]:
-    """Per fault that hit a process or link: time to detect (fault start -> the first reaction to it: the
-    supervisor's learner_down / learner_shrink / syncer_down, or the syncer dropping the learner), and time to
-    rejoin (that reaction -> the learner stepping again, the repaired chip joined, or the syncer restored).
-    Only reactions while the fault was on count, and never a learner leaving after it finished its steps:
-    report.json and the HTML report both read this, so they agree."""
-    out = []
-    ordered = sorted(evs, key=lambda e: e.t)
-    ends = {e.index: e.t for e in ordered if isinstance(e, FaultEnd)}
-    first_bye: dict[Any, float] = {}
-    for e in ordered:
-        if isinstance(e, LearnerBye):
-            first_bye.setdefault(e.learner, e.t)
-    for f in (e for e in ordered if isinstance(e, FaultStart)):
-        who = f.learner
-        # A reaction is to this fault only while it is on (a kill is on until its recovery, whenever that is),
-        # and a learner leaving after its own BYE finished its steps: it was not dropped.
-        until = math.inf if f.action in KILL_ACTIONS else ends.get(f.index, math.inf)
-        react = next((e for e in ordered if f.t <= e.t <= until and e.ev in REACTIONS
-                      and (_learner(e) == who or e.ev == "syncer_down")
-                      and not (e.ev == "learner_leave" and e.t >= first_bye.get(who, math.inf))), None)
-        row: dict[str, Any] = {"index": f.index, "action": f.action, "learner": who,
-                               "detect_s": round(react.t - f.t, 3) if react else None,
-                               "reaction": react.ev if react else None, "rejoin_s": None}
-        if react is not None:
-            back_ev = BACK.get(react.ev)
-            back = next((e for e in ordered if e.t > react.t and (
-                (back_ev is not None and e.ev == back_ev and _learner(e, who) == who)
-                or (react.ev == "learner_leave" and isinstance(e, LearnerJoin) and e.learner == who))), None)
-            if back is not None and react.ev == "learner_down":  # back = stepping again after the restart
-                back = next((e for e in ordered if e.t > back.t and isinstance(e, Step) and e.learner == who), None)
-            row["rejoin_s"] = round(back.t - react.t, 3) if back else None
-        out.append(row)
-    return out

@@ -133,6 +133,34 @@ def become_run_process(supervisor_pid: int | None = None) -> None:
     sys.setswitchinterval(GIL_SWITCH_S)
 
 
+def stderr_to_file(run_dir: str | os.PathLike[str], proc: str) -> None:
+    """Send this process's stderr (fd 2: Python's tracebacks and warnings and what Gloo and torch's C++ code
+    print) to the run directory's logs/<proc>.stderr, appended (a restarted process's generations follow each
+    other, each under a line naming its pid). The terminal is the harness's: an error a child hits, expected
+    or not, is reported there by the run's error list, which gives this file's path for an unexpected one."""
+    from harness.rundir import stderr_file
+
+    path = stderr_file(run_dir, proc)
+    path.parent.mkdir(exist_ok=True)
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(fd, 2)
+    finally:
+        os.close(fd)
+    sys.stderr.write(f"--- {proc} pid {os.getpid()} started\n")
+    sys.stderr.flush()
+
+
+def print_error(e: BaseException) -> None:
+    """Write `e`'s traceback to stderr (the process's log file) at once: the supervisor may stop a failing
+    process, its learner down, before the interpreter would print it on the way out."""
+    import traceback
+
+    traceback.print_exception(e, file=sys.stderr)
+    sys.stderr.flush()
+
+
 def signal_tree(pid: int, sig: int) -> None:
     """Signal a local process and every descendant (gone ones skipped)."""
     import psutil

@@ -3,23 +3,25 @@
 Fed with the events the supervisor tails from the run's log; it keeps a tiny state and writes at most one
 status line per `every_s` to its stream. A fault's start and end are written at once, on a line of their
 own, with what it did, to whom and what triggered it, so that a person sees the fault beside its effect.
+Times are seconds since the run's `run_start`, and a fault's lines carry the times of its `fault_start` and
+`fault_end` (a kill's end is its recovery, `ended_t`: harness/fault_runner.py), the same the final table,
+report.json and the HTML report give.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any, TextIO
 
-from chaos.schedule import KILL_ACTIONS
-from harness.metrics import BACK, REACTIONS
-from harness.record import Event, parse_lenient
+from harness.record import parse_lenient
 from harness.record.learner import Step
-from harness.record.run import FaultEnd, FaultStart
-from harness.record.syncer import Eval, LearnerJoin, Merge
-from harness.run_timeline import RECOVERED
+from harness.record.run import FaultEnd, FaultStart, RunStart
+from harness.record.syncer import Eval, Merge
+from harness.run_timeline import fault_end_t
+from harness.rundir import stderr_file
 
 
 def fault_line(e: FaultStart | FaultEnd) -> str:
@@ -29,57 +31,6 @@ def fault_line(e: FaultStart | FaultEnd) -> str:
         missed = f" (hit nothing: {e.missed})" if e.missed else ""
         return f"fault F{e.index} fired: {what}; trigger: {e.reason}{missed}"
     return f"fault F{e.index} ended: {what}; {e.reason}"
-
-
-@dataclass
-class _Kill:
-    """A kill fault on screen, waiting for its recovery."""
-
-    fault: FaultStart
-    reaction: str | None = None
-    """The first reaction to it (a REACTIONS kind), once seen."""
-    back: bool = False
-    """Its BACK event was seen (a restarted learner still has to step)."""
-
-
-def _learner(e: Event, default: Any = None) -> Any:
-    return getattr(e, "learner", default)
-
-
-class KillRecovery:
-    """Follows each kill fault from its firing to its recovery as records arrive, with the reactions and
-    recoveries that harness.metrics.fault_response counts, so the live output says when a kill ended."""
-
-    def __init__(self) -> None:
-        self._open: dict[int, _Kill] = {}
-
-    def feed(self, e: Event) -> list[str]:
-        """The 'ended' lines this record completes (usually none)."""
-        if isinstance(e, FaultStart) and e.action in KILL_ACTIONS and not e.missed:
-            self._open[e.index] = _Kill(e)
-            return []
-        done = []
-        for i, k in list(self._open.items()):
-            who = k.fault.learner
-            if k.reaction is None:
-                if e.ev in REACTIONS and (_learner(e) == who or e.ev == "syncer_down"):
-                    k.reaction = e.ev
-                continue
-            back_ev = BACK.get(k.reaction)
-            if not k.back and e.ev == back_ev and _learner(e, who) == who:
-                k.back = True
-                if k.reaction != "learner_down":  # a restarted learner is back once it steps again
-                    done.append(i)
-            elif k.reaction == "learner_leave" and isinstance(e, LearnerJoin) and e.learner == who:
-                done.append(i)
-            elif k.back and isinstance(e, Step) and e.learner == who:
-                done.append(i)
-        lines = []
-        for i in done:
-            k = self._open.pop(i)
-            lines.append(f"fault F{i} ended: {k.fault.describe or k.fault.action}; "
-                         f"{RECOVERED.get(str(k.reaction), 'recovered')}")
-        return lines
 
 
 class Progress:
@@ -94,25 +45,26 @@ class Progress:
         self.stream = stream or sys.stderr
         self.every_s = every_s
         self._t0 = time.monotonic()
-        self._last = -math.inf  # the first status line at once, whatever the monotonic clock reads
-        self._kills = KillRecovery()
+        """The origin of the times shown: the run's run_start once seen (CLOCK_MONOTONIC, as events' `t`)."""
+        self._last = -math.inf  # the first call writes a status line
 
     def __call__(self, events: list[dict[str, Any]]) -> None:
-        now = time.monotonic()
         for raw in events:
             e, _ = parse_lenient(raw)
             if e is None:
                 continue
-            if isinstance(e, Step):
+            if isinstance(e, RunStart):
+                self._t0 = e.t
+            elif isinstance(e, Step):
                 self.steps[e.learner] = e.step
             elif isinstance(e, Merge):
                 self.merges = e.merges
             elif isinstance(e, Eval):
                 self.loss = e.loss
             elif isinstance(e, FaultStart | FaultEnd):
-                self.stream.write(f"[{now - self._t0:6.1f}s] {fault_line(e)}\n")
-            for line in self._kills.feed(e):
-                self.stream.write(f"[{now - self._t0:6.1f}s] {line}\n")
+                at = e.t if isinstance(e, FaultStart) else fault_end_t(e)
+                self.stream.write(f"[{round(at - self._t0, 3):6.1f}s] {fault_line(e)}\n")
+        now = time.monotonic()
         if now - self._last >= self.every_s:
             self._last = now
             steps = " ".join(f"L{i}:{s:>4}" for i, s in enumerate(self.steps))
@@ -161,16 +113,22 @@ def verdict_lines(figures: list[Any]) -> str:
     return "\n".join([head, *lines])
 
 
-def error_lines(errors: list[dict[str, Any]], shown: int = 3) -> list[str]:
+def error_lines(errors: list[dict[str, Any]], shown: int = 3,
+                run_dir: str | os.PathLike[str] | None = None) -> list[str]:
     """The run's errors (report.json's `errors`): unexpected ones first and marked, then those an injected fault
     explains, each with its fault (entries written before errors were labelled count as unexpected). Empty
-    when the run logged none."""
+    when the run logged none. With `run_dir`, an unexpected error's process's stderr file (logs/<proc>.stderr,
+    with its traceback) is named under it; the expected ones' stay in the run directory, off the terminal."""
     unexpected = [e for e in errors if not e.get("expected")]
     expected = [e for e in errors if e.get("expected")]
     lines = []
     if unexpected:
         lines.append(f"UNEXPECTED errors ({len(unexpected)}):")
-        lines += [f"  {e.get('proc')} {e.get('ev')}: {e.get('error')}" for e in unexpected[:shown]]
+        for e in unexpected[:shown]:
+            lines.append(f"  {e.get('proc')} {e.get('ev')}: {e.get('error')}")
+            log = stderr_file(run_dir, str(e.get("proc"))) if run_dir is not None else None
+            if log is not None and log.is_file() and "Traceback" in log.read_text(errors="replace"):
+                lines.append(f"    its stderr: {log}")
     if expected:
         lines.append(f"expected errors ({len(expected)}, caused by injected faults):")
         lines += [f"  {e.get('proc')} {e.get('ev')}: {e.get('error')}  [expected: {e.get('cause')}]"

@@ -25,12 +25,13 @@ from typing import Any
 import torch
 
 from harness.events import EventLog
-from harness.metrics import achieved_speeds, downtime, fault_response, goodput, learner_availability, merge_stats
+from harness.metrics import achieved_speeds, downtime, goodput, learner_availability, merge_stats
 from harness.record import Event, RunLog
 from harness.record.learner import ChipStart, FrameRejected, GlooGroup, LinkDown, LinkUp, Rtt, Step
 from harness.record.run import FaultEnd, FaultStart, LinksReady, RunEnd, RunStart, SyncerRestart
 from harness.record.syncer import Eval, LinkStats, Merge, Push, PushRejected, PushSuperseded
 from harness.run_errors import classify_errors, settle_window_s
+from harness.run_timeline import fault_bands, fault_response, records, run_span
 from harness.rundir import CHECKPOINT_FILE, CONFIG_FILE, read_json
 from harness.scenario import Scenario, from_dict
 from harness.shard_metrics import shard_figures
@@ -207,12 +208,19 @@ def link_figures(evs: Sequence[Event]) -> dict[int, dict[str, Any]]:
 
 
 def fault_timeline(evs: Sequence[Event], start: float) -> list[dict[str, Any]]:
-    """Each scheduled fault: what, when it started and ended (seconds since run start), and why."""
+    """Each scheduled fault: what, when it started and ended (seconds since run start), and why: the spans of
+    harness.run_timeline.fault_bands (a kill ends at its recovery), so report.json, the HTML report and the
+    CLI's table give every fault the same start and end."""
+    bands = {b["index"]: b for b in fault_bands(evs)}
+    shift = run_span(records(evs))[0] - start if evs else 0.0  # 0 in a run: both count from its run_start
     out: dict[int, dict[str, Any]] = {}
     for e in evs:
         if isinstance(e, FaultStart):
-            out[e.index] = {"index": e.index, "describe": e.describe, "start_s": round(e.t - start, 3),
-                            "start_reason": e.reason, "start_progress": e.progress, "end_s": None}
+            b = bands[e.index]
+            out[e.index] = {"index": e.index, "describe": e.describe, "start_s": round(b["start_s"] + shift, 3),
+                            "start_reason": e.reason, "start_progress": e.progress,
+                            "end_s": round(b["end_s"] + shift, 3),
+                            "end_reason": b["until"], "end_progress": None}
         elif isinstance(e, FaultEnd) and e.index in out:
-            out[e.index].update(end_s=round(e.t - start, 3), end_reason=e.reason, end_progress=e.progress)
+            out[e.index]["end_progress"] = e.progress
     return [out[i] for i in sorted(out)]

@@ -6,6 +6,10 @@ beside a real defect hides the defect. An error is expected when a fault that ta
 learner: a syncer crash, a host crash) was in effect when it was logged, or had started no longer than the
 settle window before: the failure detection bounds of the timeout hierarchy (Gloo timeout + liveness), the
 longest a consequence of a fault may take to surface. Everything else is unexpected and fails loudly.
+
+A learner whose training went non-finite (`learner_nonfinite`: NaN loss) is an error too, and never expected: no
+injected fault makes a learner compute NaN (a corrupted frame fails the wire's CRC), so it is a defect of the
+task, the model or the optimizer, even though the syncer protected the global model by rejecting its pushes.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.record import Event
-from harness.record.learner import ChipError, LinkFatal
+from harness.record.learner import ChipError, LearnerNonfinite, LinkFatal
 from harness.record.run import FaultEnd, FaultStart
 from harness.record.syncer import SyncerError
 
@@ -24,10 +28,10 @@ if TYPE_CHECKING:
     from harness.events import EventLog
     from harness.scenario import Scenario
 
-ERROR_EVENTS = ("chip_error", "syncer_error", "link_fatal")
+ERROR_EVENTS = ("chip_error", "syncer_error", "link_fatal", "learner_nonfinite")
 """Event kinds that report an error of a run process."""
 
-ErrorEvent = ChipError | SyncerError | LinkFatal
+ErrorEvent = ChipError | SyncerError | LinkFatal | LearnerNonfinite
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,8 @@ def _window(start: FaultStart, end: FaultEnd | None, settle_s: float) -> tuple[f
 
 
 def _explains(fault: FaultStart, e: ErrorEvent) -> bool:
+    if isinstance(e, LearnerNonfinite):  # no fault makes a learner compute NaN
+        return False
     if isinstance(e, SyncerError):
         return fault.action == "kill_syncer"
     return fault.learner is None or fault.learner == e.learner
@@ -74,7 +80,7 @@ def classify_errors(evs: Iterable[Event], start: float, settle_s: float) -> list
     evs = list(evs)
     starts = [e for e in evs if isinstance(e, FaultStart) and not e.missed]
     ends = {e.index: e for e in evs if isinstance(e, FaultEnd)}
-    errors: list[ErrorEvent] = [e for e in evs if isinstance(e, ChipError | SyncerError | LinkFatal)]
+    errors: list[ErrorEvent] = [e for e in evs if isinstance(e, ChipError | SyncerError | LinkFatal | LearnerNonfinite)]
     out = []
     for e in sorted(errors, key=lambda e: e.t):
         cause = None

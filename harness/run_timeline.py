@@ -11,13 +11,13 @@ accepted and parsed on the way in (leniently, as RunLog.load parses a file), for
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from chaos.schedule import KILL_ACTIONS
-from harness.metrics import fault_response
 from harness.record import Event, RunLog
 from harness.record.learner import ChipJoined, LearnerDone, LinkDown, LinkUp, Step
 from harness.record.run import (
@@ -33,7 +33,7 @@ from harness.record.run import (
     RunStart,
     SyncerDown,
 )
-from harness.record.syncer import SyncerDone, SyncerStart
+from harness.record.syncer import LearnerBye, LearnerJoin, SyncerDone, SyncerStart
 
 Events = Iterable[Event | Mapping[str, Any]]
 """What the timeline functions take: records, or decoded events (parsed on the way in)."""
@@ -59,7 +59,119 @@ STATE_COLORS: dict[str, str] = {
 RECOVERED = {"learner_down": "until the restarted learner stepped again",
               "learner_shrink": "until the repaired chip rejoined", "syncer_down": "until the syncer was restored",
               "learner_leave": "until the learner rejoined the syncer"}
-"""How a kill's band ends, by the first reaction to it (harness.metrics.fault_response)."""
+"""How a kill's band ends, by the first reaction to it (`fault_response`)."""
+
+
+# -- faults: the reactions to each, and its end ------------------------------------------------------------
+
+REACTIONS = ("learner_down", "learner_shrink", "learner_leave", "syncer_down")
+BACK = {"learner_down": "learner_restart", "learner_shrink": "chip_joined", "syncer_down": "syncer_restore"}
+
+
+def concerns(f: FaultStart, e: Event) -> bool:
+    """Whether reaction `e` concerns fault `f`'s target: a `syncer_down` belongs to a fault on the syncer
+    (kill_syncer) and to nothing else; every other reaction names a learner and belongs to a fault on that
+    learner (its processes, its host or its link). A syncer crash that happens while a link is degraded is not
+    a reaction to the link fault."""
+    on_syncer = f.action == "kill_syncer" or f.learner is None
+    if e.ev == "syncer_down":
+        return on_syncer
+    return not on_syncer and _learner(e) == f.learner
+
+
+@dataclass
+class _Tracked:
+    """One fault being followed: its first reaction, then the record that says it is back."""
+
+    fault: FaultStart
+    closed: bool = False
+    """A lasting fault ended (its fault_end) before any reaction, or the fault hit nothing: no reaction counts."""
+    reaction: Event | None = None
+    restarted: bool = False
+    """learner_down: the learner was restarted; it is back at its next step."""
+    back: Event | None = None
+
+
+class FaultReactions:
+    """Follows each fault from its start to its first reaction and recovery, record by record (time order).
+
+    One definition for the live run and the finished one: the supervisor's fault runner feeds it the records it
+    tails and logs a kill's `fault_end` when `feed` says the kill recovered; `fault_response` feeds it a whole
+    log. A reaction counts for a fault only if it concerns the fault's target (`concerns`), happened at or after
+    its start, while it was on (a kill is on until its recovery), and is not a learner leaving after its own
+    BYE (it finished its steps: it was not dropped). Back: a restarted learner's first step, the repaired
+    chip's chip_joined, the syncer's syncer_restore, a dropped learner's learner_join."""
+
+    def __init__(self) -> None:
+        self.tracked: dict[int, _Tracked] = {}
+        self._bye: dict[Any, float] = {}
+
+    def feed(self, e: Event) -> list[int]:
+        """Take one record; the indices of the kill faults it shows recovered (usually none)."""
+        if isinstance(e, FaultStart):
+            self.tracked[e.index] = _Tracked(e, closed=e.missed is not None)  # one that hit nothing: no reaction
+            return []
+        if isinstance(e, LearnerBye):
+            self._bye.setdefault(e.learner, e.t)
+        if isinstance(e, FaultEnd) and e.index in self.tracked and e.action not in KILL_ACTIONS:
+            self.tracked[e.index].closed = True
+        recovered = []
+        for i, k in self.tracked.items():
+            if k.back is not None:
+                continue
+            who = k.fault.learner
+            if k.reaction is None:
+                if (not k.closed and e.ev in REACTIONS and e.t >= k.fault.t and concerns(k.fault, e)
+                        and not (e.ev == "learner_leave" and e.t >= self._bye.get(who, math.inf))):
+                    k.reaction = e
+                continue
+            react = k.reaction.ev
+            if react == "learner_down":
+                if not k.restarted:
+                    k.restarted = isinstance(e, LearnerRestart) and e.learner == who
+                elif isinstance(e, Step) and e.learner == who:
+                    k.back = e
+            elif (react == "learner_leave" and isinstance(e, LearnerJoin) and e.learner == who) or (
+                    e.ev == BACK.get(react) and _learner(e, who) == who):
+                k.back = e
+            if k.back is not None and k.fault.action in KILL_ACTIONS:
+                recovered.append(i)
+        return recovered
+
+    def row(self, index: int) -> dict[str, Any]:
+        """The fault_response row of fault `index`."""
+        k = self.tracked[index]
+        f, react, back = k.fault, k.reaction, k.back
+        return {"index": f.index, "action": f.action, "learner": f.learner,
+                "detect_s": round(react.t - f.t, 3) if react else None,
+                "reaction": react.ev if react else None,
+                "rejoin_s": round(back.t - react.t, 3) if back is not None and react is not None else None}
+
+
+def fault_response(evs: Sequence[Event]) -> list[dict[str, Any]]:
+    """Per fault that hit a process or link: time to detect (fault start -> the first reaction to it: the
+    supervisor's learner_down / learner_shrink / syncer_down, or the syncer dropping the learner), and time to
+    rejoin (that reaction -> the learner stepping again, the repaired chip joined, or the syncer restored).
+    Each reaction is the fault's own (`concerns`: a syncer_down only for a fault on the syncer, a learner's
+    reactions only for a fault on that learner), counted while the fault was on (`FaultReactions`): report.json,
+    the HTML report and the live output all read this definition, so they agree. A kill whose `fault_end`
+    recorded its recovery (the supervisor followed it live, its records in the order it read them) is measured
+    from that record: its reaction and `ended_t`, so that two records written at nearly the same time by two
+    processes cannot make report.json's figures and the fault's logged end disagree."""
+    ordered = sorted(evs, key=lambda e: e.t)
+    tracker = FaultReactions()
+    for e in ordered:
+        tracker.feed(e)
+    rows = []
+    for i in sorted(tracker.tracked, key=lambda i: (tracker.tracked[i].fault.t, i)):
+        row, f = tracker.row(i), tracker.tracked[i].fault
+        end = next((e for e in ordered if isinstance(e, FaultEnd) and e.index == i and e.ended_t is not None
+                    and e.reaction is not None), None)
+        react = end and next((e for e in ordered if e.ev == end.reaction and e.t >= f.t and concerns(f, e)), None)
+        if end is not None and end.ended_t is not None and react is not None:
+            row.update(detect_s=round(react.t - f.t, 3), reaction=react.ev, rejoin_s=round(end.ended_t - react.t, 3))
+        rows.append(row)
+    return rows
 
 
 # -- states from events ------------------------------------------------------------------------------------
@@ -125,8 +237,8 @@ def run_span(evs: list[Event]) -> tuple[float, float]:
     return t0, max(t0, t1)
 
 
-def _learner(e: Event) -> Any:
-    return getattr(e, "learner", None)
+def _learner(e: Event, default: Any = None) -> Any:
+    return getattr(e, "learner", default)
 
 
 def _learner_ids(evs: list[Event]) -> list[int]:
@@ -215,9 +327,20 @@ def state_durations(segments: list[Segment]) -> dict[str, float]:
     return dict(out)
 
 
+def fault_end_t(e: FaultEnd) -> float:
+    """When a fault's effect ended, by its fault_end: a kill's recovery (`ended_t`), else the event's `t`."""
+    return e.ended_t if e.ended_t is not None else e.t
+
+
 def fault_bands(events: Events) -> list[dict[str, Any]]:
-    """Each fault that fired, as a band: index, action, learner, describe, start_s, end_s, until (why it ends
-    there), missed (the fault hit nothing), detect_s and rejoin_s (kills). Kills end at their recovery."""
+    """Each fault that fired, as a band: index, action, learner, describe, trigger, start_s, end_s, until (why it
+    ends there), missed (the fault hit nothing), reaction, detect_s and rejoin_s (`fault_response`).
+
+    One definition of a fault's span, read from the event log: from its `fault_start` to its `fault_end`
+    (`fault_end_t`: a kill's fault_end is written at its recovery). A run that ended without a fault_end
+    (it died) ends the band at the end of the run; a kill in a run written before kills ended at their
+    recovery (its fault_end says "end of run", without `ended_t`) ends at the recovery `fault_response`
+    measures."""
     evs = records(events)
     if not evs:
         return []
@@ -229,16 +352,18 @@ def fault_bands(events: Events) -> list[dict[str, Any]]:
         i = f.index
         resp = responses.get(i, {})
         band = {"index": i, "action": f.action, "learner": f.learner, "describe": f.describe,
-                "trigger": f.reason, "start_s": round(_rel(f.t, t0, t_end), 3),
-                "missed": f.missed, "detect_s": resp.get("detect_s"), "rejoin_s": resp.get("rejoin_s")}
-        if f.action in KILL_ACTIONS:
+                "trigger": f.reason, "start_s": round(_rel(f.t, t0, t_end), 3), "missed": f.missed,
+                "reaction": resp.get("reaction"), "detect_s": resp.get("detect_s"), "rejoin_s": resp.get("rejoin_s")}
+        fe = ends.get(i)
+        if fe is not None and not (f.action in KILL_ACTIONS and fe.ended_t is None and fe.reason == "end of run"):
+            end, band["until"] = fault_end_t(fe), fe.reason
+        elif f.action in KILL_ACTIONS:  # an older run: a kill's fault_end came only at the end of the run
             back = resp.get("detect_s") is not None and resp.get("rejoin_s") is not None
             end = f.t + resp["detect_s"] + resp["rejoin_s"] if back else t_end
             band["until"] = (RECOVERED.get(str(resp.get("reaction")), "recovered") if back
                              else "not recovered by run end")
         else:
-            end = ends[i].t if i in ends else t_end
-            band["until"] = ends[i].reason if i in ends else "still on at run end"
+            end, band["until"] = t_end, "still on at run end"
         band["end_s"] = round(_rel(end, t0, t_end), 3)
         out.append(band)
     return out

@@ -25,6 +25,14 @@ REPORT_FILE = "report.json"
 INVARIANTS_FILE = "invariants.json"
 CHECKPOINT_FILE = "global.pt"
 PROCESSES_FILE = "processes.json"
+LOGS_DIR = "logs"
+"""Where each child process of a run (chip, link, syncer, host agent) writes its stderr: tracebacks, warnings and
+what Gloo and torch print, one file per process (harness/procutil.py `stderr_to_file`)."""
+
+
+def stderr_file(run_dir: str | os.PathLike[str], proc: str) -> Path:
+    """The stderr file of process `proc` (as events name it: learner1.chip0, learner1.link, syncer, ...)."""
+    return Path(run_dir) / LOGS_DIR / f"{proc}.stderr"
 
 
 def make_run_dir(root: str | os.PathLike[str], name: str, algorithm: str) -> Path:

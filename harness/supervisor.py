@@ -114,6 +114,7 @@ class Supervisor:
         self.store: Any = None
         self.links: Any = None
         self.faults: FaultRunner | None = None
+        self._tail: EventTail | None = None
         self.ports: dict[int, int] = {}
         self.retired: list[Any] = []  # processes of earlier generations of restarted learners
         self.learner_state: dict[int, str] = {}  # up, down (waiting for its repair delay) or done
@@ -211,6 +212,8 @@ class Supervisor:
         finally:
             if self.faults is not None:
                 self.faults.stop_all(time.monotonic() - t0)
+                if self.on_events is not None and self._tail is not None:  # the faults ended just now, on screen
+                    self.on_events(self._tail.poll())
             self._stop_all()
             if self.torchrun is not None:
                 self.torchrun.close()
@@ -424,7 +427,7 @@ class Supervisor:
 
     def _watch(self, stop: Any, t0: float) -> None:
         t = self.sc.timeouts
-        tail = EventTail(self.run_dir / EVENTS_FILE)
+        tail = self._tail = EventTail(self.run_dir / EVENTS_FILE)
         faults = self.faults
         assert faults is not None
         m_all = range(self.sc.topology.learners)

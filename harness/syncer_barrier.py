@@ -21,6 +21,7 @@ from harness.syncer_transport import Conn, Transport
 from harness.task_check import tokens_per_batch
 from harness.wire import Message, MsgType
 from trainers.baselines import SyncRejected, SyncResult, SyncRound
+from trainers.merge import all_finite
 from trainers.syncer_core import BarrierCore, Contribution
 
 
@@ -91,6 +92,9 @@ class BarrierHandler:
         res = self.core.on_contribution(learner, key, int(msg.meta["step"]), int(msg.meta["tokens"]), msg.tensors,
                                         time.monotonic())
         self._log_reconfigurations()
+        if res is False:  # refused for its content: say which way, so a learner's non-finite work is named
+            res = SyncRejected("rejected_nonfinite" if not all_finite(msg.tensors.values())
+                               else "rejected_shape: not the model's tensor names")
         self._on_sync_result(learner, res, key)
         return True
 

@@ -205,10 +205,11 @@ class SyncerSpec:
 def syncer_main(spec: SyncerSpec, port_conn: Any, stop_requested: Any) -> None:
     """Process entry: bind, report the port to the supervisor, serve until done."""
     from harness.events import EVENTS_FILE
-    from harness.procutil import become_run_process
+    from harness.procutil import become_run_process, print_error, stderr_to_file
 
     become_run_process(spec.parent_pid)
     sc = spec.scenario
+    stderr_to_file(spec.run_dir, proc_name(spec.shard, sc.syncer.shards))
     events = EventLog(os.path.join(spec.run_dir, EVENTS_FILE), proc_name(spec.shard, sc.syncer.shards))
     svc = SyncerService(sc, spec.run_dir, bytes.fromhex(spec.secret_hex), events, spec.port, spec.restore,
                         spec.shard, spec.host)
@@ -218,6 +219,7 @@ def syncer_main(spec: SyncerSpec, port_conn: Any, stop_requested: Any) -> None:
         svc.serve(stop_requested)
     except Exception as e:
         events.log("syncer_error", error=f"{type(e).__name__}: {e}")
-        raise
+        print_error(e)  # into logs/<proc>.stderr now; exit 1 without the interpreter printing it a second time
+        raise SystemExit(1) from e
     finally:
         events.close()

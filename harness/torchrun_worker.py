@@ -46,6 +46,8 @@ def main(argv: list[str]) -> None:
     try:
         chip_main(dataclasses.replace(spec, rank=rank, parent_pid=parent, netns=""))
         code = 0
+    except SystemExit as e:  # chip_main printed its error to its stderr file already
+        code = e.code if isinstance(e.code, int) else 1
     except BaseException:
         traceback.print_exc()
     finally:  # as a forkserver chip ends: the interpreter's own shutdown took 6-9 s after a chip's work was done

@@ -56,7 +56,8 @@ def test_three_faults_fire_and_end_on_screen_and_the_final_table_gives_their_ver
         assert ended > live.find(fired.group(0)), f"F{i} ending not shown after its firing:\n{live[-4000:]}"
     # the final table: the three faults, every invariant held, and no unexpected error
     table = out[out.index("faults fired: 3"):]
-    assert [m.group(1) for m in re.finditer(r"^  F(\d) ", table, re.M)] == ["0", "1", "2"]
+    # in firing order: F2 (learner 0 at step 30) fires before F1 (learner 1 at step 20) when learner 1 lags
+    assert sorted(m.group(1) for m in re.finditer(r"^  F(\d) ", table, re.M)) == ["0", "1", "2"], table
     verdicts = re.search(r"^invariants: all (\d+) held$", table, re.M)
     assert verdicts is not None and int(verdicts.group(1)) >= 5, table
     assert "UNEXPECTED" not in table, table

@@ -585,7 +585,7 @@ def test_check_all(tmp_path: Path) -> None:
     results = check_all(run, max_loss=3.0, bound_s=1.0, min_uptime=0.9, within_s=5.0)
     assert [r.name for r in results] == ["converged", "no_global_downtime", "availability", "faults_fired",
                                          "rejoined", "updates_accounted", "token_accounting", "model_finite",
-                                         "rda_norms", "outer_lr", "token_weights", "pushes_received",
+                                         "learners_finite", "rda_norms", "outer_lr", "token_weights", "pushes_received",
                                          "apply_schedule", "initial_pull"]  # the protocol invariants: decoupled
     assert all(r.ok for r in results), [str(r) for r in results if not r.ok]
     strict = check_all(run, max_loss=2.0)
@@ -611,3 +611,56 @@ def test_updates_accounted_a_carried_push_dies_with_the_syncer(tmp_path: Path) -
     evs = complete(decoupled_log() + [carried, applied, pushed, left_out, crash])
     violated(updates_accounted(write_run(tmp_path, evs, name="c")), "1 > bound 0",
              "learner 0 fragment 0 round 3 steps 9-10 carried")
+
+
+# -- learners_finite ---------------------------------------------------------------------------------------
+
+def test_learners_finite_holds_on_a_finite_run_and_names_learner_fragment_and_steps_when_not(
+        tmp_path: Path) -> None:
+    from harness.invariants import learners_finite
+
+    holds(learners_finite(write_run(tmp_path, complete(decoupled_log()), name="ok")))
+    # learner 1's loss turns NaN after step 5; the syncer rejects its pushes of both fragments
+    bad = [e for e in decoupled_log() if not (e["ev"] == "step" and e["learner"] == 1 and e["step"] > 5)]
+    bad += [ev("step", step_t(1, s), "learner1.chip0", learner=1, step=s, loss=math.nan, tokens=TOK, chips=1)
+            for s in range(6, 9)]
+    bad += [ev("learner_nonfinite", step_t(1, 6), "learner1.chip0", learner=1, step=6, loss=math.nan,
+               error="training loss nan at step 6"),
+            ev("push_rejected", 3.0, learner=1, fragment=0, reason="rejected_nonfinite", first_step=5, last_step=8),
+            ev("push_rejected", 3.1, learner=1, fragment=1, reason="rejected_nonfinite", first_step=7, last_step=8),
+            ev("push_rejected", 3.2, learner=0, reason="malformed: missing key"),  # not a non-finite push
+            ev("learner_done", 3.3, "learner1.chip0", learner=1, steps=8, finite=False, timing={}, cpu_s=1.0)]
+    violated(learners_finite(write_run(tmp_path, complete(bad), name="nan")),
+             "learners with non-finite work 1 > bound 0", "learner 1: loss non-finite at steps 6-8",
+             "fragment 0: non-finite work rejected, steps 5-8", "fragment 1: non-finite work rejected, steps 7-8",
+             "2 pushes rejected_nonfinite", "parameters non-finite when it finished (step 8)")
+
+
+def test_learners_finite_on_a_barrier_run_reads_the_rejected_contributions(tmp_path: Path) -> None:
+    from harness.invariants import learners_finite
+
+    steps = [ev("step", 1.0 + 0.1 * s, f"learner{m}.chip0", learner=m, step=s, loss=2.0, tokens=TOK, chips=1)
+             for m in range(2) for s in range(1, 4)]
+    ok = [*steps, ev("sync_rejected", 1.5, learner=0, step=3, reason="rejected_shape: not the model's tensor names")]
+    holds(learners_finite(write_run(tmp_path, complete(ok), config("ddp"), name="ddp-ok")))
+    bad = [*steps, ev("sync_rejected", 1.5, learner=0, step=3, reason="rejected_nonfinite"),
+           ev("sync_rejected", 1.6, learner=0, step=4, reason="rejected_nonfinite")]
+    violated(learners_finite(write_run(tmp_path, complete(bad), config("ddp"), name="ddp-nan")),
+             "1 > bound 0", "learner 0: whole model: non-finite work rejected, steps 3-4")
+    rounds = [*steps, ev("sync_rejected", 1.5, learner=1, round=2, reason="rejected_nonfinite")]
+    violated(learners_finite(write_run(tmp_path, complete(rounds), config("diloco"), name="diloco-nan")),
+             "learner 1: whole model: non-finite outer delta rejected, rounds 2")
+
+
+def test_learners_finite_without_a_step_is_no_evidence(tmp_path: Path) -> None:
+    from harness.invariants import learners_finite
+
+    violated(learners_finite(write_run(tmp_path, complete([ev("run_start", 0.0, "supervisor")]))),
+             "n/a > bound 0", "no learner logged a step")
+
+
+def test_learners_finite_is_in_check_all_for_every_algorithm() -> None:
+    from harness.invariants.registry import ALL_ALGORITHMS, discover
+
+    s = discover()["learners_finite"]
+    assert s.mode == "always" and s.algorithms == ALL_ALGORITHMS

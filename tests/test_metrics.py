@@ -11,12 +11,12 @@ from harness.metrics import (
     achieved_speeds,
     credit_step,
     downtime,
-    fault_response,
     goodput,
     learner_availability,
     merge_stats,
     overwritten_in_overlap,
 )
+from harness.run_timeline import fault_response
 
 
 def steps(m: int, n: int, t0: float = 0.0, chips: int = 1, first: int = 1) -> list[dict]:
@@ -259,7 +259,6 @@ def test_fault_response_counts_only_reactions_while_the_fault_is_on_and_the_html
     """A latency fault that ended before its learner finished normally (BYE, then leave) drew no reaction; a
     partition during which the syncer dropped the learner did; a kill is on until its recovery. The HTML
     report's bands read the same figures as report.json's fault_response."""
-    from harness.metrics import fault_response
     from harness.run_timeline import fault_bands
 
     evs = complete([

@@ -47,26 +47,97 @@ def test_the_final_table_lists_each_fault_and_each_verdict() -> None:
     assert verdict_lines([ok]).splitlines()[0] == "invariants: all 1 held"
 
 
-def test_a_kill_ends_on_screen_when_its_learner_steps_again_after_the_restart() -> None:
-    out = io.StringIO()
-    p = Progress(2, stream=out, every_s=3600.0)
+def test_a_kill_recovers_when_its_learner_steps_again_after_the_restart() -> None:
+    from harness.run_timeline import FaultReactions
+
+    r = FaultReactions()
     start = {"ev": "fault_start", "index": 1, "action": "kill_learner", "learner": 1, "describe": "kill_learner(1)",
-             "reason": "learner 0 reached step 5"}
-    p(complete([start, {"ev": "step", "learner": 1, "step": 5}, {"ev": "learner_down", "learner": 1},
-       {"ev": "learner_restart", "learner": 1}]))
-    assert "ended" not in out.getvalue()  # restarted, but not training yet
-    p(complete([{"ev": "step", "learner": 0, "step": 9}]))
-    assert "ended" not in out.getvalue()  # another learner's step says nothing about learner 1
-    p(complete([{"ev": "step", "learner": 1, "step": 6}]))
-    assert out.getvalue().rstrip().endswith(
-        "fault F1 ended: kill_learner(1); until the restarted learner stepped again")
+             "reason": "learner 0 reached step 5", "t": 1.0}
+    recs = as_records([start, {"ev": "step", "learner": 1, "step": 5, "t": 1.1},
+                       {"ev": "learner_down", "learner": 1, "t": 1.2},
+                       {"ev": "learner_restart", "learner": 1, "t": 2.0},
+                       {"ev": "step", "learner": 0, "step": 9, "t": 2.1},
+                       {"ev": "step", "learner": 1, "step": 6, "t": 2.5}])
+    got = [r.feed(e) for e in recs]
+    assert got == [[], [], [], [], [], [1]]  # restarted is not back; another learner's step says nothing
+    assert r.row(1) == {"index": 1, "action": "kill_learner", "learner": 1, "detect_s": 0.2, "reaction": "learner_down",
+                        "rejoin_s": 1.3}
 
 
-def test_a_chip_kill_ends_on_screen_when_the_repaired_chip_rejoins() -> None:
+def test_a_chip_kill_recovers_when_the_repaired_chip_rejoins() -> None:
+    from harness.run_timeline import FaultReactions
+
+    r = FaultReactions()
+    recs = as_records([{"ev": "fault_start", "index": 0, "action": "kill_chip", "learner": 0, "t": 1.0},
+                       {"ev": "learner_shrink", "learner": 0, "lost": [1], "t": 1.1},
+                       {"ev": "chip_joined", "learner": 1, "chip": 1, "t": 2.0},
+                       {"ev": "chip_joined", "learner": 0, "chip": 1, "t": 3.0}])
+    assert [r.feed(e) for e in recs] == [[], [], [], [0]]  # learner 1's chip, then learner 0's
+
+
+def test_a_syncer_crash_is_the_kill_syncers_reaction_never_a_link_faults() -> None:
+    """Issue 26: a degrade on learner 0 was given the syncer_down of a kill_syncer that fired while it was on."""
+    from harness.run_timeline import fault_response
+
+    recs = as_records([
+        {"ev": "fault_start", "index": 1, "action": "degrade", "learner": 0, "t": 1.0},
+        {"ev": "fault_start", "index": 2, "action": "kill_syncer", "learner": None, "t": 2.0},
+        {"ev": "syncer_down", "t": 2.3}, {"ev": "learner_leave", "learner": 1, "t": 2.4},
+        {"ev": "syncer_restore", "t": 3.5}, {"ev": "learner_leave", "learner": 0, "t": 3.6},
+        {"ev": "fault_end", "index": 1, "action": "degrade", "learner": 0, "t": 9.0},
+        {"ev": "learner_join", "learner": 0, "t": 9.5}])
+    rows = {r["index"]: r for r in fault_response(recs)}
+    assert rows[2] == {"index": 2, "action": "kill_syncer", "learner": None, "detect_s": 0.3,
+                       "reaction": "syncer_down", "rejoin_s": 1.2}
+    # the degrade's own learner was dropped while it was on: that, and only that, is its reaction
+    assert rows[1] == {"index": 1, "action": "degrade", "learner": 0, "detect_s": 2.6,
+                       "reaction": "learner_leave", "rejoin_s": 5.9}
+
+
+def test_a_kills_end_on_screen_is_its_fault_end_at_its_recovery_time() -> None:
     out = io.StringIO()
     p = Progress(2, stream=out, every_s=3600.0)
-    p(complete([{"ev": "fault_start", "index": 0, "action": "kill_chip", "learner": 0, "describe": "kill_chip(0)"},
-       {"ev": "learner_shrink", "learner": 0, "lost": [1]}, {"ev": "chip_joined", "learner": 1, "chip": 1}]))
-    assert "ended" not in out.getvalue()  # learner 1's chip, not learner 0's
-    p(complete([{"ev": "chip_joined", "learner": 0, "chip": 1}]))
-    assert out.getvalue().count("fault F0 ended: kill_chip(0); until the repaired chip rejoined") == 1
+    p(complete([{"ev": "run_start", "t": 100.0},
+                {"ev": "fault_start", "index": 0, "action": "kill_chip", "describe": "kill_chip(0)", "t": 104.25,
+                 "reason": "learner 0 reached step 5"},
+                {"ev": "fault_end", "index": 0, "action": "kill_chip", "describe": "kill_chip(0)", "t": 110.0,
+                 "ended_t": 108.04, "reason": "until the repaired chip rejoined"}]))
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "[   4.2s] fault F0 fired: kill_chip(0); trigger: learner 0 reached step 5", lines
+    assert lines[1] == "[   8.0s] fault F0 ended: kill_chip(0); until the repaired chip rejoined", lines
+
+
+def test_the_fault_runner_ends_a_kill_at_its_recovery_and_not_again_at_the_end_of_the_run(tmp_path) -> None:
+    """The supervisor's side: fed the records it tails, the runner logs the kill's fault_end once its learner
+    steps again after the restart (ended_t: that step's time), and the end of the run ends nothing more; a
+    kill never recovered ends "not recovered by run end"."""
+    from chaos.schedule import parse_fault
+    from harness.events import EventLog, read_events
+    from harness.fault_runner import FaultRunner
+
+    kills = tuple(parse_fault({"action": "kill_learner", "learner": m, "at": {"step": 5, "learner": 0}},
+                              f"faults[{m}]", learners=2) for m in range(2))
+    path = tmp_path / "events.jsonl"
+    runner = FaultRunner(kills, None, EventLog(path, "supervisor"))
+    for i in range(2):  # as if both had fired (their processes are not real here)
+        runner.schedule.started_at[i], runner.schedule.fired[i] = 1.0, 1
+    runner.tick(complete([
+        {"ev": "fault_start", "index": 0, "action": "kill_learner", "learner": 0, "t": 1.0},
+        {"ev": "fault_start", "index": 1, "action": "kill_learner", "learner": 1, "t": 1.0},
+        {"ev": "step", "learner": 0, "step": 6, "t": 2.5},  # file order is not time order: sorted first
+        {"ev": "learner_down", "learner": 0, "t": 1.2}, {"ev": "learner_restart", "learner": 0, "t": 2.0},
+        {"ev": "learner_down", "learner": 1, "t": 1.3}]), 3.0)
+    runner.stop_all(9.0)
+    ends = [e for e in read_events(path) if e["ev"] == "fault_end"]
+    assert [(e["index"], e["reason"], e.get("ended_t"), e.get("reaction")) for e in ends] == [
+        (0, "until the restarted learner stepped again", 2.5, "learner_down"),
+        (1, "not recovered by run end", None, None)], ends
+
+
+def test_a_fault_that_hit_nothing_has_no_reaction() -> None:
+    from harness.run_timeline import fault_response
+
+    recs = as_records([{"ev": "fault_start", "index": 0, "action": "kill_learner", "learner": 1, "t": 1.0,
+                        "missed": "learner 1 is down"},
+                       {"ev": "learner_leave", "learner": 1, "t": 1.5}, {"ev": "learner_join", "learner": 1, "t": 3.0}])
+    assert fault_response(recs)[0]["reaction"] is None

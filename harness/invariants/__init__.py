@@ -20,6 +20,7 @@ from harness.invariants.checks.availability import availability
 from harness.invariants.checks.converged import converged, final_loss
 from harness.invariants.checks.faults_fired import faults_fired
 from harness.invariants.checks.initial_pull import initial_pull
+from harness.invariants.checks.learners_finite import learners_finite
 from harness.invariants.checks.model_finite import model_finite
 from harness.invariants.checks.no_global_downtime import alive_intervals, no_global_downtime
 from harness.invariants.checks.outer_lr import outer_lr
@@ -34,7 +35,7 @@ from harness.invariants.registry import InvariantSpec, UnknownBound, discover, s
 __all__ = [
     "Contribution", "InvariantResult", "InvariantSpec", "InvariantViolation", "Run", "RunRecord", "UnknownBound",
     "alive_intervals", "apply_schedule", "availability", "check_all", "check_all_keywords", "converged",
-    "discover", "expected_weights", "faults_fired", "final_loss", "initial_pull", "load_run",
+    "discover", "expected_weights", "faults_fired", "final_loss", "initial_pull", "learners_finite", "load_run",
     "merged_contributions", "model_finite", "no_global_downtime", "outer_lr", "pushes_received", "rda_norms",
     "rejoined", "spec", "specs", "token_accounting", "token_weights", "updates_accounted",
 ]
@@ -47,8 +48,8 @@ def check_all_keywords() -> dict[str, tuple[str, str]]:
 
 def check_all(run: Run, **bounds: Any) -> list[InvariantResult]:
     """Every registered invariant that applies to the run's algorithm, in registry order: the "always" ones on
-    their defaults (faults_fired, updates_accounted, token_accounting, model_finite and, for a decoupled run,
-    the protocol invariants), and each "when_bound" one whose triggering bound is given (converged:
+    their defaults (faults_fired, updates_accounted, token_accounting, model_finite, learners_finite and, for a
+    decoupled run, the protocol invariants), and each "when_bound" one whose triggering bound is given (converged:
     baseline_loss or max_loss; no_global_downtime: bound_s; availability: min_uptime; rejoined: within_s).
     Nothing raises on a violation; `[r.check() for r in results]` or filter on `ok`. A keyword that is no
     bound raises UnknownBound, an impossible value ValueError."""

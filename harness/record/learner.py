@@ -205,6 +205,23 @@ class ChipError(Event):
     """"ExceptionType: message"."""
 
 
+@event("learner_nonfinite", CHIP)
+@dataclass(frozen=True, kw_only=True)
+class LearnerNonfinite(Event):
+    """The learner's training went non-finite: the first inner step whose loss is NaN or infinite (written once
+    per host chip process, every algorithm). Its work from then on is non-finite too (its pushes are
+    rejected_nonfinite); the invariant `learners_finite` and the run's errors (never expected) report it."""
+
+    learner: int
+    """The learner."""
+    step: int
+    """The first step whose training loss was not finite."""
+    loss: float
+    """That loss (nan or inf)."""
+    error: str
+    """One line for the run's error list: what turned non-finite, where."""
+
+
 @event("lockstep_wait_expired", CHIP)
 @dataclass(frozen=True, kw_only=True)
 class LockstepWaitExpired(Event):

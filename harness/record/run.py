@@ -245,7 +245,19 @@ class FaultStart(_FaultTransition):
 @event("fault_end", FAULTS)
 @dataclass(frozen=True, kw_only=True)
 class FaultEnd(_FaultTransition):
-    """A scheduled fault ended (cleared)."""
+    """A scheduled fault ended: its effect is over. A lasting fault (the link actions, freeze, slow) ends when
+    its `until` trigger clears it; a kill (kill_chip, kill_learner, crash_host, kill_syncer) when what it killed
+    has recovered (`reason` says how: "until the syncer was restored", ...), as the supervisor sees it in the
+    log, or at the end of the run ("not recovered by run end"). Every view of the run (the live output, the
+    final table, report.json's faults, the HTML report's bands) takes a fault's end from this event
+    (`ended_t`, else `t`). Runs written before kills ended at their recovery end every kill "end of run"."""
+
+    ended_t: float | None = None
+    """A kill's recovery: the `t` of the record that showed it (the restarted learner's first step, the
+    repaired chip's chip_joined, the syncer's syncer_restore, the dropped learner's learner_join), which the
+    supervisor reads a little before it writes this event. Absent: the fault ended at `t`."""
+    reaction: str | None = None
+    """A recovered kill: its first reaction (learner_down, learner_shrink, learner_leave, syncer_down)."""
 
 
 PROCESSES = "supervisor (chaos/processes.py)"

@@ -250,7 +250,9 @@ class SyncRejected(_BarrierKeyed):
     """A learner's gradient or outer delta was rejected."""
 
     reason: str
-    """Why."""
+    """Why: "rejected_nonfinite" (a NaN or infinite value), "rejected_shape: ..." (not the model's tensors), or
+    the core's reason for a contribution from outside the group or ahead of it (elastic_ddp). Runs written
+    before the first two were told apart say "non-finite or malformed"."""
 
 
 @event("sync_replayed", BARRIER)

@@ -1,0 +1,61 @@
+"""The run's child processes (chips, links, syncer) write their stderr to the run directory's logs/<process>.stderr,
+not to the terminal: a kill_chip run whose errors are all expected (the peer chip's collective fails) prints no
+traceback, and the traceback is in the peer chip's file; an unexpected error is listed with its file's path."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import tiny_table
+from test_results import write_toml
+
+from harness.progress import error_lines
+from harness.rundir import stderr_file
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_expected_errors_leave_their_tracebacks_in_the_run_dir_not_on_the_terminal(tmp_path: Path) -> None:
+    table = tiny_table("decoupled", learners=2, chips=2, steps=60, recovery={"policy": "restart", "repair_s": 0.5})
+    path = write_toml(tmp_path / "kill.toml", table)
+    path.write_text(path.read_text() + """
+[[faults]]
+action = "kill_chip"
+learner = 1
+chip = 1
+at = { step = 20, learner = 1 }
+""")
+    # a fresh interpreter, as a person runs it: its forkserver's stderr is this terminal's (the pipe read here)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(path), "--runs-dir", str(tmp_path / "runs")],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    terminal = done.stdout + done.stderr
+    assert done.returncode == 0, terminal[-4000:]
+    run_dir = Path(re.search(r"^run directory: (\S+)$", done.stdout, re.M).group(1))  # type: ignore[union-attr]
+    report = json.loads((run_dir / "report.json").read_text())
+    errors = report["errors"]
+    assert errors and all(e["expected"] for e in errors), errors  # the peer chip's CollectiveFailed, expected
+    assert "expected errors" in terminal and "UNEXPECTED" not in terminal, terminal[-3000:]
+    assert "Traceback" not in terminal, terminal[-4000:]
+    peer = next(e for e in errors if e["ev"] == "chip_error")
+    log = stderr_file(run_dir, peer["proc"]).read_text()
+    assert "Traceback (most recent call last)" in log and peer["error"].split(":")[0] in log, log[-3000:]
+
+
+def test_an_unexpected_error_is_listed_with_its_stderr_file(tmp_path: Path) -> None:
+    f = stderr_file(tmp_path, "learner0.chip1")
+    f.parent.mkdir()
+    f.write_text("Process learner0.chip1:\nTraceback (most recent call last):\n  File \"x.py\", line 1\n"
+                 "RuntimeError: boom\n")
+    errors = [{"proc": "learner0.chip1", "ev": "chip_error", "error": "RuntimeError: boom", "expected": False},
+              {"proc": "learner1.chip0", "ev": "chip_error", "error": "CollectiveFailed: reset", "expected": True,
+               "cause": "fault 0: kill_chip"}]
+    lines = error_lines(errors, run_dir=tmp_path)
+    assert lines[:3] == ["UNEXPECTED errors (1):", "  learner0.chip1 chip_error: RuntimeError: boom",
+                         f"    its stderr: {f}"], lines
+    assert not any("learner1.chip0" in x and "stderr" in x for x in lines), lines  # expected: no pointer
