@@ -193,6 +193,7 @@ class SyncerLink:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self.events.log("link_flush_timeout", learner=self.learner, unsent=len(self._outbox))
+                    self._log_given_up(flush_timeout_s)
                     break
                 self._cv.wait(left)
             if bye and self._finishing:
@@ -202,6 +203,17 @@ class SyncerLink:
         self._drop_connection("closed")
         for th in self._threads:
             th.join(timeout=max(0.1, deadline - time.monotonic()) + self.t.socket_op_s)
+
+    def _log_given_up(self, waited_s: float) -> None:
+        """With self._cv held, closing past the flush bound: say which pushes are given up (the syncer, or this
+        link's shard of it, stayed unreachable), so the work they hold is accounted as discarded by a cause."""
+        pushes = [m.meta for m in self._outbox.values() if m.type is MsgType.PUSH]
+        if pushes:
+            self.events.log("final_pushes_given_up", learner=self.learner,
+                            fragments=[int(m["fragment"]) for m in pushes],
+                            step_ranges=[[int(m["first_step"]), int(m["last_step"])] for m in pushes],
+                            c_steps=[int(m["c_steps"]) for m in pushes], final=[bool(m.get("final")) for m in pushes],
+                            waited_s=round(waited_s, 3))
 
     def _finish_gracefully(self, deadline: float) -> None:
         """With BYE sent (and self._cv held): read until the syncer closes the connection, which it does once it
