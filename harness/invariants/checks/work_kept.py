@@ -67,6 +67,12 @@ class Attributed:
     cause: Cause
 
 
+LOSING_ACTIONS = frozenset({"kill_chip", "kill_learner", "crash_host", "freeze", "partition", "flap", "reset_peer",
+                            "limit_data"})
+"""Faults on a learner that may cost it the work since its last merge: its process killed (restarted from an
+older step), frozen past the liveness timeout, or its connection cut (it rejoins and takes the current value).
+A `slow`, `degrade` or `slice` fault only delays its work and explains no discard."""
+
 _FATE_OF_CAUSE = {SupersededCause.BEFORE_REJOIN: Cause.REJOIN, SupersededCause.REJOIN_DROP: Cause.REJOIN,
                   SupersededCause.LAGGING: Cause.LAGGING, SupersededCause.STALE: Cause.SUPERSEDED}
 
@@ -77,7 +83,7 @@ def attribute(r: RunRecord, discarded: Sequence[DiscardedStep]) -> list[Attribut
     windows: dict[int, list[tuple[float, float]]] = defaultdict(list)  # learner -> its own faults' spans
     ends = {e.index: e.t for e in r.records(FaultEnd)}
     for f in r.records(FaultStart):
-        if f.learner is not None:
+        if f.learner is not None and f.action in LOSING_ACTIONS:
             windows[f.learner].append((f.t, ends.get(f.index, end)))
     restarts = r.records(LearnerRestart)
     for d in r.records(LearnerDown):
