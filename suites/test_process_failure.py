@@ -14,19 +14,14 @@ is the time to replace a machine (minutes, not seconds), which only lengthens th
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
 from harness.invariants import InvariantViolation
-from harness.invariants.registry import spec
 from harness.metrics import DOWNTIME_WINDOW_S
 from harness.scenario import from_dict
 from harness.tolerance import SEED_SD, Reference
-from trainers.mutations import ENV_VAR
 
 pytestmark = [pytest.mark.failure, pytest.mark.timeout(600)]
 """600 s: a test's first use of the shared fault-free run (`cluster`) runs it inside that test's budget."""
@@ -404,17 +399,3 @@ def test_syncer_crash_failure_keeps_the_final_pushes_of_a_learner_that_finished_
     res.check("updates_accounted")
     res.check("pushes_received")
 
-
-def test_syncer_crash_failure_work_kept_catches_final_pushes_dropped_on_rejoin(tmp_path):
-    """The same run with the old rule back (mutation final_before_rejoin, set in the environment of a CLI run, as
-    the mutation switch requires): the restored syncer declines learner 0's final pushes as before_rejoin, its
-    last steps reach no merge, and work_kept fails naming them."""
-    runs = tmp_path / "runs"
-    env = dict(os.environ, **{ENV_VAR: "final_before_rejoin"})
-    out = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(_finish_in_outage(tmp_path)), "--runs-dir",
-                          str(runs)], env=env, capture_output=True, text=True, timeout=300)
-    (run_dir,) = [d for d in runs.iterdir() if d.is_dir()]
-    result = spec("work_kept")(run_dir)
-    assert not result.ok and "unexplained_final_dropped" in result.detail and "learner 0" in result.detail, (
-        result, out.stdout[-3000:])
-    assert result.figure > 0
