@@ -70,7 +70,8 @@ class Timeouts:
 
     socket_op_s < liveness_s < gloo_s < barrier_s < run_s, heartbeat_s * 3 <= liveness_s,
     socket_op_s < final_flush_s and barrier_s + gloo_s < run_s (validated before any process starts). In ddp,
-    elastic_ddp and diloco a chip's collectives are bounded by barrier_s + gloo_s, since its host may wait barrier_s for the syncer.
+    elastic_ddp and diloco a chip's collectives are bounded by barrier_s + gloo_s, since its host may wait
+    barrier_s for the syncer.
     A socket call fails before the link is declared dead; a dead link is noticed before a Gloo
     collective gives up; a blocked baseline learner gives up before the whole run's deadline kills
     everything.

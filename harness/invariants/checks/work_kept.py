@@ -86,10 +86,10 @@ def attribute(r: RunRecord, discarded: Sequence[DiscardedStep]) -> list[Attribut
         if f.learner is not None and f.action in LOSING_ACTIONS:
             windows[f.learner].append((f.t, ends.get(f.index, end)))
     restarts = r.records(LearnerRestart)
-    for d in r.records(LearnerDown):
-        back = next((x.t for x in restarts if x.learner == d.learner and x.t >= d.t), end)
-        windows[d.learner].append((d.t, back))
-    outages = [d.t for d in r.records(SyncerDown)]
+    for down in r.records(LearnerDown):
+        back = next((x.t for x in restarts if x.learner == down.learner and x.t >= down.t), end)
+        windows[down.learner].append((down.t, back))
+    outages = [x.t for x in r.records(SyncerDown)]
     merged_at: dict[int, list[float]] = defaultdict(list)  # learner -> when a merge took in any of its work
     for e in r.records(Merge):
         for m in e.participants:
@@ -122,7 +122,7 @@ def attribute(r: RunRecord, discarded: Sequence[DiscardedStep]) -> list[Attribut
             return cause
         if outcome in (PushOutcome.ACCEPTED, PushOutcome.CARRIED):
             shard = shard_of(p.proc)
-            if any(d.t > p.t and d.shard == shard for d in r.records(SyncerDown)):
+            if any(x.t > p.t and x.shard == shard for x in r.records(SyncerDown)):
                 return Cause.SYNCER_OUTAGE
         if outcome is PushOutcome.UNANCHORED:
             return Cause.SUPERSEDED
@@ -132,17 +132,17 @@ def attribute(r: RunRecord, discarded: Sequence[DiscardedStep]) -> list[Attribut
 
     out = []
     for d in discarded:
-        m, s = d.learner, d.step
-        latest: dict[int, Push] = {}  # fragment -> the last push of m holding step s
+        m, k = d.learner, d.step
+        latest: dict[int, Push] = {}  # fragment -> the last push of m holding step k
         for p in pushes[m]:
-            if p.first_step <= s <= p.last_step and p.t >= d.end:
+            if p.first_step <= k <= p.last_step and p.t >= d.end:
                 latest[p.fragment] = p
         fates = [fate(p) for p in latest.values()]
         if Cause.UNEXPLAINED_FINAL in fates:
             cause = Cause.UNEXPLAINED_FINAL
         elif own_fault(m, d.end):
             cause = Cause.OWN_FAULT
-        elif any(a <= s <= b for a, b in given_up[m]) and (outages or windows[m]):
+        elif any(a <= k <= b for a, b in given_up[m]) and (outages or windows[m]):
             cause = Cause.GIVEN_UP
         elif fates:
             cause = next((c for c in fates if c.explained), Cause.UNEXPLAINED)
