@@ -14,14 +14,19 @@ is the time to replace a machine (minutes, not seconds), which only lengthens th
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 
 from harness.invariants import InvariantViolation
+from harness.invariants.registry import spec
 from harness.metrics import DOWNTIME_WINDOW_S
 from harness.scenario import from_dict
 from harness.tolerance import SEED_SD, Reference
+from trainers.mutations import ENV_VAR
 
 pytestmark = [pytest.mark.failure, pytest.mark.timeout(600)]
 """600 s: a test's first use of the shared fault-free run (`cluster`) runs it inside that test's budget."""
@@ -344,22 +349,23 @@ every_s = 2.0
 batches = 2
 [timeouts]
 run_s = 240.0
-connect_s = 8.0
+connect_s = 10.0
 [recovery]
 policy = "restart"
 syncer_policy = "restart"
 syncer_checkpoint = "every_merge"
 
 [[faults]]
-action = "slow"                         # learner 1 at half speed: learner 0 finishes first, far ahead
-learner = 1
+action = "slow"                         # learner 1 at half speed until learner 0's step 100: learner 0
+learner = 1                             # finishes first, far ahead, while learner 1 trains on at full speed
 speed = 0.5
 at = { step = 1, learner = 0 }
+until = { step = 100, learner = 0 }
 
 [[faults]]
-action = "degrade"                      # learner 0's WAN: the merges of its last 600 ms before the kill never
-learner = 0                             # reach it, so its final pushes are based on older versions than the
-latency_ms = 600                        # restored syncer's (the incident of issue 26)
+action = "degrade"                      # learner 0's slow WAN (the incident's): it rejoins the restored syncer
+learner = 0                             # seconds after learner 1, whose merges meanwhile move every fragment past
+latency_ms = 1000                       # the versions learner 0's final pushes are based on
 at = { step = 60, learner = 0 }
 
 [[faults]]
@@ -367,8 +373,9 @@ action = "kill_syncer"                  # 10 steps before learner 0's last: it f
 repair_s = 3.0
 at = { step = 110, learner = 0 }
 """
-"""Learner 0 finishes while the syncer is down (issue 26). max_staleness 32: its final pushes are based on
-versions several merges behind (the latency), and must be judged by the rejoin rule, not lag."""
+"""Learner 0 finishes while the syncer is down (issue 26), and rejoins the restored syncer after learner 1 has
+merged every fragment again. max_staleness 32: its final pushes, based on versions several merges behind, are
+judged by the rejoin rule here, not by lagging. connect_s 10: its hand-shake crosses the 1 s latency twice."""
 
 
 def _finish_in_outage(tmp_path: Any) -> Any:
@@ -399,3 +406,17 @@ def test_syncer_crash_failure_keeps_the_final_pushes_of_a_learner_that_finished_
     res.check("updates_accounted")
     res.check("pushes_received")
 
+
+def test_syncer_crash_failure_work_kept_catches_final_pushes_dropped_on_rejoin(tmp_path):
+    """The same run with the old rule back (mutation final_before_rejoin, set in the environment of a CLI run, as
+    the mutation switch requires: run processes inherit the environment their forkserver started with): the
+    restored syncer declines learner 0's final pushes as before_rejoin, its last steps reach no merge, and
+    work_kept fails naming them."""
+    runs = tmp_path / "runs"
+    env = dict(os.environ, **{ENV_VAR: "final_before_rejoin"})
+    out = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(_finish_in_outage(tmp_path)), "--runs-dir",
+                          str(runs)], env=env, capture_output=True, text=True, timeout=300)
+    (run_dir,) = [d for d in runs.iterdir() if d.is_dir()]
+    result = spec("work_kept")(run_dir)
+    assert not result.ok and result.figure > 0, (result, out.stdout[-3000:])
+    assert "learner 0 steps" in result.detail and "unexplained_final_dropped" in result.detail, result.detail
