@@ -105,10 +105,13 @@ def attribute(r: RunRecord, discarded: Sequence[DiscardedStep]) -> list[Attribut
     for g in r.records(FinalPushesGivenUp):
         given_up[g.learner] += [(int(a), int(b)) for a, b in g.step_ranges]
 
+    def next_merge(m: int, t: float) -> float:
+        """When a merge next took in any work of learner m after t (the run's end if none did)."""
+        return min((x for x in merged_at[m] if x > t), default=end)
+
     def own_fault(m: int, t: float) -> bool:
         """A fault of learner m's own active at or after t, before any later merge of its work."""
-        nxt = min((x for x in merged_at[m] if x > t), default=end)
-        return any(b >= t and a <= nxt for a, b in windows[m])
+        return any(b >= t and a <= next_merge(m, t) for a, b in windows[m])
 
     def fate(p: Push) -> Cause:
         """Why push p (not merged) came to nothing."""
@@ -146,7 +149,7 @@ def attribute(r: RunRecord, discarded: Sequence[DiscardedStep]) -> list[Attribut
             cause = Cause.GIVEN_UP
         elif fates:
             cause = next((c for c in fates if c.explained), Cause.UNEXPLAINED)
-        elif any(t > d.end for t in outages):
+        elif any(d.end < t <= next_merge(m, d.end) for t in outages):
             cause = Cause.SYNCER_OUTAGE  # sent, lost with the connection to a syncer that went down
         else:
             cause = Cause.UNEXPLAINED
