@@ -19,9 +19,9 @@ from harness.invariants.base import InvariantResult, Run, RunRecord, _run
 from harness.invariants.checks._common import _listing
 from harness.invariants.registry import Bound, register
 from harness.metrics import DiscardedStep, goodput_and_discards
-from harness.record.learner import FinalPushesGivenUp
+from harness.record.learner import Apply, FinalPushesGivenUp
 from harness.record.run import FaultEnd, FaultStart, LearnerDown, LearnerRestart, SyncerDown
-from harness.record.syncer import Merge, Push, PushRejected, PushSuperseded, shard_of
+from harness.record.syncer import LearnerJoin, Merge, Push, PushRejected, PushSuperseded, shard_of
 from trainers.decoupled_records import PushOutcome, SupersededCause
 
 
@@ -36,7 +36,9 @@ class Cause(enum.Enum):
     value it took on rejoining."""
     REJOIN = "rejoin"
     """Its push was declined (before_rejoin) or dropped (rejoin_drop) because its learner reconnected and was
-    sent the current values, which overwrite its copy (a running learner: it applies them)."""
+    sent the current values, which overwrite its copy (a running learner: it applies them); or, in no push, its
+    work was overwritten by the values its learner applied on (re)joining (a learner that joins after the first
+    merges applies them a step or two into its training)."""
     LAGGING = "lagging"
     """Its push was based on a version more than max_staleness behind: its learner was away long enough to lag."""
     SUPERSEDED = "superseded"
@@ -90,10 +92,10 @@ def attribute(r: RunRecord, discarded: Sequence[DiscardedStep]) -> list[Attribut
         back = next((x.t for x in restarts if x.learner == down.learner and x.t >= down.t), end)
         windows[down.learner].append((down.t, back))
     outages = [x.t for x in r.records(SyncerDown)]
-    merged_at: dict[int, list[float]] = defaultdict(list)  # learner -> when a merge took in any of its work
+    merged_at: dict[int, list[tuple[float, int]]] = defaultdict(list)  # learner -> (when, last step) merged
     for e in r.records(Merge):
-        for m in e.participants:
-            merged_at[int(m)].append(e.t)
+        for m, (_, b) in zip(e.participants, e.step_ranges or [], strict=False):
+            merged_at[int(m)].append((e.t, int(b)))
     sup: dict[tuple[int, int, int, int], list[PushSuperseded]] = defaultdict(list)
     for s in r.records(PushSuperseded):
         sup[(s.learner, s.fragment, s.first_step, s.last_step)].append(s)
@@ -105,13 +107,36 @@ def attribute(r: RunRecord, discarded: Sequence[DiscardedStep]) -> list[Attribut
     for g in r.records(FinalPushesGivenUp):
         given_up[g.learner] += [(int(a), int(b)) for a, b in g.step_ranges]
 
-    def next_merge(m: int, t: float) -> float:
-        """When a merge next took in any work of learner m after t (the run's end if none did)."""
-        return min((x for x in merged_at[m] if x > t), default=end)
+    def next_merge(m: int, t: float, k: int) -> float:
+        """When a merge next took in work of learner m from step k on, after t (the run's end if none did)."""
+        return min((x for x, b in merged_at[m] if x > t and b >= k), default=end)
 
-    def own_fault(m: int, t: float) -> bool:
-        """A fault of learner m's own active at or after t, before any later merge of its work."""
-        return any(b >= t and a <= next_merge(m, t) for a, b in windows[m])
+    def own_fault(m: int, t: float, k: int) -> bool:
+        """A fault of learner m's own active at or after t (the end of its step k), before any merge of its
+        later work."""
+        return any(b >= t and a <= next_merge(m, t, k) for a, b in windows[m])
+
+    joins: dict[int, list[LearnerJoin]] = defaultdict(list)
+    for j in r.records(LearnerJoin):
+        if j.versions is not None:
+            joins[j.learner].append(j)
+    applies: dict[int, list[Apply]] = defaultdict(list)
+    for ap in r.records(Apply):
+        if ap.fragments:
+            applies[ap.learner].append(ap)
+
+    def overwritten_on_join(m: int, t: float, k: int) -> bool:
+        """Learner m applied, at step k or later and before any merge of its later work, fragment values it was
+        sent on (re)joining, which overwrote the work of step k."""
+        until = next_merge(m, t, k)
+        for ap in applies[m]:
+            if ap.step < k or ap.t < t or ap.t > until:
+                continue
+            sent = [(p, v) for p, v in zip(ap.fragments or [], ap.versions or [], strict=False)]
+            if sent and all(any(j.t <= ap.t and p < len(j.versions or []) and (j.versions or [])[p] == v
+                                for j in joins[m]) for p, v in sent):
+                return True
+        return False
 
     def fate(p: Push) -> Cause:
         """Why push p (not merged) came to nothing."""
@@ -129,7 +154,7 @@ def attribute(r: RunRecord, discarded: Sequence[DiscardedStep]) -> list[Attribut
                 return Cause.SYNCER_OUTAGE
         if outcome is PushOutcome.UNANCHORED:
             return Cause.SUPERSEDED
-        if (p.learner, p.fragment, p.first_step, p.last_step) in rejected and own_fault(p.learner, p.t):
+        if (p.learner, p.fragment, p.first_step, p.last_step) in rejected and own_fault(p.learner, p.t, p.last_step):
             return Cause.OWN_FAULT
         return Cause.UNEXPLAINED
 
@@ -143,13 +168,15 @@ def attribute(r: RunRecord, discarded: Sequence[DiscardedStep]) -> list[Attribut
         fates = [fate(p) for p in latest.values()]
         if Cause.UNEXPLAINED_FINAL in fates:
             cause = Cause.UNEXPLAINED_FINAL
-        elif own_fault(m, d.end):
+        elif own_fault(m, d.end, k):
             cause = Cause.OWN_FAULT
         elif any(a <= k <= b for a, b in given_up[m]) and (outages or windows[m]):
             cause = Cause.GIVEN_UP
-        elif fates:
-            cause = next((c for c in fates if c.explained), Cause.UNEXPLAINED)
-        elif any(d.end < t <= next_merge(m, d.end) for t in outages):
+        elif any(c.explained for c in fates):
+            cause = next(c for c in fates if c.explained)
+        elif overwritten_on_join(m, d.end, k):
+            cause = Cause.REJOIN
+        elif not fates and any(d.end < t <= next_merge(m, d.end, k) for t in outages):
             cause = Cause.SYNCER_OUTAGE  # sent, lost with the connection to a syncer that went down
         else:
             cause = Cause.UNEXPLAINED
