@@ -63,10 +63,17 @@ def pushes_received(run: Run, *, show: int = 5) -> InvariantResult:
     by_key: dict[PushKey, list[PushSent]] = defaultdict(list)
     for e in sent:
         by_key[key(e)].append(e)
+    def lost_with_connection(e: PushSent) -> bool:
+        after = sorted(x for x in ends[e.learner] if x[0] > e.t)
+        return bool(after) and after[0][1]
+
     lost, excused, after_bye = [], 0, 0
     for k, sends in by_key.items():
         missing = len(sends) - received[k]
-        for e in sorted(sends, key=lambda x: x.t)[len(sends) - missing:] if missing > 0 else []:
+        # a push sent more than once (a finished learner re-sends its final pushes when its connection ended
+        # before the syncer answered its BYE): the copies missing are first those whose connection was lost
+        order = sorted(sends, key=lambda x: (not lost_with_connection(x), x.t))
+        for e in order[:missing] if missing > 0 else []:
             before = [x for x in byes[k[0]] if x[0] < e.t]
             after = sorted(x for x in ends[k[0]] if x[0] > e.t)
             if before and before[-1][1]:
