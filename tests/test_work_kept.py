@@ -62,3 +62,21 @@ def test_a_stale_final_push_is_explained_and_a_push_nothing_explains_is_not(tmp_
 def test_merged_steps_leave_nothing_discarded(tmp_path: Path) -> None:
     res = spec("work_kept")(run(tmp_path, [merge(3.0, 0, 1, 7, 10, 1)]))
     assert res.ok and res.figure == 0 and "in 0 steps" in res.detail, res.detail
+
+
+def test_work_overwritten_by_the_values_applied_on_joining_is_the_rejoin_rules(tmp_path: Path) -> None:
+    """A learner joining after the first merges applies the values it was sent a step into its training: its
+    first steps, in no push, are overwritten by the rule for a (re)joining learner; the same apply of values it
+    was never sent on a join explains nothing."""
+    def log(join: bool) -> list[dict[str, Any]]:
+        evs = steps(0, 10) + [merge(2.5, 0, 0, 3, 10, 2),
+                              ev("apply", 1.21, "learner0.chip0", learner=0, step=2, fragments=[0, 1, 2, 3],
+                                 versions=[1, 1, 1, 1])]
+        if join:
+            evs.append(ev("learner_join", 1.05, learner=0, peer="x", alive=[0], versions=[1, 1, 1, 1]))
+        return complete(sorted(evs, key=lambda e: e["t"]))
+
+    joined = spec("work_kept")(write_run(tmp_path, log(True), config(learners=1), name="joined"))
+    assert joined.ok and "rejoin" in joined.detail and "in 2 steps" in joined.detail, joined.detail
+    other = spec("work_kept")(write_run(tmp_path, log(False), config(learners=1), name="other"))
+    assert not other.ok and "learner 0 steps 1-2 (unexplained)" in other.detail, other.detail

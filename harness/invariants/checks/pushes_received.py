@@ -31,7 +31,9 @@ def pushes_received(run: Run, *, show: int = 5) -> InvariantResult:
     (TCP delivers in order: a push sent before a BYE the syncer read was read too). A push logged as sent after
     the syncer logged that learner's BYE (and before it joined again) went out after the BYE (the link answers a
     pull that came in while it was closing) and is not counted either: the learner's final push holds its
-    steps. Figure: pushes lost."""
+    steps. A push sent more than once (a finished learner sends its final pushes again when its connection
+    ended before the syncer answered its BYE) is counted per copy; the copies missing are first those whose
+    connection was lost. Figure: pushes lost."""
     r = _run(run)
     measure = "pushes sent but never logged by the syncer"
     sent = [e for e in r.records(PushSent) if e.c_steps > 0 and e.first_step <= e.last_step]
