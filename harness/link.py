@@ -427,6 +427,9 @@ class SyncerLink:
                     continue
                 if self._closed or time.monotonic() - last_ping < self.t.heartbeat_s:
                     key, msg = self._outbox.popitem(last=False)
+                    if msg.type is MsgType.BYE:  # nothing after it, not even a PING: the syncer closes on it, and
+                        self._finishing = True   # drops the rest; set before the send, so that a connection
+                        self._outbox.clear()     # ending at once is seen as ending after the BYE (`_manage`)
                 else:  # a ping goes first: stamped now, so its round trip excludes our own queue
                     self._ping_seq += 1
                     last_ping = time.monotonic()
@@ -449,10 +452,6 @@ class SyncerLink:
                 self._drop_connection(f"send failed: {type(e).__name__}: {e}")
                 continue
             last_sent = time.monotonic()
-            if msg.type is MsgType.BYE:
-                with self._cv:  # nothing after it, not even a PING: the syncer closes on it, and drops the rest
-                    self._finishing = True
-                    self._outbox.clear()
             if msg.type is MsgType.PUSH:
                 self.events.log("push_sent", learner=self.learner, fragment=msg.meta["fragment"], bytes=n,
                                 seconds=last_sent - t0, first_step=msg.meta["first_step"],
