@@ -92,6 +92,8 @@ class SyncerLink:
         """The BYE is on the wire: nothing more is sent on this connection; read until the syncer closes it."""
         self._bye_acked = False
         """The syncer answered our BYE with its own: it has taken in everything we sent before it."""
+        self._final_pushes: dict[Any, Message] = {}
+        """The final pushes queued (per fragment, the newest), whether or not already sent."""
         self._finals: list[tuple[Any, Message]] = []
         """What close() queued last (final pushes, then the BYE): sent again on a new connection if one ends
         before the syncer acknowledged the BYE (it may have died holding them; a restored syncer merges them
@@ -170,6 +172,8 @@ class SyncerLink:
                 self.events.log("push_superseded_locally", learner=self.learner, fragment=push.fragment)
                 del self._outbox[key]
             self._outbox[key] = push_to_message(push)
+            if push.final:
+                self._final_pushes[key] = self._outbox[key]
             self._cv.notify_all()
 
     def poll(self) -> list[MergedFragment]:
@@ -203,7 +207,8 @@ class SyncerLink:
             else:
                 self._bye_queued = True
                 self._outbox[("bye", 0)] = Message(MsgType.BYE, {"learner": self.learner})
-                self._finals = [(k, m) for k, m in self._outbox.items() if k[0] in ("push", "bye")]
+                queued = {k: m for k, m in self._outbox.items() if k[0] == "push"}
+                self._finals = [*({**self._final_pushes, **queued}).items(), (("bye", 0), self._outbox[("bye", 0)])]
             self._cv.notify_all()
             # bye: until the syncer acknowledged the BYE and closed the connection (a connection that ends before
             # the acknowledgement is replaced, and the final pushes and BYE sent again: `_manage`)
