@@ -301,7 +301,8 @@ def chip_main(spec: ChipSpec) -> None:
         raise SystemExit(1) from e
     finally:
         if link is not None:
-            link.close(flush_timeout_s=t.socket_op_s * 2, finished=not failed)
+            # finished: its final pushes wait (bounded) for a syncer that is down to come back
+            link.close(flush_timeout_s=t.final_flush_s if not failed else t.socket_op_s * 2, finished=not failed)
         if coll is not None:
             coll.close()
         events.close()

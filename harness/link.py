@@ -89,7 +89,15 @@ class SyncerLink:
         self._bye_queued = False
         """close() queued the BYE: pulls that come in now go unanswered."""
         self._finishing = False
-        """The BYE is on the wire: nothing more is sent; read until the syncer closes, never reconnect."""
+        """The BYE is on the wire: nothing more is sent on this connection; read until the syncer closes it."""
+        self._bye_acked = False
+        """The syncer answered our BYE with its own: it has taken in everything we sent before it."""
+        self._final_pushes: dict[Any, Message] = {}
+        """The final pushes queued (per fragment, the newest), whether or not already sent."""
+        self._finals: list[tuple[Any, Message]] = []
+        """What close() queued last (final pushes, then the BYE): sent again on a new connection if one ends
+        before the syncer acknowledged the BYE (it may have died holding them; a restored syncer merges them
+        or, if its checkpoint already holds their work, declines them as stale)."""
         self.fatal: str | None = None
         self.stop_requested = False
         """The syncer said the run's total step budget is reached (train.budget = total): finish and push."""
@@ -164,6 +172,8 @@ class SyncerLink:
                 self.events.log("push_superseded_locally", learner=self.learner, fragment=push.fragment)
                 del self._outbox[key]
             self._outbox[key] = push_to_message(push)
+            if push.final:
+                self._final_pushes[key] = self._outbox[key]
             self._cv.notify_all()
 
     def poll(self) -> list[MergedFragment]:
@@ -180,7 +190,16 @@ class SyncerLink:
     def close(self, flush_timeout_s: float, bye: bool = True) -> None:
         """Send what is queued (bounded), say BYE, and stop the threads. `bye=False` (the training process
         died or failed) drops the connection at once instead: the syncer must see a loss, not a finished
-        learner, or it would stop waiting for the learner's restart."""
+        learner, or it would stop waiting for the learner's restart.
+
+        With BYE, it returns once the syncer answered the BYE with its own and closed the connection, which it
+        does once it has taken in everything before it. Until then it reads: closing first, with unread bytes
+        in the receive buffer (fragments the syncer sent meanwhile), makes the kernel reset the connection and
+        drop what is still in our send buffer; and a half-close does not help through a proxy, which closes its
+        upstream connection whole on our FIN, with the same loss there. A connection that ends without that
+        answer (the syncer, or the proxy's upstream, died: a proxy can outlive the syncer and swallow what we
+        sent) is replaced and the final pushes and BYE sent again, until `flush_timeout_s`; past it, the pushes
+        given up are logged (`final_pushes_given_up`)."""
         deadline = time.monotonic() + flush_timeout_s
         with self._cv:
             if not bye:
@@ -188,33 +207,36 @@ class SyncerLink:
             else:
                 self._bye_queued = True
                 self._outbox[("bye", 0)] = Message(MsgType.BYE, {"learner": self.learner})
+                queued = {k: m for k, m in self._outbox.items() if k[0] == "push"}
+                self._finals = [*({**self._final_pushes, **queued}).items(), (("bye", 0), self._outbox[("bye", 0)])]
             self._cv.notify_all()
-            while (self._outbox or (bye and not self._finishing)) and self.fatal is None:
+            # bye: until the syncer acknowledged the BYE and closed the connection (a connection that ends before
+            # the acknowledgement is replaced, and the final pushes and BYE sent again: `_manage`)
+            while (self._outbox or (bye and not (self._bye_acked and self._rsock is None))) and self.fatal is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self.events.log("link_flush_timeout", learner=self.learner, unsent=len(self._outbox))
+                    if bye and not self._bye_acked:
+                        self._log_given_up(flush_timeout_s)
                     break
                 self._cv.wait(left)
-            if bye and self._finishing:
-                self._finish_gracefully(deadline)
             self._closed = True
             self._cv.notify_all()
         self._drop_connection("closed")
         for th in self._threads:
             th.join(timeout=max(0.1, deadline - time.monotonic()) + self.t.socket_op_s)
 
-    def _finish_gracefully(self, deadline: float) -> None:
-        """With BYE sent (and self._cv held): read until the syncer closes the connection, which it does once it
-        has taken in the BYE and everything before it, at most until `deadline`. Closing first, with unread
-        bytes in the receive buffer (fragments the syncer sent meanwhile), makes the kernel reset the connection
-        and drop what is still in our send buffer; and a half-close does not help through a proxy, which closes
-        its upstream connection whole on our FIN, with the same loss there: the final pushes and the BYE would
-        never reach the syncer."""
-        while self._rsock is not None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            self._cv.wait(left)
+    def _log_given_up(self, waited_s: float) -> None:
+        """With self._cv held, closing past the flush bound: say which pushes are given up (the syncer, or this
+        link's shard of it, stayed unreachable), so the work they hold is accounted as discarded by a cause."""
+        queued = self._outbox.values() if self._outbox else [m for _, m in self._finals]  # else: sent, unacked
+        pushes = [m.meta for m in queued if m.type is MsgType.PUSH]
+        if pushes:
+            self.events.log("final_pushes_given_up", learner=self.learner,
+                            fragments=[int(m["fragment"]) for m in pushes],
+                            step_ranges=[[int(m["first_step"]), int(m["last_step"])] for m in pushes],
+                            c_steps=[int(m["c_steps"]) for m in pushes], final=[bool(m.get("final")) for m in pushes],
+                            waited_s=round(waited_s, 3))
 
     # -- internals --------------------------------------------------------------------------------
     def _timed(self, body: Any) -> None:
@@ -284,7 +306,7 @@ class SyncerLink:
 
     def _manage(self) -> None:
         backoff = BACKOFF_MIN_S
-        while not self._closed and not self._finishing:
+        while not self._closed and not (self._finishing and self._bye_acked):
             try:
                 sock, auth = self._connect_once()
             except LinkFatal as e:
@@ -314,6 +336,14 @@ class SyncerLink:
             if self.forward is not None:
                 self.forward(Message(MsgType.WELCOME, {"connects": self.connects}))
             self._read(sock, auth)
+            with self._cv:
+                if self._finishing and not self._bye_acked and not self._closed:
+                    # the connection ended before the syncer acknowledged our BYE: it may have died holding our
+                    # final pushes; send them and the BYE again on the next connection
+                    self._finishing = False
+                    for key, msg in self._finals:
+                        self._outbox[key] = msg
+                    self._cv.notify_all()
 
     def _read(self, sock: socket.socket, auth: FrameAuth) -> None:
         codec = self._codec
@@ -335,6 +365,10 @@ class SyncerLink:
                 return
             if msg.type is MsgType.PULL:
                 self._answer_pull(msg.meta["fragment"], msg.meta["round"])  # ints >= 0 (harness/wire_messages.py)
+            elif msg.type is MsgType.BYE:  # the syncer took in our BYE and everything before it; it closes now
+                with self._cv:
+                    self._bye_acked = True
+                    self._cv.notify_all()
             elif msg.type is MsgType.PONG:
                 if int(msg.meta.get("learner", -1)) == self.learner:
                     rtt = time.monotonic() - float(msg.meta["t"])
@@ -379,14 +413,17 @@ class SyncerLink:
         last_ping = time.monotonic()
         while True:
             with self._cv:
-                while not self._closed and not self._finishing:
+                while not self._closed:
+                    if self._finishing:  # BYE sent: nothing more on this connection (another may follow)
+                        self._cv.wait()
+                        continue
                     if self._wsock is not None and self._outbox:
                         break
                     left = last_ping + self.t.heartbeat_s - time.monotonic()
                     if self._wsock is not None and left <= 0:
                         break
                     self._cv.wait(max(0.001, left) if self._wsock is not None else None)
-                if (self._closed or self._finishing) and not self._outbox:
+                if self._closed and not self._outbox:
                     return
                 sock, auth, codec = self._wsock, self._auth, self._codec
                 if sock is None or auth is None:
@@ -395,6 +432,9 @@ class SyncerLink:
                     continue
                 if self._closed or time.monotonic() - last_ping < self.t.heartbeat_s:
                     key, msg = self._outbox.popitem(last=False)
+                    if msg.type is MsgType.BYE:  # nothing after it, not even a PING: the syncer closes on it, and
+                        self._finishing = True   # drops the rest; set before the send, so that a connection
+                        self._outbox.clear()     # ending at once is seen as ending after the BYE (`_manage`)
                 else:  # a ping goes first: stamped now, so its round trip excludes our own queue
                     self._ping_seq += 1
                     last_ping = time.monotonic()
@@ -405,17 +445,18 @@ class SyncerLink:
                 n = send_message(sock, codec.encode(msg), self.t.socket_op_s, auth)
                 self.bytes_up += n
             except OSError as e:
-                if key is not None and key[0] != "bye":
+                if key is not None:
                     with self._cv:  # keep it for the next connection unless something newer replaced it
                         self._outbox.setdefault(key, msg)
                         self._outbox.move_to_end(key, last=False)
+                        if self._bye_queued:  # closing: what went before it on this connection may be lost too
+                            for k, m in self._finals:
+                                self._outbox.setdefault(k, m)
+                            if ("bye", 0) in self._outbox:
+                                self._outbox.move_to_end(("bye", 0))
                 self._drop_connection(f"send failed: {type(e).__name__}: {e}")
                 continue
             last_sent = time.monotonic()
-            if msg.type is MsgType.BYE:
-                with self._cv:  # nothing after it, not even a PING: the syncer closes on it, and drops the rest
-                    self._finishing = True
-                    self._outbox.clear()
             if msg.type is MsgType.PUSH:
                 self.events.log("push_sent", learner=self.learner, fragment=msg.meta["fragment"], bytes=n,
                                 seconds=last_sent - t0, first_step=msg.meta["first_step"],

@@ -93,6 +93,22 @@ class StepSpan:
     kind: StepKind
     first: bool
     sync_s: float
+    tokens: int = 0
+    """Tokens the step trained (its learner's chips together)."""
+
+
+@dataclass(frozen=True)
+class DiscardedStep:
+    """One step whose work never reached the global model, as `goodput` counted it in `discarded_chip_s` (the
+    `work_kept` invariant attributes each to a cause)."""
+
+    learner: int
+    step: int
+    end: float
+    """When the step ended (event clock)."""
+    chip_s: float
+    """Its credited work: chips x its interval, or x its healthy time if it stalled."""
+    tokens: int
 
 
 @dataclass(frozen=True)
@@ -170,7 +186,7 @@ def _step_spans(evs: Sequence[Event], algorithm: str, sync_every: int) -> dict[i
         s = e.step
         kind = (StepKind.ROUND_END if algorithm == "diloco" and (s % sync_every == 0 or s in round_ends)
                 else StepKind.INNER)
-        out[m].append(StepSpan(m, s, t, max(0.0, t - begin), e.chips, kind, first, float(e.sync_s)))
+        out[m].append(StepSpan(m, s, t, max(0.0, t - begin), e.chips, kind, first, float(e.sync_s), int(e.tokens)))
         last[m] = t
     return out
 
@@ -257,6 +273,14 @@ def goodput(evs: Sequence[Event], algorithm: str, learners: int, chips: int, fra
     model counts its chips x its interval, or x its healthy step time if it stalled (`credit_step`). A learner's
     chips are allocated from its first step's credited start (start-up before it is left out) to the span's
     end; a learner that never stepped, for the whole span."""
+    return goodput_and_discards(evs, algorithm, learners, chips, fragments, sync_every, tolerance)[0]
+
+
+def goodput_and_discards(evs: Sequence[Event], algorithm: str, learners: int, chips: int, fragments: int,
+                         sync_every: int, tolerance: float = STALL_TOLERANCE) -> tuple[Goodput, list[DiscardedStep]]:
+    """`goodput`, and the steps it counted as discarded (their chip_s add up to each learner's
+    discarded_chip_s before rounding)."""
+    dropped: list[DiscardedStep] = []
     spans = _step_spans(evs, algorithm, sync_every)
     healthy = healthy_step_times(spans)
     cover = _covered(evs, algorithm, fragments, sync_every)
@@ -285,6 +309,7 @@ def goodput(evs: Sequence[Event], algorithm: str, learners: int, chips: int, fra
                 compute_total += x.chips * min(c, max(0.0, x.interval_s - x.sync_s))
             else:
                 discarded += x.chips * c
+                dropped.append(DiscardedStep(m, x.step, x.end, x.chips * c, x.tokens))
         kinds = {x.kind for x in xs}
         typical = {k.value: round(_median([h for x, h in zip(xs, healthy[m], strict=True) if x.kind == k]), 5)
                    for k in sorted(kinds, key=lambda k: k.value)}
@@ -300,7 +325,7 @@ def goodput(evs: Sequence[Event], algorithm: str, learners: int, chips: int, fra
 
     return Goodput(ratio(good_total), ratio(strict_total), ratio(compute_total), round(good_total, 3),
                    round(allocated, 3), round(end - start, 3), round(stalled_total, 3), round(discarded_total, 3),
-                   round(allocated - good_total - stalled_total - discarded_total, 3), tolerance, per)
+                   round(allocated - good_total - stalled_total - discarded_total, 3), tolerance, per), dropped
 
 
 def downtime(merge_times: list[float], start: float, end: float,

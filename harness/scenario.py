@@ -70,9 +70,10 @@ class Topology:
 class Timeouts:
     """One hierarchy of bounds; each level must be shorter than the one above it.
 
-    socket_op_s < liveness_s < gloo_s < barrier_s < run_s, heartbeat_s * 3 <= liveness_s and
-    barrier_s + gloo_s < run_s (validated before any process starts). In ddp, elastic_ddp and diloco a chip's
-    collectives are bounded by barrier_s + gloo_s, since its host may wait barrier_s for the syncer.
+    socket_op_s < liveness_s < gloo_s < barrier_s < run_s, heartbeat_s * 3 <= liveness_s,
+    socket_op_s < final_flush_s and barrier_s + gloo_s < run_s (validated before any process starts). In ddp,
+    elastic_ddp and diloco a chip's collectives are bounded by barrier_s + gloo_s, since its host may wait
+    barrier_s for the syncer.
     A socket call fails before the link is declared dead; a dead link is noticed before a Gloo
     collective gives up; a blocked baseline learner gives up before the whole run's deadline kills
     everything.
@@ -92,6 +93,12 @@ class Timeouts:
     """How long a synchronous baseline learner waits for the syncer's result before failing."""
     startup_s: float = bounded(60.0, 1.0, 3600.0)
     """All processes must have started and joined their Gloo group within this."""
+    final_flush_s: float = bounded(30.0, 0.1, 3600.0)
+    """How long a finished learner's link keeps its final pushes (and the BYE) while the syncer, or a shard of
+    it, is unreachable, waiting for it to come back (a restored syncer merges them); past it the link gives
+    them up and says so (`final_pushes_given_up`). Above socket_op_s (run_s, the run's deadline, bounds it
+    too); it must cover the syncer's repair time plus its restart (a few seconds here) for a learner that
+    finishes during a syncer outage to keep its work."""
     run_s: float = bounded(900.0, 1.0, 86400.0)
     """Hard deadline of the whole run; past it every process is killed and the run fails."""
     shutdown_s: float = bounded(5.0, 0.1, 600.0)

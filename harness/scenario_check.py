@@ -356,6 +356,9 @@ def _timeouts(sc: Scenario, found: Found) -> None:
     if t.barrier_s + t.gloo_s >= t.run_s and found.ok("timeouts.barrier_s", "timeouts.gloo_s", "timeouts.run_s"):
         found.add("timeouts.barrier_s", f"timeouts.barrier_s = {t.barrier_s}: barrier_s + gloo_s must be below "
                                         f"timeouts.run_s = {t.run_s} (baseline chips wait up to barrier_s + gloo_s)")
+    if not t.socket_op_s < t.final_flush_s and found.ok("timeouts.socket_op_s", "timeouts.final_flush_s"):
+        found.add("timeouts.final_flush_s", f"timeouts.final_flush_s = {t.final_flush_s}: must be above "
+                                            f"timeouts.socket_op_s = {t.socket_op_s} (timeout hierarchy)")
     if t.heartbeat_s * 3 > t.liveness_s and found.ok("timeouts.heartbeat_s", "timeouts.liveness_s"):
         found.add("timeouts.heartbeat_s", f"timeouts.heartbeat_s = {t.heartbeat_s}: must be at most "
                                           f"timeouts.liveness_s / 3 = {t.liveness_s / 3:g}")

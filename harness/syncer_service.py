@@ -34,7 +34,7 @@ from harness.syncer_dispatch import HANDLERS, AlgorithmHandler
 from harness.syncer_evaluator import EVAL_SEQS, Evaluator, evaluate
 from harness.syncer_shards import assembled_params, checkpoint_name, fragment_owners, proc_name
 from harness.syncer_transport import OUTQ_MAX, Conn, InboxItem, Transport, max_frame_bytes
-from harness.wire import MsgType
+from harness.wire import Message, MsgType
 
 __all__ = ["EVAL_SEQS", "OUTQ_MAX", "STATE_DIR", "Conn", "SyncerService", "SyncerSpec", "evaluate",
            "fragment_digest", "max_frame_bytes", "syncer_main"]
@@ -164,8 +164,10 @@ class SyncerService:
             self.handler.on_bye(learner)
             self.events.log("learner_bye", learner=learner)
             # the syncer closes, not the learner: it has taken in everything the learner sent before BYE, and
-            # a learner that closed first would lose what its (or its proxy's) send buffer still held
-            self.transport.close(conn, "learner said BYE")
+            # a learner that closed first would lose what its (or its proxy's) send buffer still held. Its own
+            # BYE first: a learner whose connection ends without it sends its final pushes again (harness/link.py)
+            self.transport.send(conn, Message(MsgType.BYE, {}))
+            self.transport.close_after_sent(conn, "learner said BYE")
         elif not self.handler.on_message(learner, msg):
             self.events.log("unexpected_message", learner=learner, type=msg.type.name)
 

@@ -275,6 +275,9 @@ class Transport:
                     msg = Message(MsgType.HEARTBEAT, {})
                 if msg is None:
                     break
+                if isinstance(msg, tuple) and msg[0] == "close":  # ("close", reason): all before it is sent
+                    self.close(conn, str(msg[1]))
+                    break
                 if isinstance(msg, tuple):  # ("latest", p): the newest value of fragment p, taken now
                     with conn.latest_lock:
                         msg = conn.latest.pop(msg[1], None)
@@ -324,6 +327,15 @@ class Transport:
             conn.latest[p] = msg
         if not waiting:
             self.send(conn, ("latest", p))  # type: ignore[arg-type]
+
+    def close_after_sent(self, conn: Conn, reason: str) -> None:
+        """Close the connection once its writer has sent everything queued before this call."""
+        if conn.closed.is_set():
+            return
+        try:
+            conn.outq.put(("close", reason), timeout=self.t.socket_op_s)
+        except queue.Full:  # a stalled writer: close now
+            self.close(conn, reason)
 
     def send(self, conn: Conn, msg: Message) -> None:
         if conn.closed.is_set():

@@ -14,14 +14,19 @@ is the time to replace a machine (minutes, not seconds), which only lengthens th
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 
 from harness.invariants import InvariantViolation
+from harness.invariants.registry import spec
 from harness.metrics import DOWNTIME_WINDOW_S
 from harness.scenario import from_dict
 from harness.tolerance import SEED_SD, Reference
+from trainers.mutations import ENV_VAR
 
 pytestmark = [pytest.mark.failure, pytest.mark.timeout(600)]
 """600 s: a test's first use of the shared fault-free run (`cluster`) runs it inside that test's budget."""
@@ -322,3 +327,96 @@ def test_k_equals_m_failure_is_caught_by_the_availability_invariant(run_scenario
                           "k-equals-m")
     with pytest.raises(InvariantViolation, match=r"invariant availability violated: uptime [0-9.]+ < bound 0\.9"):
         broken.check("availability", min_uptime=MIN_UPTIME)
+
+
+FINISH_IN_OUTAGE = """
+name = "finish-in-outage"
+seed = 5
+algorithm = "decoupled"
+[topology]
+learners = 2
+chips_per_learner = 1
+[train]
+steps = 120
+warmup_steps = 10
+[diloco]
+fragments = 4
+sync_every = 4
+overlap = 1
+max_staleness = 32
+[eval]
+every_s = 2.0
+batches = 2
+[timeouts]
+run_s = 240.0
+connect_s = 10.0
+[recovery]
+policy = "restart"
+syncer_policy = "restart"
+syncer_checkpoint = "every_merge"
+
+[[faults]]
+action = "slow"                         # learner 1 at half speed until learner 0's step 100: learner 0
+learner = 1                             # finishes first, far ahead, while learner 1 trains on at full speed
+speed = 0.5
+at = { step = 1, learner = 0 }
+until = { step = 100, learner = 0 }
+
+[[faults]]
+action = "degrade"                      # learner 0's slow WAN (the incident's): it rejoins the restored syncer
+learner = 0                             # seconds after learner 1, whose merges meanwhile move every fragment past
+latency_ms = 1000                       # the versions learner 0's final pushes are based on
+at = { step = 60, learner = 0 }
+
+[[faults]]
+action = "kill_syncer"                  # 10 steps before learner 0's last: it finishes while the syncer is down
+repair_s = 3.0
+at = { step = 110, learner = 0 }
+"""
+"""Learner 0 finishes while the syncer is down (issue 26), and rejoins the restored syncer after learner 1 has
+merged every fragment again. max_staleness 32: its final pushes, based on versions several merges behind, are
+judged by the rejoin rule here, not by lagging. connect_s 10: its hand-shake crosses the 1 s latency twice."""
+
+
+def _finish_in_outage(tmp_path: Any) -> Any:
+    path = tmp_path / "finish-in-outage.toml"
+    path.write_text(FINISH_IN_OUTAGE)
+    return path
+
+
+def test_syncer_crash_failure_keeps_the_final_pushes_of_a_learner_that_finished_meanwhile(run_scenario, tmp_path):
+    """Learner 0 finishes its steps while the syncer is down; its link keeps the final pushes (timeouts.
+    final_flush_s) and delivers them to the restored syncer, which merges every one of them (a finished learner
+    applies nothing, so the before_rejoin rule must not drop them): no discarded work lacks a cause."""
+    res = run_scenario(_finish_in_outage(tmp_path))
+    evs = res.events
+    down = next(e for e in evs if e["ev"] == "syncer_down")
+    restore = next(e for e in evs if e["ev"] == "syncer_restore")
+    done0 = next(e for e in evs if e["ev"] == "learner_done" and e["learner"] == 0)
+    assert down["t"] < done0["t"] < restore["t"], "learner 0 must finish while the syncer is down"
+    finals = [e for e in evs if e["ev"] == "push" and e["learner"] == 0 and e["final"] and e["t"] > restore["t"]]
+    merged = {(m, e["fragment"], a, b) for e in evs if e["ev"] == "merge"
+              for m, (a, b) in zip(e["participants"], e["step_ranges"], strict=True)}
+    missing = [e for e in finals if (0, e["fragment"], e["first_step"], e["last_step"]) not in merged]
+    discarded = {m: g["discarded_chip_s"] for m, g in res.report["goodput"]["per_learner"].items()}
+    res.figures({"final_pushes": len(finals), "not_merged": len(missing), "discarded_chip_s": discarded})
+    assert finals and not missing, f"final pushes of learner 0 not merged: {missing}"
+    assert not [e for e in evs if e["ev"] == "final_pushes_given_up"]
+    res.check("work_kept")
+    res.check("updates_accounted")
+    res.check("pushes_received")
+
+
+def test_syncer_crash_failure_work_kept_catches_final_pushes_dropped_on_rejoin(tmp_path):
+    """The same run with the old rule back (mutation final_before_rejoin, set in the environment of a CLI run, as
+    the mutation switch requires: run processes inherit the environment their forkserver started with): the
+    restored syncer declines learner 0's final pushes as before_rejoin, its last steps reach no merge, and
+    work_kept fails naming them."""
+    runs = tmp_path / "runs"
+    env = dict(os.environ, **{ENV_VAR: "final_before_rejoin"})
+    out = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(_finish_in_outage(tmp_path)), "--runs-dir",
+                          str(runs)], env=env, capture_output=True, text=True, timeout=300)
+    (run_dir,) = [d for d in runs.iterdir() if d.is_dir()]
+    result = spec("work_kept")(run_dir)
+    assert not result.ok and result.figure > 0, (result, out.stdout[-3000:])
+    assert "learner 0 steps" in result.detail and "unexplained_final_dropped" in result.detail, result.detail

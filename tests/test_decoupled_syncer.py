@@ -620,3 +620,45 @@ def test_deterministic_mode_waits_for_learners_not_started_yet_and_merges_once_a
     s.on_push(push(s, 1, 3), rid, 11.2)
     (rec,), _ = s.poll(11.2, alive(0, 1))
     assert rec.participants == [0, 1]
+
+
+def _finished_push_after_rejoin(s: DecoupledSyncer) -> tuple[FragmentPush, FragmentPush]:
+    """Learner 1's final push of fragment 1 based on version 0, and a running copy of it, after a merge made
+    version 1 and learner 1 rejoined (a restored syncer sends it version 1)."""
+    rid = open_round(s, 1, who=alive(0))
+    final = push(s, 1, 1, final=True)
+    running = push(s, 1, 1)
+    s.on_push(push(s, 0, 1), rid, 10.1)
+    s.poll(10.1, alive(0))
+    assert s.versions[1] == 1
+    s.on_join(1)
+    return final, running
+
+
+def test_a_final_push_after_rejoin_is_merged_by_the_ordinary_rules() -> None:
+    """Issue 26: a learner that finished while the syncer was down rejoins only to deliver its final pushes and
+    never applies the values it is sent; a final push based on an older version is carried and merged (it holds
+    steps not merged), while a running learner's push from before its rejoin is still declined."""
+    s = make(min_quorum=1, grace_enabled=False)
+    final, running = _finished_push_after_rejoin(s)
+    assert s.on_push(running, None, 10.2)[0] is PushOutcome.BEFORE_REJOIN
+    assert s.on_push(final, None, 10.2)[0] is PushOutcome.CARRIED and s.held[1] == {1: final}
+    assert s.drop_carried(1) == [] and s.held[1] == {1: final}
+    (rec,) = s.drain(10.3)
+    assert rec.participants == [1] and s.versions[1] == 2
+
+
+def test_a_final_push_after_rejoin_is_still_declined_when_stale_or_lagging() -> None:
+    """The ordinary rules still apply to a final push: lagging beyond max_staleness."""
+    s = make(min_quorum=1, grace_enabled=False, max_staleness=0)
+    final, _ = _finished_push_after_rejoin(s)
+    assert s.on_push(final, None, 10.2)[0] is PushOutcome.LAGGING
+
+
+def test_mutation_final_before_rejoin_restores_the_old_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainers import mutations
+
+    monkeypatch.setattr(mutations, "current", lambda: "final_before_rejoin")
+    s = make(min_quorum=1, grace_enabled=False)
+    final, _ = _finished_push_after_rejoin(s)
+    assert s.on_push(final, None, 10.2)[0] is PushOutcome.BEFORE_REJOIN

@@ -584,8 +584,9 @@ def test_check_all(tmp_path: Path) -> None:
     run = load_run(write_run(tmp_path, complete(with_protocol_facts(decoupled_log())), params={"w": torch.ones(2)}))
     results = check_all(run, max_loss=3.0, bound_s=1.0, min_uptime=0.9, within_s=5.0)
     assert [r.name for r in results] == ["converged", "no_global_downtime", "availability", "faults_fired",
-                                         "rejoined", "updates_accounted", "token_accounting", "model_finite",
-                                         "learners_finite", "rda_norms", "outer_lr", "token_weights", "pushes_received",
+                                         "rejoined", "updates_accounted", "work_kept", "token_accounting",
+                                         "model_finite", "learners_finite", "rda_norms", "outer_lr", "token_weights",
+                                         "pushes_received",
                                          "apply_schedule", "initial_pull"]  # the protocol invariants: decoupled
     assert all(r.ok for r in results), [str(r) for r in results if not r.ok]
     strict = check_all(run, max_loss=2.0)

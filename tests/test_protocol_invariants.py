@@ -67,7 +67,7 @@ def first(evs: list[dict[str, Any]], kind: str, **match: Any) -> dict[str, Any]:
 
 def test_registry_reaches_every_protocol_invariant_by_name(tmp_path: Path) -> None:
     assert set(PROTOCOL_INVARIANTS) <= set(INVARIANTS)
-    results = check_protocol(write_run(tmp_path, good()))
+    results = check_protocol(write_run(tmp_path, complete(good())))  # whole steps: work_kept reads them
     assert [r.name for r in results] == list(PROTOCOL_INVARIANTS)
     assert all(r.ok for r in results), [r.message() for r in results if not r.ok]
     ddp = [ev("merge", 1.0, participants=[0, 1], step=1)]

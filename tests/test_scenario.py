@@ -123,6 +123,7 @@ def test_broken_timeout_hierarchy() -> None:
     rejected(table(timeouts={"barrier_s": 5.0}), "timeouts.gloo_s", "timeouts.barrier_s")
     rejected(table(timeouts={"run_s": 30.0}), "timeouts.barrier_s", "timeouts.run_s")
     rejected(table(timeouts={"socket_op_s": 3.0}), "timeouts.socket_op_s", "timeouts.liveness_s")
+    rejected(table(timeouts={"final_flush_s": 1.5}), "timeouts.final_flush_s", "timeouts.socket_op_s")
 
 
 def test_heartbeat_too_large_for_liveness() -> None:

@@ -34,7 +34,10 @@ copy whose work an earlier merge already holds: a learner merged into version
 v of a fragment offers nothing new until it has applied v, so its pushes based
 on an older version are declined, never merged twice). A learner that
 (re)joins is sent every current fragment; until it has applied them, its
-pushes based on older versions are declined too (`on_join`, BEFORE_REJOIN).
+pushes based on older versions are declined too (`on_join`, BEFORE_REJOIN),
+except its final pushes: a learner that finished while the syncer was down
+reconnects only to deliver them and never applies what it is sent, so they
+are judged by the other rules and merged when they hold steps not merged.
 A push based on a version more than `max_staleness` behind the fragment's
 current one is declined as LAGGING and its learner sent the current value: its
 learner missed that many merges (a freeze or stall shorter than the liveness
@@ -247,13 +250,15 @@ class DecoupledSyncer:
     def drop_carried(self, learner: int) -> list[FragmentPush]:
         """A learner (re)joined: drop its carried pushes based on versions older than the current ones. It is
         sent the current values, which overwrite that work and reset its counters; merged afterwards, measured
-        against the current value, such a push would pull the model back (the BEFORE_REJOIN case)."""
+        against the current value, such a push would pull the model back (the BEFORE_REJOIN case). A final push
+        is kept: a finished learner applies nothing, so its work would be lost (`_keeps_final`)."""
         dropped = []
         for p in range(len(self.partition)):
             rnd = self.rounds[p]
             for held, fresh in ((self.held[p], set()), (rnd.pushes, rnd.fresh) if rnd is not None else ({}, set())):
                 q = held.get(learner)
-                if q is not None and learner not in fresh and q.base_version < self.versions[p]:
+                if (q is not None and learner not in fresh and q.base_version < self.versions[p]
+                        and not self._keeps_final(q)):
                     dropped.append(held.pop(learner))
         return dropped
 
@@ -311,13 +316,21 @@ class DecoupledSyncer:
             return PushOutcome.DECLINED
         if self.is_stale(push):
             return PushOutcome.STALE
-        if push.base_version < self.joined_at.get((push.learner, p), 0):
+        if push.base_version < self.joined_at.get((push.learner, p), 0) and not self._keeps_final(push):
             return PushOutcome.BEFORE_REJOIN
         if self.versions[p] - push.base_version > self.cfg.max_staleness:
             return PushOutcome.LAGGING
         if self.cfg.outer_anchor == "base" and push.base_version not in self.history[p]:
             return PushOutcome.UNANCHORED
         return None
+
+    @staticmethod
+    def _keeps_final(push: FragmentPush) -> bool:
+        """A final push is exempt from BEFORE_REJOIN (and from `drop_carried`): its learner has finished and
+        will never apply the values it was sent on rejoining (a finished learner's link reconnects to a restored
+        syncer only to deliver these), so nothing overwrites its work; judged by the ordinary rules (STALE,
+        LAGGING, UNANCHORED), it is merged when it covers steps not merged yet."""
+        return push.final and not mutations.active("final_before_rejoin")
 
     def is_stale(self, push: FragmentPush) -> bool:
         """Whether the push is based on a version older than one its learner's work was already merged into."""

@@ -30,6 +30,8 @@ MUTATIONS: dict[str, str] = {
     "stale_as_fresh": "the syncer's staleness check skipped: a stale push is merged as a fresh one.",
     "ignore_token_weights": "token weights ignored (uniform weights) although token_weighting is on.",
     "overlap_off_by_one": "a merged fragment is applied one learner step later than the tau schedule says.",
+    "final_before_rejoin": ("a finished learner's final pushes are declined as before_rejoin (and dropped from "
+                            "the carried ones) when it reconnects to a restored syncer, as before issue 26."),
     "skip_initial_pull": "a restarted learner skips its initial pull of the global model before its first step.",
 }
 """Every mutation name, with what it breaks."""

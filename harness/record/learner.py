@@ -296,6 +296,27 @@ class LinkFlushTimeout(Event):
     """Messages left unsent."""
 
 
+@event("final_pushes_given_up", LINK)
+@dataclass(frozen=True, kw_only=True)
+class FinalPushesGivenUp(Event):
+    """decoupled: a finished learner closed its link with pushes the syncer never took in (it, or the learner's
+    shard of it, stayed unreachable past `timeouts.final_flush_s`): the work of these step ranges is given up.
+    Written with `link_flush_timeout`; the `work_kept` invariant counts it as a cause of discarded work."""
+
+    learner: int
+    """The learner."""
+    fragments: list[int]
+    """The fragment of each push given up."""
+    step_ranges: list[list[int]]
+    """Each push's [first_step, last_step]."""
+    c_steps: list[int]
+    """Each push's inner steps."""
+    final: list[bool]
+    """Whether each was a final push (the others: an answer to a pull still queued)."""
+    waited_s: float
+    """Seconds the link waited for the syncer before giving up (its flush bound)."""
+
+
 @event("link_down", LINK)
 @dataclass(frozen=True, kw_only=True)
 class LinkDown(Event):

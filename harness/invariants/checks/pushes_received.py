@@ -31,7 +31,9 @@ def pushes_received(run: Run, *, show: int = 5) -> InvariantResult:
     (TCP delivers in order: a push sent before a BYE the syncer read was read too). A push logged as sent after
     the syncer logged that learner's BYE (and before it joined again) went out after the BYE (the link answers a
     pull that came in while it was closing) and is not counted either: the learner's final push holds its
-    steps. Figure: pushes lost."""
+    steps. A push sent more than once (a finished learner sends its final pushes again when its connection
+    ended before the syncer answered its BYE) is counted per copy; the copies missing are first those whose
+    connection was lost. Figure: pushes lost."""
     r = _run(run)
     measure = "pushes sent but never logged by the syncer"
     sent = [e for e in r.records(PushSent) if e.c_steps > 0 and e.first_step <= e.last_step]
@@ -63,10 +65,17 @@ def pushes_received(run: Run, *, show: int = 5) -> InvariantResult:
     by_key: dict[PushKey, list[PushSent]] = defaultdict(list)
     for e in sent:
         by_key[key(e)].append(e)
+    def lost_with_connection(e: PushSent) -> bool:
+        after = sorted(x for x in ends[e.learner] if x[0] > e.t)
+        return bool(after) and after[0][1]
+
     lost, excused, after_bye = [], 0, 0
     for k, sends in by_key.items():
         missing = len(sends) - received[k]
-        for e in sorted(sends, key=lambda x: x.t)[len(sends) - missing:] if missing > 0 else []:
+        # a push sent more than once (a finished learner re-sends its final pushes when its connection ended
+        # before the syncer answered its BYE): the copies missing are first those whose connection was lost
+        order = sorted(sends, key=lambda x: (not lost_with_connection(x), x.t))
+        for e in order[:missing] if missing > 0 else []:
             before = [x for x in byes[k[0]] if x[0] < e.t]
             after = sorted(x for x in ends[k[0]] if x[0] > e.t)
             if before and before[-1][1]:
