@@ -296,8 +296,8 @@ def chip_main(spec: ChipSpec) -> None:
                        timing={k: round(v, 4) for k, v in core.timing.items()}, cpu_s=cpu_seconds())
     except Exception as e:
         failed = True
+        print_error(e)  # logs/<proc>.stderr, before the event the supervisor reacts to; not printed twice
         events.log("chip_error", learner=spec.learner, rank=spec.rank, error=f"{type(e).__name__}: {e}")
-        print_error(e)  # into logs/<proc>.stderr now; exit 1 without the interpreter printing it a second time
         raise SystemExit(1) from e
     finally:
         if link is not None:

@@ -153,12 +153,14 @@ def stderr_to_file(run_dir: str | os.PathLike[str], proc: str) -> None:
 
 
 def print_error(e: BaseException) -> None:
-    """Write `e`'s traceback to stderr (the process's log file) at once: the supervisor may stop a failing
-    process, its learner down, before the interpreter would print it on the way out."""
+    """Write `e`'s traceback to stderr (the process's log file) at once, in one write: the supervisor may stop
+    a failing process, its learner down, before the interpreter would print it on the way out, or between the
+    lines traceback.print_exception writes one at a time. Call it before logging the error's event, which is
+    what the supervisor reacts to."""
     import traceback
 
-    traceback.print_exception(e, file=sys.stderr)
     sys.stderr.flush()
+    os.write(2, "".join(traceback.format_exception(e)).encode(errors="replace"))
 
 
 def signal_tree(pid: int, sig: int) -> None:

@@ -220,8 +220,8 @@ def syncer_main(spec: SyncerSpec, port_conn: Any, stop_requested: Any) -> None:
     try:
         svc.serve(stop_requested)
     except Exception as e:
+        print_error(e)  # logs/<proc>.stderr, before the event the supervisor reacts to; not printed twice
         events.log("syncer_error", error=f"{type(e).__name__}: {e}")
-        print_error(e)  # into logs/<proc>.stderr now; exit 1 without the interpreter printing it a second time
         raise SystemExit(1) from e
     finally:
         events.close()

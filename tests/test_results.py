@@ -30,7 +30,16 @@ ROW_FIELDS = {"label", "algorithm", "scenario", "seed", "faults", "goodput", "me
               "wall_s", "run_dir", "invariants", "vs_fault_free_ddp", "train_steps"}
 """The documented row fields (docs/metrics.md, "Results JSON"): renaming or removing one breaks readers."""
 INVARIANT_FIELDS = {"name", "ok", "figure", "bound", "relation", "unit", "measure", "detail"}
-BOUND_FREE = ["faults_fired", "updates_accounted", "token_accounting", "model_finite"]
+BOUND_FREE = ["faults_fired", "updates_accounted", "token_accounting", "model_finite", "learners_finite"]
+
+
+def bound_free(algorithm: str) -> list[str]:
+    """The bound-free invariants of a row, in the registry's order: work_kept applies to decoupled only."""
+    if algorithm != "decoupled":
+        return BOUND_FREE
+    return [*BOUND_FREE[:2], "work_kept", *BOUND_FREE[2:]]
+
+
 PROTOCOL = ["rda_norms", "outer_lr", "token_weights", "pushes_received", "apply_schedule", "initial_pull"]
 """harness/protocol_invariants.py: in the row of a decoupled run only."""
 
@@ -130,7 +139,7 @@ def test_compare_json_writes_every_run_and_the_verdict(tmp_path: Path, capsys: p
         assert r.final_eval_loss is not None and r.vs_fault_free_ddp == pytest.approx(r.final_eval_loss - ref,
                                                                                       abs=1e-3)
         protocol = PROTOCOL if r.algorithm == "decoupled" else []
-        assert [i.name for i in r.invariants] == ["converged", *BOUND_FREE, *protocol]
+        assert [i.name for i in r.invariants] == ["converged", *bound_free(r.algorithm), *protocol]
         failed = [f"{i.name}: {i.detail}" for i in (r.invariants[-len(protocol):] if protocol else []) if not i.ok]
         assert not failed, f"{r.label}: {failed} (run dir {r.run_dir})"
         converged = r.invariants[0]
