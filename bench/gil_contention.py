@@ -23,9 +23,9 @@ STEPS, WARMUP = 350, 50
 def loop(switch_s: float, bg_ms: float, out: mp.Queue) -> None:
     import torch
 
-    from harness.scenario import builtin
-    from trainers.data import make_splits, train_batch
-    from trainers.learner import LearnerCore
+    from diloco_chaos.harness.scenario import builtin
+    from diloco_chaos.trainers.data import make_splits, train_batch
+    from diloco_chaos.trainers.learner import LearnerCore
 
     torch.set_num_threads(1)
     sys.setswitchinterval(switch_s)

@@ -4,7 +4,7 @@ What: bulk throughput (MB/s, client -> server and server -> client) and small-me
 round-trip latency (median and p99 in microseconds of N 16-byte ping-pongs) for
   * a direct loopback connection,
   * the embedded server in this process (``EmbeddedToxiproxy``, asyncio in a thread),
-  * the embedded server as its own process (``python -m chaos.toxiproxy_server``),
+  * the embedded server as its own process (``python -m diloco_chaos.chaos.toxiproxy_server``),
   * the Go ``toxiproxy-server`` if one is on PATH (otherwise the row says it was skipped).
 
 Why: every learner -> synchronizer link in a chaos run goes through one proxy, so the
@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 
-from chaos.toxiproxy_server import EmbeddedToxiproxy
+from diloco_chaos.chaos.toxiproxy_server import EmbeddedToxiproxy
 
 LOG = logging.getLogger("bench.proxy_overhead")
 
@@ -205,7 +205,7 @@ def _embedded_in_process(upstream: str) -> Iterator[tuple[str, int]]:
 
 @contextmanager
 def _embedded_subprocess(upstream: str) -> Iterator[tuple[str, int]]:
-    command = [sys.executable, "-m", "chaos.toxiproxy_server", "--host", "127.0.0.1", "--port", "0"]
+    command = [sys.executable, "-m", "diloco_chaos.chaos.toxiproxy_server", "--host", "127.0.0.1", "--port", "0"]
     proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr or []], daemon=True).start()

@@ -1,7 +1,7 @@
 """Speed of the goodput simulator: the whole Table 1 grid (30 cells), N seeds per cell.
 
 Not a test: it prints a table. Each repeat simulates every cell of the paper's
-Table 1 (harness/simulator/table1.py) and reports the wall time of the grid,
+Table 1 (diloco_chaos/harness/simulator/table1.py) and reports the wall time of the grid,
 the failure, repair and syncer events it simulated, events per second, and the
 largest distance from the paper's values (points). The simulator is vectorised
 (one numpy pass per cell and seed; no per-event Python loop), so the figure is
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from harness.simulator.table1 import run_grid
+from diloco_chaos.harness.simulator.table1 import run_grid
 
 
 def main() -> None:

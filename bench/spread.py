@@ -24,10 +24,10 @@ from typing import Any
 import torch
 from table import Column, emit, parser  # bench/ is the script's directory: on sys.path when run
 
-from harness.report import final_model
-from harness.scenario import Scenario, builtin, from_dict, load
-from harness.supervisor import run_scenario
-from trainers.data import eval_batches, make_splits
+from diloco_chaos.harness.report import final_model
+from diloco_chaos.harness.scenario import Scenario, builtin, from_dict, load
+from diloco_chaos.harness.supervisor import run_scenario
+from diloco_chaos.trainers.data import eval_batches, make_splits
 
 
 def holdout_stderr(run_dir: Path, sc: Scenario) -> float:

@@ -1,7 +1,7 @@
 """The measurements behind the suites' loss tolerances: each suite's reference run, repeated.
 
-Not a test: it prints a table. Every convergence bound in suites/ and harness/compare.py is
-`reference + harness.tolerance.loss_tolerance(sd, cost)`: the reference run's final eval loss (a fault-free
+Not a test: it prints a table. Every convergence bound in suites/ and diloco_chaos/harness/compare.py is
+`reference + diloco_chaos.harness.tolerance.loss_tolerance(sd, cost)`: the reference run's final eval loss (a fault-free
 twin the test runs itself, or a mean measured here), plus K standard deviations of the difference of two runs
 (sqrt(2) x the run-to-run sd measured here), plus the cost the test's fault is allowed. This bench runs each
 suite's reference scenario (built by the suite's own scenario function, with its own seed) --repeats times
@@ -25,9 +25,9 @@ from typing import Any
 from spread import stats  # bench/ is the script's directory: on sys.path when run
 from table import Column, emit, parser
 
-from harness.scenario import Scenario, builtin
-from harness.supervisor import run_scenario
-from harness.tolerance import loss_tolerance
+from diloco_chaos.harness.scenario import Scenario, builtin
+from diloco_chaos.harness.supervisor import run_scenario
+from diloco_chaos.harness.tolerance import loss_tolerance
 
 SUITES = Path(__file__).resolve().parent.parent / "suites"
 

@@ -8,7 +8,7 @@ invariants, and to bring your own model, data and loss (a `Task`). docs/api.md d
     print(run.report["final_eval_loss"], run.report["final_eval_metrics"])
     run.check_all(max_loss=0.5)                 # every invariant that applies; AssertionError naming figures
 
-Why a package of its own: harness/, trainers/ and chaos/ are the implementation, laid out by job; a user's
+Why a package of its own: diloco_chaos/harness/, diloco_chaos/trainers/ and diloco_chaos/chaos/ are the implementation, laid out by job; a user's
 code should not have to know which of their modules holds what it needs, nor break when they move. Everything
 here is re-exported, so `from diloco_chaos import X` stays the stable path.
 """
@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from harness.chaos_run import INVARIANTS, ChaosRun
-from harness.invariants import (
+from diloco_chaos.harness.chaos_run import INVARIANTS, ChaosRun
+from diloco_chaos.harness.invariants import (
     InvariantResult,
     InvariantViolation,
     RunRecord,
@@ -29,13 +29,13 @@ from harness.invariants import (
     final_loss,
     load_run,
 )
-from harness.invariants import spec as invariant
-from harness.record import read_records
-from harness.results import ResultsFile, RunRow, read_results, run_row, write_results
-from harness.scenario import Scenario, ScenarioError, builtin, builtin_names, from_dict, load
-from harness.supervisor import RunFailed, RunResult, Supervisor
-from harness.task_check import MemoryEstimate, check_memory, memory_estimate, scenario_task
-from trainers.task import BUILTIN_TASKS, Batch, Task, TaskConfig, TaskContext, TaskError, load_task
+from diloco_chaos.harness.invariants import spec as invariant
+from diloco_chaos.harness.record import read_records
+from diloco_chaos.harness.results import ResultsFile, RunRow, read_results, run_row, write_results
+from diloco_chaos.harness.scenario import Scenario, ScenarioError, builtin, builtin_names, from_dict, load
+from diloco_chaos.harness.supervisor import RunFailed, RunResult, Supervisor
+from diloco_chaos.harness.task_check import MemoryEstimate, check_memory, memory_estimate, scenario_task
+from diloco_chaos.trainers.task import BUILTIN_TASKS, Batch, Task, TaskConfig, TaskContext, TaskError, load_task
 
 __all__ = [
     "BUILTIN_TASKS", "INVARIANTS", "Batch", "ChaosRun", "InvariantResult", "InvariantViolation", "MemoryEstimate",

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from harness.events import STRICT_ENV
-from harness.scenario import Scenario, from_dict
+from diloco_chaos.harness.events import STRICT_ENV
+from diloco_chaos.harness.scenario import Scenario, from_dict
 
 os.environ.setdefault(STRICT_ENV, "1")
-"""Every event a test's runs write is checked against its record (harness/record) as it is written, so each test
+"""Every event a test's runs write is checked against its record (diloco_chaos/harness/record) as it is written, so each test
 that runs the real processes also checks that the emitters match the schema (docs/events.md)."""
 
 
@@ -95,7 +95,7 @@ def complete(evs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Hand-built test events made whole: t/wall/pid/proc default to 0.0/0.0/0/"test", and every required field
     of the kind's record that the test left out gets a placeholder of its type (None where the type admits it).
     Fields the test gives are kept as they are, so an unknown or mistyped one still fails `parse`."""
-    from harness.record.base import REGISTRY, hints, required
+    from diloco_chaos.harness.record.base import REGISTRY, hints, required
     out = []
     for e in evs:
         cls = REGISTRY[e["ev"]]
@@ -109,5 +109,5 @@ def complete(evs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def as_records(evs: list[dict[str, Any]]) -> list[Any]:
     """Hand-built test events as their typed records (see `complete`), for the readers that take records."""
-    from harness.record import parse
+    from diloco_chaos.harness.record import parse
     return [parse(e) for e in complete(evs)]

@@ -15,9 +15,9 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from chaos.fault_generator import RandomFaultsConfig
-from chaos.schedule import ACTION_PARAMS, ACTIONS
-from harness.scenario import Scenario, builtin
+from diloco_chaos.chaos.fault_generator import RandomFaultsConfig
+from diloco_chaos.chaos.schedule import ACTION_PARAMS, ACTIONS
+from diloco_chaos.harness.scenario import Scenario, builtin
 
 _HINTS = typing.get_type_hints(Scenario)
 SECTIONS: dict[str, list[str]] = {

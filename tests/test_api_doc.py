@@ -5,8 +5,8 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
-from harness.chaos_run import ChaosRun
-from harness.pytest_plugin import MARKERS
+from diloco_chaos.harness.chaos_run import ChaosRun
+from diloco_chaos.harness.pytest_plugin import MARKERS
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "suite" / "test_writing_a_suite.py"

@@ -1,4 +1,4 @@
-"""Tests for trainers.baselines and trainers.elastic_ddp: the ddp, elastic_ddp and synchronous DiLoCo syncers."""
+"""Tests for diloco_chaos.trainers.baselines and diloco_chaos.trainers.elastic_ddp: the ddp, elastic_ddp and synchronous DiLoCo syncers."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from trainers.baselines import DdpSyncer, DilocoSyncer, SyncRejected, SyncRound
-from trainers.config import DilocoConfig, TrainConfig
-from trainers.elastic_ddp import Action, Change, ElasticDdpSyncer, OpenStep, decide
-from trainers.learner import STATE_STEP_KEY, InnerOptimizer, LearnerCore, run_ddp
-from trainers.model import ModelConfig, build_model
+from diloco_chaos.trainers.baselines import DdpSyncer, DilocoSyncer, SyncRejected, SyncRound
+from diloco_chaos.trainers.config import DilocoConfig, TrainConfig
+from diloco_chaos.trainers.elastic_ddp import Action, Change, ElasticDdpSyncer, OpenStep, decide
+from diloco_chaos.trainers.learner import STATE_STEP_KEY, InnerOptimizer, LearnerCore, run_ddp
+from diloco_chaos.trainers.model import ModelConfig, build_model
 
 MODEL = ModelConfig(seq_len=8, d_model=16, n_layers=1, n_heads=2, d_ff=32)
 TRAIN = TrainConfig(steps=10, lr=1e-2, warmup_steps=0)
@@ -158,9 +158,9 @@ def test_diloco_rejects_nonfinite_and_never_completes_that_round() -> None:
 
 def test_a_contribution_to_a_completed_round_gets_the_stored_result_not_a_new_round() -> None:
     """A learner whose reply was lost (link outage) sends its request again after reconnecting."""
-    from trainers.baselines import DdpSyncer, DilocoSyncer
-    from trainers.config import DilocoConfig, TrainConfig
-    from trainers.model import ModelConfig
+    from diloco_chaos.trainers.baselines import DdpSyncer, DilocoSyncer
+    from diloco_chaos.trainers.config import DilocoConfig, TrainConfig
+    from diloco_chaos.trainers.model import ModelConfig
 
     cfg = ModelConfig()
     ddp = DdpSyncer(cfg, TrainConfig(), 0, 2)
@@ -356,7 +356,7 @@ class _ScriptedGroup:
     def broadcast_(self, flat: torch.Tensor, src: int = 0) -> None:
         self.broadcasts += 1
         if self.broadcasts == self.fail_at:
-            from trainers.learner import CollectiveFailed
+            from diloco_chaos.trainers.learner import CollectiveFailed
 
             raise CollectiveFailed("connection closed by peer")
 
@@ -406,7 +406,7 @@ def test_run_ddp_shrinkable_regroups_after_a_failed_collective_and_grows_at_a_st
 
 
 def test_run_ddp_not_shrinkable_fails_the_learner_on_a_failed_collective() -> None:
-    from trainers.learner import CollectiveFailed
+    from diloco_chaos.trainers.learner import CollectiveFailed
 
     core = LearnerCore(0, MODEL, TrainConfig(steps=4, lr=1e-2, warmup_steps=0),
                        DilocoConfig(fragments=1, sync_every=1), SEED)
@@ -430,7 +430,7 @@ def _fault(action: str) -> dict[str, object]:
 @pytest.mark.parametrize("action", ["kill_chip", "kill_learner", "crash_host", "freeze", "slow", "partition",
                                     "degrade", "flap", "reset_peer", "slice", "limit_data", "kill_syncer"])
 def test_elastic_ddp_accepts_exactly_the_faults_ddp_accepts(action: str) -> None:
-    from harness.scenario import ScenarioError, from_dict
+    from diloco_chaos.harness.scenario import ScenarioError, from_dict
 
     def verdict(algorithm: str) -> str:
         try:

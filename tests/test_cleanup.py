@@ -11,9 +11,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harness.pytest_plugin import wait_for
+from diloco_chaos.harness.pytest_plugin import wait_for
 
-CLI = [sys.executable, "-m", "harness.cli"]
+CLI = [sys.executable, "-m", "diloco_chaos.harness.cli"]
 
 
 

@@ -11,9 +11,9 @@ import pytest
 from conftest import tiny_table
 from test_results import write_toml
 
-from harness.cli import main
-from harness.events import EVENTS_FILE, read_events
-from harness.run_timeline import fault_bands
+from diloco_chaos.harness.cli import main
+from diloco_chaos.harness.events import EVENTS_FILE, read_events
+from diloco_chaos.harness.run_timeline import fault_bands
 
 
 def three_faults(tmp_path: Path) -> Path:

@@ -1,4 +1,4 @@
-"""Tests for trainers.decoupled_syncer: the fragment clock, push validation, quorum/grace polling and merges.
+"""Tests for diloco_chaos.trainers.decoupled_syncer: the fragment clock, push validation, quorum/grace polling and merges.
 
 Everything runs on plain float clocks; no sockets, threads or sleeps.
 """
@@ -12,10 +12,10 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from trainers.config import DilocoConfig
-from trainers.decoupled_syncer import DecoupledSyncer, PushOutcome
-from trainers.messages import FragmentPush
-from trainers.model import ModelConfig
+from diloco_chaos.trainers.config import DilocoConfig
+from diloco_chaos.trainers.decoupled_syncer import DecoupledSyncer, PushOutcome
+from diloco_chaos.trainers.messages import FragmentPush
+from diloco_chaos.trainers.model import ModelConfig
 
 MODEL = ModelConfig(seq_len=8, d_model=16, n_layers=1, n_heads=2, d_ff=32)
 P = 4  # fragments; with H = 4, fragment s % 4 is due after step s
@@ -656,7 +656,7 @@ def test_a_final_push_after_rejoin_is_still_declined_when_stale_or_lagging() -> 
 
 
 def test_mutation_final_before_rejoin_restores_the_old_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trainers import mutations
+    from diloco_chaos.trainers import mutations
 
     monkeypatch.setattr(mutations, "current", lambda: "final_before_rejoin")
     s = make(min_quorum=1, grace_enabled=False)

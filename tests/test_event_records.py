@@ -1,4 +1,4 @@
-"""The typed event records (harness/record): parse checks every field of every kind, every emitter in the code
+"""The typed event records (diloco_chaos/harness/record): parse checks every field of every kind, every emitter in the code
 writes only kinds and fields the schema names, docs/events.md is generated from the records, and real runs
 (decoupled with a chip kill under restart and a freeze; ddp) write only lines that parse into their records."""
 
@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 from conftest import tiny
 
-from harness.events import EVENTS_FILE, EventLog
-from harness.record import REGISTRY, SCHEMA_VERSION, EventSchemaError, RunLog, parse, read_records
-from harness.record.doc import DOC, field_docs, render
-from harness.record.learner import Step
-from harness.record.run import RunStart
-from harness.record.syncer import Push, PushSuperseded
-from harness.supervisor import run_scenario
-from trainers.decoupled_syncer import PushOutcome, SupersededCause
+from diloco_chaos.harness.events import EVENTS_FILE, EventLog
+from diloco_chaos.harness.record import REGISTRY, SCHEMA_VERSION, EventSchemaError, RunLog, parse, read_records
+from diloco_chaos.harness.record.doc import DOC, field_docs, render
+from diloco_chaos.harness.record.learner import Step
+from diloco_chaos.harness.record.run import RunStart
+from diloco_chaos.harness.record.syncer import Push, PushSuperseded
+from diloco_chaos.harness.supervisor import run_scenario
+from diloco_chaos.trainers.decoupled_syncer import PushOutcome, SupersededCause
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = {"t": 1.5, "wall": 1e9, "pid": 42, "proc": "learner0.chip0"}
@@ -84,7 +84,7 @@ def test_read_records_skips_a_torn_last_line_and_names_a_bad_one(tmp_path: Path)
 
 
 def test_docs_events_md_is_generated_from_the_records() -> None:
-    assert DOC.read_text() == render(), "docs/events.md is stale: run python -m harness.record.doc"
+    assert DOC.read_text() == render(), "docs/events.md is stale: run python -m diloco_chaos.harness.record.doc"
 
 
 def test_every_field_of_every_record_is_documented() -> None:
@@ -113,7 +113,7 @@ def test_every_emitter_writes_a_registered_kind_with_known_fields() -> None:
     emitted = _emitted()
     assert len(emitted) >= 70, sorted(emitted)
     unknown = {k: [w for w, _ in v] for k, v in emitted.items() if k not in REGISTRY}
-    assert not unknown, f"kinds written but not in harness/record: {unknown}"
+    assert not unknown, f"kinds written but not in diloco_chaos/harness/record: {unknown}"
     stray = [(w, sorted(kw - set(REGISTRY[k].__dataclass_fields__))) for k, calls in emitted.items()
              for w, kw in calls if kw - set(REGISTRY[k].__dataclass_fields__)]
     assert not stray, f"fields written but not in their record: {stray}"
@@ -161,8 +161,8 @@ def test_strict_event_log_refuses_a_drifting_emitter_before_writing(tmp_path: Pa
 
 
 def test_run_log_lenient_load_reads_an_older_run_and_lists_what_it_could_not(tmp_path: Path) -> None:
-    from harness.record import RunLog
-    from harness.record.syncer import Merge
+    from diloco_chaos.harness.record import RunLog
+    from diloco_chaos.harness.record.syncer import Merge
     merge = {**BASE, "t": 1.0, "proc": "syncer", "ev": "merge", "version": 1, "merges": 1, "participants": [0],
              "tokens": 1.0, "c_tokens": [1.0], "tokens_merged": 1.0}  # written before fragment/round existed
     lines = [json.dumps({**STEP, "t": 2.0, "old_field": 1}), json.dumps(merge),
@@ -182,7 +182,7 @@ def test_run_log_lenient_load_reads_an_older_run_and_lists_what_it_could_not(tmp
 
 
 def test_run_log_lenient_parse_of_a_current_event_equals_strict_parse() -> None:
-    from harness.record import RunLog, parse_lenient
+    from diloco_chaos.harness.record import RunLog, parse_lenient
     rec, problems = parse_lenient(PUSH)
     assert rec == parse(PUSH) and problems == []
     log = RunLog.from_dicts([PUSH, {**STEP, "t": 0.5}], strict=True)

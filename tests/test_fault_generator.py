@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from chaos.fault_generator import MAX_FAULTS, RandomFaultsConfig, default_end_step, expand, validate
-from chaos.schedule import ScheduleError, parse_fault
+from diloco_chaos.chaos.fault_generator import MAX_FAULTS, RandomFaultsConfig, default_end_step, expand, validate
+from diloco_chaos.chaos.schedule import ScheduleError, parse_fault
 
 KEY = "random_faults"
 

@@ -1,4 +1,4 @@
-"""The fault-kind registry (chaos/faults/): one module per kind, each registered once by name, whose params
+"""The fault-kind registry (diloco_chaos/chaos/faults/): one module per kind, each registered once by name, whose params
 dataclass declares every parameter's range or choices and documents it; the schedule's tables derive from it,
 and every error names the key."""
 
@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
-import chaos.faults
-from chaos import faults
-from chaos.faults.base import FaultKind
-from chaos.schedule import ACTION_PARAMS, ACTIONS, KILL_ACTIONS, LINK_ACTIONS, PROCESS_ACTIONS, parse_fault
-from harness import cli
-from harness.scenario import ScenarioError, from_dict
+import diloco_chaos.chaos.faults
+from diloco_chaos.chaos import faults
+from diloco_chaos.chaos.faults.base import FaultKind
+from diloco_chaos.chaos.schedule import ACTION_PARAMS, ACTIONS, KILL_ACTIONS, LINK_ACTIONS, PROCESS_ACTIONS, parse_fault
+from diloco_chaos.harness import cli
+from diloco_chaos.harness.scenario import ScenarioError, from_dict
 
 BUILTIN = ("degrade", "partition", "flap", "reset_peer", "slice", "limit_data", "kill_chip", "kill_learner",
            "crash_host", "freeze", "slow", "kill_syncer")
-MODULES = [m.name for m in pkgutil.iter_modules(chaos.faults.__path__) if m.name != "base"]
+MODULES = [m.name for m in pkgutil.iter_modules(diloco_chaos.chaos.faults.__path__) if m.name != "base"]
 
 
 def test_every_kind_is_registered_once_from_its_own_module() -> None:
@@ -30,8 +30,8 @@ def test_every_kind_is_registered_once_from_its_own_module() -> None:
     assert set(BUILTIN) <= set(registered)
     assert sorted(registered) == sorted(MODULES), "one module per kind, named after it"
     for name, kind in registered.items():
-        assert kind.name == name and kind.__module__ == f"chaos.faults.{name}"
-        module = importlib.import_module(f"chaos.faults.{name}")
+        assert kind.name == name and kind.__module__ == f"diloco_chaos.chaos.faults.{name}"
+        module = importlib.import_module(f"diloco_chaos.chaos.faults.{name}")
         own = [c for c in vars(module).values() if inspect.isclass(c) and issubclass(c, FaultKind)
                and c is not FaultKind and c.__module__ == module.__name__]
         assert own == [type(kind)], f"{name}: exactly one kind per module"

@@ -1,4 +1,4 @@
-"""Tests for harness.fragment_checkpoint: the syncer's two-slot, checksummed, in-place checkpoint files.
+"""Tests for diloco_chaos.harness.fragment_checkpoint: the syncer's two-slot, checksummed, in-place checkpoint files.
 
 The states come from a real DecoupledSyncer that merged; a torn write is made the way a crash makes one
 (the slot's frame cut short, or its bytes changed), and a restore must come back to the version before it.
@@ -13,11 +13,11 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from harness.fragment_checkpoint import FragmentCheckpoints, slot_path
-from trainers.config import DilocoConfig
-from trainers.decoupled_syncer import DecoupledSyncer
-from trainers.messages import FragmentPush
-from trainers.model import ModelConfig
+from diloco_chaos.harness.fragment_checkpoint import FragmentCheckpoints, slot_path
+from diloco_chaos.trainers.config import DilocoConfig
+from diloco_chaos.trainers.decoupled_syncer import DecoupledSyncer
+from diloco_chaos.trainers.messages import FragmentPush
+from diloco_chaos.trainers.model import ModelConfig
 
 MODEL = ModelConfig(seq_len=8, d_model=16, n_layers=1, n_heads=2, d_ff=32)
 MAX_FRAME = 1 << 24

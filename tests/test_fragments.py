@@ -1,4 +1,4 @@
-"""Tests for trainers.fragments: balanced LPT partitioning and the fragment sync schedule."""
+"""Tests for diloco_chaos.trainers.fragments: balanced LPT partitioning and the fragment sync schedule."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from trainers.fragments import FragmentSchedule, fragment_sizes_report, partition_tensors
+from diloco_chaos.trainers.fragments import FragmentSchedule, fragment_sizes_report, partition_tensors
 
 
 def llama_like_sizes(n_layers: int = 32, d: int = 4096, d_ff: int = 11008, vocab: int = 32000) -> dict:

@@ -12,8 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.frame_auth import TAG_BYTES, FrameAuth
-from harness.wire import (
+from diloco_chaos.harness.frame_auth import TAG_BYTES, FrameAuth
+from diloco_chaos.harness.wire import (
     HEADER,
     BadFlags,
     BadMac,

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
-from harness.events import EVENTS_FILE
-from harness.html_report import write_report
-from harness.record import RunLog
-from harness.record.run import FaultEnd, FaultStart, RunStart
-from harness.run_timeline import REACTIONS, concerns, fault_end_t
+from diloco_chaos.harness.cli import main
+from diloco_chaos.harness.events import EVENTS_FILE
+from diloco_chaos.harness.html_report import write_report
+from diloco_chaos.harness.record import RunLog
+from diloco_chaos.harness.record.run import FaultEnd, FaultStart, RunStart
+from diloco_chaos.harness.run_timeline import REACTIONS, concerns, fault_end_t
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "incidents"
 

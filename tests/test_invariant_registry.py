@@ -1,4 +1,4 @@
-"""The invariant registry (harness/invariants/registry.py): every module of harness/invariants/checks registers
+"""The invariant registry (diloco_chaos/harness/invariants/registry.py): every module of diloco_chaos/harness/invariants/checks registers
 exactly one invariant, check_all and the pytest plugin list the registry, docs/invariants.md is its output, and
 bounds are checked by name and value before anything is measured."""
 
@@ -15,8 +15,8 @@ from conftest import as_records
 from test_invariants import decoupled_log, write_run
 from test_protocol_invariants import with_protocol_facts
 
-from harness.chaos_run import INVARIANTS
-from harness.invariants import (
+from diloco_chaos.harness.chaos_run import INVARIANTS
+from diloco_chaos.harness.invariants import (
     UnknownBound,
     check_all,
     check_all_keywords,
@@ -26,9 +26,9 @@ from harness.invariants import (
     spec,
     specs,
 )
-from harness.invariants.doc import render
-from harness.invariants.registry import ALL_ALGORITHMS, discover
-from trainers.config import ALGORITHMS
+from diloco_chaos.harness.invariants.doc import render
+from diloco_chaos.harness.invariants.registry import ALL_ALGORITHMS, discover
+from diloco_chaos.trainers.config import ALGORITHMS
 
 
 def _check_modules() -> list[str]:
@@ -41,7 +41,7 @@ def test_every_module_registers_exactly_one_invariant() -> None:
     for s in specs().values():
         by_module.setdefault(s.fn.__module__.rsplit(".", 1)[-1], []).append(s.name)
     for name in _check_modules():
-        importlib.import_module(f"harness.invariants.checks.{name}")
+        importlib.import_module(f"diloco_chaos.harness.invariants.checks.{name}")
         assert by_module.get(name) == [name], f"module {name} registers {by_module.get(name)}"
         tree = ast.parse((Path(checks.__file__).parent / f"{name}.py").read_text())
         decorated = [n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
@@ -62,7 +62,7 @@ def test_registry_names_are_check_alls_and_the_plugins(tmp_path: Path) -> None:
 
 
 def test_the_cli_lists_every_invariant_and_bound_from_the_registry(capsys: pytest.CaptureFixture[str]) -> None:
-    from harness.cli import main
+    from diloco_chaos.harness.cli import main
 
     assert main(["invariants"]) == 0
     out = capsys.readouterr().out
@@ -73,8 +73,8 @@ def test_the_cli_lists_every_invariant_and_bound_from_the_registry(capsys: pytes
 
 NEW_INVARIANT = '''"""Invariant `always_ok`: a test's stand-in, to show that one module is all a new invariant needs."""
 
-from harness.invariants.base import InvariantResult
-from harness.invariants.registry import Bound, register
+from diloco_chaos.harness.invariants.base import InvariantResult
+from diloco_chaos.harness.invariants.registry import Bound, register
 
 
 @register(bounds=(Bound("limit", "how much is allowed", default=1.0, low=0.0),), order=999)
@@ -86,7 +86,7 @@ def always_ok(run, limit=1.0):
 def test_adding_an_invariant_is_adding_one_module(tmp_path: Path) -> None:
     """One new file in the checks package: check_all, ChaosRun.check's lookup, bound validation and the CLI's list
     all have it, with nothing else edited."""
-    from harness.invariants import registry
+    from diloco_chaos.harness.invariants import registry
 
     extra = tmp_path / "extra_checks"
     extra.mkdir()
@@ -105,7 +105,7 @@ def test_adding_an_invariant_is_adding_one_module(tmp_path: Path) -> None:
         registry._REGISTRY.pop("always_ok", None)
         import sys
 
-        sys.modules.pop("harness.invariants.checks.always_ok", None)
+        sys.modules.pop("diloco_chaos.harness.invariants.checks.always_ok", None)
 
 
 def test_one_bound_name_everywhere_a_former_name_is_refused_with_the_new_one(tmp_path: Path) -> None:
@@ -160,9 +160,9 @@ def test_check_all_rejects_an_impossible_bound_before_measuring(tmp_path: Path) 
 
 def test_updates_accounted_reads_a_superseded_push_by_its_typed_cause() -> None:
     """The cause decides; the human-readable reason is only read for run directories recorded without one."""
-    from harness.invariants.checks.updates_accounted import _pool_of
-    from harness.record.syncer import PushSuperseded
-    from trainers.decoupled_syncer import SupersededCause
+    from diloco_chaos.harness.invariants.checks.updates_accounted import _pool_of
+    from diloco_chaos.harness.record.syncer import PushSuperseded
+    from diloco_chaos.trainers.decoupled_syncer import SupersededCause
 
     def superseded(**fields: str) -> PushSuperseded:
         rec = as_records([{"ev": "push_superseded", **fields}])[0]

@@ -13,8 +13,8 @@ import pytest
 import torch
 from conftest import complete
 
-from harness.events import EVENTS_FILE
-from harness.invariants import (
+from diloco_chaos.harness.events import EVENTS_FILE
+from diloco_chaos.harness.invariants import (
     InvariantResult,
     InvariantViolation,
     alive_intervals,
@@ -29,7 +29,7 @@ from harness.invariants import (
     token_accounting,
     updates_accounted,
 )
-from harness.rundir import CHECKPOINT_FILE, CONFIG_FILE, REPORT_FILE
+from diloco_chaos.harness.rundir import CHECKPOINT_FILE, CONFIG_FILE, REPORT_FILE
 
 P = 2
 """Fragments in the hand-built decoupled runs."""
@@ -213,7 +213,7 @@ def test_no_global_downtime_fails_on_a_gap_while_learners_are_alive(tmp_path: Pa
 def test_no_global_downtime_reads_runs_written_before_alive(tmp_path: Path) -> None:
     """A run directory written before learner_join / learner_leave carried `alive` still loads (alive None) and
     gives the same intervals and verdict: the alive set then follows the joins and leaves themselves."""
-    from harness.record.syncer import LearnerJoin, LearnerLeave
+    from diloco_chaos.harness.record.syncer import LearnerJoin, LearnerLeave
     evs = decoupled_log(pause_after=4, pause_s=2.0)
     old = [{k: v for k, v in e.items() if k != "alive" or e["ev"] not in ("learner_join", "learner_leave")}
            for e in evs]
@@ -618,7 +618,7 @@ def test_updates_accounted_a_carried_push_dies_with_the_syncer(tmp_path: Path) -
 
 def test_learners_finite_holds_on_a_finite_run_and_names_learner_fragment_and_steps_when_not(
         tmp_path: Path) -> None:
-    from harness.invariants import learners_finite
+    from diloco_chaos.harness.invariants import learners_finite
 
     holds(learners_finite(write_run(tmp_path, complete(decoupled_log()), name="ok")))
     # learner 1's loss turns NaN after step 5; the syncer rejects its pushes of both fragments
@@ -638,7 +638,7 @@ def test_learners_finite_holds_on_a_finite_run_and_names_learner_fragment_and_st
 
 
 def test_learners_finite_on_a_barrier_run_reads_the_rejected_contributions(tmp_path: Path) -> None:
-    from harness.invariants import learners_finite
+    from diloco_chaos.harness.invariants import learners_finite
 
     steps = [ev("step", 1.0 + 0.1 * s, f"learner{m}.chip0", learner=m, step=s, loss=2.0, tokens=TOK, chips=1)
              for m in range(2) for s in range(1, 4)]
@@ -654,14 +654,14 @@ def test_learners_finite_on_a_barrier_run_reads_the_rejected_contributions(tmp_p
 
 
 def test_learners_finite_without_a_step_is_no_evidence(tmp_path: Path) -> None:
-    from harness.invariants import learners_finite
+    from diloco_chaos.harness.invariants import learners_finite
 
     violated(learners_finite(write_run(tmp_path, complete([ev("run_start", 0.0, "supervisor")]))),
              "n/a > bound 0", "no learner logged a step")
 
 
 def test_learners_finite_is_in_check_all_for_every_algorithm() -> None:
-    from harness.invariants.registry import ALL_ALGORITHMS, discover
+    from diloco_chaos.harness.invariants.registry import ALL_ALGORITHMS, discover
 
     s = discover()["learners_finite"]
     assert s.mode == "always" and s.algorithms == ALL_ALGORITHMS

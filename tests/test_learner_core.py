@@ -1,12 +1,12 @@
-"""Tests for trainers.learner: LearnerCore's fragment bookkeeping and the three learner loops with fake links."""
+"""Tests for diloco_chaos.trainers.learner: LearnerCore's fragment bookkeeping and the three learner loops with fake links."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from trainers.config import DilocoConfig, TrainConfig
-from trainers.learner import (
+from diloco_chaos.trainers.config import DilocoConfig, TrainConfig
+from diloco_chaos.trainers.learner import (
     FragmentPush,
     LearnerCore,
     MergedFragment,
@@ -16,8 +16,8 @@ from trainers.learner import (
     run_decoupled,
     run_diloco,
 )
-from trainers.lockstep import await_round, due_here
-from trainers.model import ModelConfig
+from diloco_chaos.trainers.lockstep import await_round, due_here
+from diloco_chaos.trainers.model import ModelConfig
 
 MODEL = ModelConfig(seq_len=8, d_model=16, n_layers=1, n_heads=2, d_ff=32)
 BATCH = 2
@@ -364,8 +364,8 @@ def test_run_ddp_uses_the_returned_gradient() -> None:
 
 
 def test_cosine_schedule_warms_up_then_anneals_to_the_floor() -> None:
-    from harness.scenario import from_dict
-    from trainers.learner import inner_lr
+    from diloco_chaos.harness.scenario import from_dict
+    from diloco_chaos.trainers.learner import inner_lr
 
     cfg = from_dict({"train": {"lr_schedule": "cosine", "steps": 300, "warmup_steps": 20, "lr": 3e-3,
                                "min_lr_ratio": 0.1}}).train

@@ -12,8 +12,8 @@ import pytest
 from conftest import tiny_table
 from test_results import write_toml
 
-from harness.cli import main
-from harness.invariants import learners_finite, model_finite
+from diloco_chaos.harness.cli import main
+from diloco_chaos.harness.invariants import learners_finite, model_finite
 
 TESTS = Path(__file__).resolve().parent
 

@@ -1,4 +1,4 @@
-"""Tests for chaos.links (LinkChaos, LinkFault, proxy_name) on a real Toxiproxy data path.
+"""Tests for diloco_chaos.chaos.links (LinkChaos, LinkFault, proxy_name) on a real Toxiproxy data path.
 
 What: every fault LinkChaos offers (degrade with and without a WAN profile and seeded
 jitter, partition in both modes, heal, flap, reset_peer, reset_connections, slicing,
@@ -30,10 +30,10 @@ from typing import Any
 
 import pytest
 
-from chaos.links import JITTER_PERIOD_S, LinkChaos, LinkFault, proxy_name
-from chaos.schedule import parse_fault
-from chaos.toxiproxy_client import ToxicInfo, ToxiproxyClient
-from chaos.toxiproxy_server import EmbeddedToxiproxy
+from diloco_chaos.chaos.links import JITTER_PERIOD_S, LinkChaos, LinkFault, proxy_name
+from diloco_chaos.chaos.schedule import parse_fault
+from diloco_chaos.chaos.toxiproxy_client import ToxicInfo, ToxiproxyClient
+from diloco_chaos.chaos.toxiproxy_server import EmbeddedToxiproxy
 
 SOCK_TIMEOUT_S = 5.0
 POLL_S = 0.05

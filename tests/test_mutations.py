@@ -1,4 +1,4 @@
-"""The mutation switch (trainers/mutations.py): only the environment turns a mutation on, never a scenario file;
+"""The mutation switch (diloco_chaos/trainers/mutations.py): only the environment turns a mutation on, never a scenario file;
 an unknown name is refused; and each hook changes what the algorithm does (and what it measures) as documented."""
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 import torch
 
-from harness.scenario import ScenarioError, from_dict
-from trainers import mutations
-from trainers.config import DilocoConfig, TrainConfig
-from trainers.learner import LearnerCore, MergedFragment
-from trainers.merge import MergeNorms, outer_gradient, token_weights
-from trainers.model import ModelConfig
-from trainers.outer_optimizer import NesterovOuterOptimizer, OuterOptConfig
+from diloco_chaos.harness.scenario import ScenarioError, from_dict
+from diloco_chaos.trainers import mutations
+from diloco_chaos.trainers.config import DilocoConfig, TrainConfig
+from diloco_chaos.trainers.learner import LearnerCore, MergedFragment
+from diloco_chaos.trainers.merge import MergeNorms, outer_gradient, token_weights
+from diloco_chaos.trainers.model import ModelConfig
+from diloco_chaos.trainers.outer_optimizer import NesterovOuterOptimizer, OuterOptConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,15 +49,15 @@ def child(env_value: str, code: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_environment_switches_a_process_and_an_unknown_value_raises() -> None:
-    ok = child("stale_as_fresh", "from trainers import mutations as m\n"
+    ok = child("stale_as_fresh", "from diloco_chaos.trainers import mutations as m\n"
                                  "print(m.active('stale_as_fresh'), m.active('rda_as_mean'))")
     assert ok.returncode == 0 and ok.stdout.split() == ["True", "False"], ok.stderr
-    bad = child("bogus", "from trainers import mutations as m\nm.active('rda_as_mean')")
+    bad = child("bogus", "from diloco_chaos.trainers import mutations as m\nm.active('rda_as_mean')")
     assert bad.returncode != 0 and "ValueError" in bad.stderr and "allowed: rda_as_mean" in bad.stderr
 
 
 def test_a_run_with_an_unknown_mutation_fails_before_any_process_starts(tmp_path: Path) -> None:
-    code = ("import sys\nfrom harness.supervisor import Supervisor\nfrom harness.scenario import from_dict\n"
+    code = ("import sys\nfrom diloco_chaos.harness.supervisor import Supervisor\nfrom diloco_chaos.harness.scenario import from_dict\n"
             f"Supervisor(from_dict({{'name': 'x'}}), {str(tmp_path)!r})\n")
     bad = child("nope", code)
     assert bad.returncode != 0 and "is not a known mutation" in bad.stderr

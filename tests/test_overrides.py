@@ -1,6 +1,6 @@
 """`--set KEY=VALUE`: scenario keys changed from the command line, validated like the file, recorded in the run.
 
-The parsing and validation are pure (harness/scenario.py apply_overrides, scenario_check); one real short run
+The parsing and validation are pure (diloco_chaos/harness/scenario.py apply_overrides, scenario_check); one real short run
 shows the run used the overridden value and config.json records both the override and the effective value."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import pytest
 from conftest import tiny_table
 from test_results import write_toml
 
-from harness.cli import main
-from harness.events import EVENTS_FILE, read_events
-from harness.replay import recorded_scenario
-from harness.scenario import ScenarioError, apply_overrides, from_dict, load, parse_override
+from diloco_chaos.harness.cli import main
+from diloco_chaos.harness.events import EVENTS_FILE, read_events
+from diloco_chaos.harness.replay import recorded_scenario
+from diloco_chaos.harness.scenario import ScenarioError, apply_overrides, from_dict, load, parse_override
 
 
 def test_values_are_read_as_toml_and_bare_words_as_strings() -> None:

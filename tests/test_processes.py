@@ -1,4 +1,4 @@
-"""chaos/processes.py against real processes: the right pid gets the right signal, freezes are undone."""
+"""diloco_chaos/chaos/processes.py against real processes: the right pid gets the right signal, freezes are undone."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from chaos.processes import ProcessChaos
-from chaos.schedule import parse_fault
+from diloco_chaos.chaos.processes import ProcessChaos
+from diloco_chaos.chaos.schedule import parse_fault
 
 
 def wait_status(pid: int, want: set[str], timeout: float = 5.0) -> str:

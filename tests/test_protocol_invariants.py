@@ -1,4 +1,4 @@
-"""Protocol invariants (harness/protocol_invariants.py) over hand-built event logs: each holds on a good log and
+"""Protocol invariants (diloco_chaos/harness/protocol_invariants.py) over hand-built event logs: each holds on a good log and
 fails, naming its figure and bound, on a log with the fault it exists to catch."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 from conftest import complete
 from test_invariants import P, config, decoupled_log, ev, holds, violated, write_run
 
-from harness.invariants import load_run
-from harness.protocol_invariants import (
+from diloco_chaos.harness.invariants import load_run
+from diloco_chaos.harness.protocol_invariants import (
     PROTOCOL_INVARIANTS,
     apply_schedule,
     check_protocol,
@@ -22,9 +22,9 @@ from harness.protocol_invariants import (
     rda_norms,
     token_weights,
 )
-from harness.pytest_plugin import INVARIANTS
-from harness.record.learner import InitialPull
-from trainers.config import DilocoConfig
+from diloco_chaos.harness.pytest_plugin import INVARIANTS
+from diloco_chaos.harness.record.learner import InitialPull
+from diloco_chaos.trainers.config import DilocoConfig
 
 LR = DilocoConfig().outer_lr
 """The outer lr the logs below were written with: the config's default (the test config sets none)."""

@@ -1,4 +1,4 @@
-"""Round trips of trainers/quantize.py: error bounds per wire dtype, int4 packing, NaN/Inf refused, sizes."""
+"""Round trips of diloco_chaos/trainers/quantize.py: error bounds per wire dtype, int4 packing, NaN/Inf refused, sizes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainers.quantize import (
+from diloco_chaos.trainers.quantize import (
     BLOCK,
     QMAX,
     WIRE_DTYPES,

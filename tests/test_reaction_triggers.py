@@ -1,5 +1,5 @@
 """Triggers on a reaction of the run: `at = { after = "rejoin", learner = 2, after_s = 0.5 }` and
-`at = { after = "syncer_restored" }` (chaos/schedule.py).
+`at = { after = "syncer_restored" }` (diloco_chaos/chaos/schedule.py).
 
 The decision is pure (the clock is passed in, no sleeps): events in, `decide(elapsed_s)` out. The validation
 says which `after` names exist and refuses a reaction nothing in the schedule can cause. Two real runs show a
@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from conftest import tiny_table
 
-from chaos.schedule import FaultSchedule, FaultSpec, ScheduleError, Trigger, missing_reaction, parse_fault, reached
-from harness.events import EVENTS_FILE, read_events
-from harness.replay import load_incident
-from harness.scenario import ScenarioError, from_dict
-from harness.scenario_check import incident_problems
-from harness.supervisor import run_scenario
+from diloco_chaos.chaos.schedule import FaultSchedule, FaultSpec, ScheduleError, Trigger, missing_reaction, parse_fault, reached
+from diloco_chaos.harness.events import EVENTS_FILE, read_events
+from diloco_chaos.harness.replay import load_incident
+from diloco_chaos.harness.scenario import ScenarioError, from_dict
+from diloco_chaos.harness.scenario_check import incident_problems
+from diloco_chaos.harness.supervisor import run_scenario
 
 
 def spec(at: dict[str, Any], until: dict[str, Any] | None = None, **kw: Any) -> FaultSpec:

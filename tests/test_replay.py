@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import tiny
 
-from harness import cli
-from harness.replay import (
+from diloco_chaos.harness import cli
+from diloco_chaos.harness.replay import (
     RunVerdicts,
     compare_timelines,
     fault_timeline,
@@ -20,9 +20,9 @@ from harness.replay import (
     recorded_scenario,
     side_by_side,
 )
-from harness.results import InvariantFigure, recorded_invariants
-from harness.scenario import ScenarioError
-from harness.supervisor import run_scenario
+from diloco_chaos.harness.results import InvariantFigure, recorded_invariants
+from diloco_chaos.harness.scenario import ScenarioError
+from diloco_chaos.harness.supervisor import run_scenario
 
 FAULTS = [
     {"action": "partition", "learner": 1, "at": {"step": 15, "learner": 0}, "until": {"step": 30, "learner": 0}},
@@ -34,7 +34,7 @@ def test_replay_reproduces_the_fault_timeline(runs_dir):
     sc = tiny("decoupled", learners=2, chips=1, steps=60).replace(faults=FAULTS)
     first = run_scenario(sc, runs_dir)
     assert recorded_scenario(first.run_dir) == sc
-    out = subprocess.run([sys.executable, "-m", "harness.cli", "replay", str(first.run_dir), "--runs-dir",
+    out = subprocess.run([sys.executable, "-m", "diloco_chaos.harness.cli", "replay", str(first.run_dir), "--runs-dir",
                           str(runs_dir / "replays"), "--quiet"], capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr
     assert "verdicts: the same in both runs" in out.stdout, out.stdout
@@ -76,12 +76,12 @@ def test_incident_file_adds_faults_and_names_bad_keys(tmp_path):
 
 def test_replay_with_a_mutation_exits_1_naming_the_verdict_that_differs(runs_dir: Path) -> None:
     """The replay runs with DILOCO_CHAOS_MUTATION=drop_pushes (the syncer silently drops ~10% of pushes,
-    trainers/mutations.py), which pushes_received catches: its verdict differs from the original's."""
+    diloco_chaos/trainers/mutations.py), which pushes_received catches: its verdict differs from the original's."""
     first = run_scenario(tiny("decoupled", learners=2, chips=1, steps=60), runs_dir)
     recorded = recorded_invariants(first.run_dir)
     assert recorded is not None and all(f.ok for f in recorded), recorded
     env = {**os.environ, "DILOCO_CHAOS_MUTATION": "drop_pushes"}
-    out = subprocess.run([sys.executable, "-m", "harness.cli", "replay", str(first.run_dir), "--runs-dir",
+    out = subprocess.run([sys.executable, "-m", "diloco_chaos.harness.cli", "replay", str(first.run_dir), "--runs-dir",
                           str(runs_dir / "replays"), "--quiet"], capture_output=True, text=True, timeout=240,
                          env=env)
     assert out.returncode == 1, out.stdout + out.stderr

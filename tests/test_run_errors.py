@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from harness.record import Event
-from harness.record.learner import ChipError
-from harness.record.run import FaultEnd, FaultStart
-from harness.record.syncer import SyncerError
-from harness.run_errors import classify_errors
+from diloco_chaos.harness.record import Event
+from diloco_chaos.harness.record.learner import ChipError
+from diloco_chaos.harness.record.run import FaultEnd, FaultStart
+from diloco_chaos.harness.record.syncer import SyncerError
+from diloco_chaos.harness.run_errors import classify_errors
 
 
 def base(t: float, kind: str, proc: str = "supervisor") -> dict:

@@ -9,11 +9,11 @@ import math
 import pytest
 from conftest import tiny_table
 
-from chaos.fault_generator import LIMITS, RandomFaultsConfig
-from harness import cli
-from harness.scenario import Scenario, ScenarioError, from_dict
-from harness.scenario_doc import DOC, REGENERATE, Key, keys, render, sections
-from trainers.config import DilocoConfig
+from diloco_chaos.chaos.fault_generator import LIMITS, RandomFaultsConfig
+from diloco_chaos.harness import cli
+from diloco_chaos.harness.scenario import Scenario, ScenarioError, from_dict
+from diloco_chaos.harness.scenario_doc import DOC, REGENERATE, Key, keys, render, sections
+from diloco_chaos.trainers.config import DilocoConfig
 
 
 def test_docs_scenario_md_is_generated_from_the_config() -> None:

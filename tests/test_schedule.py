@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from chaos.schedule import FaultSchedule, FaultSpec, ScheduleError, Trigger, parse_fault, reached
+from diloco_chaos.chaos.schedule import FaultSchedule, FaultSpec, ScheduleError, Trigger, parse_fault, reached
 
 
 def spec(**kw: object) -> FaultSpec:
@@ -66,7 +66,7 @@ def test_start_and_stop_in_the_same_decision_when_both_are_reached() -> None:
 
 
 def test_reached_is_pure_over_its_branches() -> None:
-    from chaos.schedule import Progress
+    from diloco_chaos.chaos.schedule import Progress
 
     p = Progress(steps={0: 7}, merges=3)
     assert reached(Trigger(step=7), p, 0.0, None)

@@ -1,4 +1,4 @@
-"""harness/shared_state.py: the snapshot the training process shares with its link process, the inbox of
+"""diloco_chaos/harness/shared_state.py: the snapshot the training process shares with its link process, the inbox of
 merged fragments going the other way, and the doorbell. Real shared mappings, a real fork and a real eventfd."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import select
 import pytest
 import torch
 
-from harness.shared_state import Doorbell, SharedInbox, SharedSnapshot
-from trainers.messages import MergedFragment, Snapshot
+from diloco_chaos.harness.shared_state import Doorbell, SharedInbox, SharedSnapshot
+from diloco_chaos.trainers.messages import MergedFragment, Snapshot
 
 SHAPES = {"a": torch.Size([2, 3]), "b": torch.Size([4])}
 PARTITION = [["b"], ["a"]]

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.simulator import cli as simulate_cli
-from harness.simulator.calibrate import FaultFacts, RunFacts, fit, predict
-from harness.simulator.model import (
+from diloco_chaos.harness.simulator import cli as simulate_cli
+from diloco_chaos.harness.simulator.calibrate import FaultFacts, RunFacts, fit, predict
+from diloco_chaos.harness.simulator.model import (
     YEAR_S,
     FaultProcess,
     Job,
@@ -23,7 +23,7 @@ from harness.simulator.model import (
     simulate,
     stall_chain,
 )
-from harness.simulator.table1 import CHIPS, PAPER, ROWS, run_grid
+from diloco_chaos.harness.simulator.table1 import CHIPS, PAPER, ROWS, run_grid
 
 DAY = 86400.0
 
@@ -177,7 +177,7 @@ def test_cli_bad_arguments_exit_2(argv: list[str], message: str, capsys: pytest.
 
 
 def test_cli_registered_and_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from harness.cli import main
+    from diloco_chaos.harness.cli import main
 
     out = tmp_path / "job.json"
     assert main(["simulate", "--method", "dp", "--chips", "1000", "--mtbi-chip-s", "864000", "--restart-s", "60",
@@ -241,7 +241,7 @@ def test_scenario_tables_map_to_simulator_keys(tmp_path: Path) -> None:
 
 
 def test_plots_are_written(tmp_path: Path) -> None:
-    from harness.simulator.plots import goodput_vs_chips, goodput_vs_m
+    from diloco_chaos.harness.simulator.plots import goodput_vs_chips, goodput_vs_m
 
     grid = run_grid(seeds=(0,), horizon_s=DAY / 8)
     for path in (goodput_vs_chips(grid, tmp_path / "a.png"), goodput_vs_m(grid, tmp_path / "b.png")):

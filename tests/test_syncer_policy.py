@@ -1,10 +1,10 @@
-"""Tests for trainers.syncer_policy: every branch of decide() with plain float clocks."""
+"""Tests for diloco_chaos.trainers.syncer_policy: every branch of decide() with plain float clocks."""
 
 from __future__ import annotations
 
 import pytest
 
-from trainers.syncer_policy import (
+from diloco_chaos.trainers.syncer_policy import (
     Action,
     Decision,
     EwmaEstimator,
@@ -253,7 +253,7 @@ def test_deterministic_mode_waits_without_deadline_for_every_alive_learner() -> 
 
 
 def test_the_quorum_config_takes_defaults_and_ranges_from_diloco_config() -> None:
-    from trainers.config import DilocoConfig
+    from diloco_chaos.trainers.config import DilocoConfig
 
     d = DilocoConfig()
     assert QuorumConfig() == QuorumConfig.from_diloco(d)

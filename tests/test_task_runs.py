@@ -49,14 +49,14 @@ def test_children_import_a_task_module_the_forkserver_never_saw(run_scenario: An
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """The forkserver is already running (its sys.path fixed) when the task's module first appears, in a
     directory that is only the working directory: the run's processes import it from the recorded task.path."""
-    from harness.supervisor import context
+    from diloco_chaos.harness.supervisor import context
 
     p = context().Process(target=time.sleep, args=(0,))  # starts the forkserver now, if it was not yet
     p.start()
     p.join(timeout=60)
     project = tmp_path / "project"
     project.mkdir()
-    (project / "late_task_mod.py").write_text("from trainers.tasks.regression_mlp import regression_mlp as make\n",
+    (project / "late_task_mod.py").write_text("from diloco_chaos.trainers.tasks.regression_mlp import regression_mlp as make\n",
                                               encoding="utf-8")
     monkeypatch.chdir(project)
     run = run_scenario({"name": "late-module", "task": {"factory": "late_task_mod:make", "args": {"hidden": 8}},

@@ -1,4 +1,4 @@
-"""The task contract (trainers/task.py): models without embeddings, with tied weights and with buffers; the
+"""The task contract (diloco_chaos/trainers/task.py): models without embeddings, with tied weights and with buffers; the
 built-in tasks; and every bad `[task] factory` refused with exit 2, naming what is wrong."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from harness import cli
-from harness.scenario import ScenarioError, from_dict
-from harness.task_check import check_memory, memory_estimate, scenario_task, with_task_path
-from trainers.config import DilocoConfig, TrainConfig
-from trainers.decoupled_syncer import DecoupledSyncer
-from trainers.learner_core import LearnerCore
-from trainers.merge import outer_gradient
-from trainers.task import (
+from diloco_chaos.harness import cli
+from diloco_chaos.harness.scenario import ScenarioError, from_dict
+from diloco_chaos.harness.task_check import check_memory, memory_estimate, scenario_task, with_task_path
+from diloco_chaos.trainers.config import DilocoConfig, TrainConfig
+from diloco_chaos.trainers.decoupled_syncer import DecoupledSyncer
+from diloco_chaos.trainers.learner_core import LearnerCore
+from diloco_chaos.trainers.merge import outer_gradient
+from diloco_chaos.trainers.task import (
     BUILTIN_TASKS,
     Batch,
     Task,
@@ -29,8 +29,8 @@ from trainers.task import (
     parameters,
     recalibrate_buffers,
 )
-from trainers.tasks.image_cnn import ImageCNN
-from trainers.tasks.regression_mlp import RegressionMLP
+from diloco_chaos.trainers.tasks.image_cnn import ImageCNN
+from diloco_chaos.trainers.tasks.regression_mlp import RegressionMLP
 
 CTX = TaskContext(seed=3, learners=2, batch_size=8)
 
@@ -147,12 +147,12 @@ def scenario_file(tmp_path: Path, task: str) -> Path:
 
 BAD = [
     ('[task]\nfactory = "no_such_module_xyz:make"', "no module named 'no_such_module_xyz'"),
-    ('[task]\nfactory = "trainers.tasks.image_cnn:no_such_fn"', "has no function 'no_such_fn'"),
-    ('[task]\nfactory = "trainers.tasks.image_cnn:CLASSES"', "is not callable"),
-    ('[task]\nfactory = "trainers.task:TaskContext"', "returned TaskContext, not a trainers.task.Task"),
+    ('[task]\nfactory = "diloco_chaos.trainers.tasks.image_cnn:no_such_fn"', "has no function 'no_such_fn'"),
+    ('[task]\nfactory = "diloco_chaos.trainers.tasks.image_cnn:CLASSES"', "is not callable"),
+    ('[task]\nfactory = "diloco_chaos.trainers.task:TaskContext"', "returned TaskContext, not a diloco_chaos.trainers.task.Task"),
     ('[task]\nfactory = "image_cnn"\n[task.args]\nwidht = 4', "task.args {'widht': 4} do not fit its signature"),
     ('[task]\nfactory = "image_cnn"\n[task.args]\nsize = 2', "need size >= 8"),
-    ('[task]\nfactory = "trainers.data:load_corpus"', "failed: TypeError"),
+    ('[task]\nfactory = "diloco_chaos.trainers.data:load_corpus"', "failed: TypeError"),
     ('[task]\nfactory = "not a factory"', "must be 'package.module:function'"),
 ]
 
@@ -170,7 +170,7 @@ def test_a_bad_factory_exits_2_naming_what_is_wrong(tmp_path: Path, capsys: pyte
 
 def test_a_factory_in_the_working_directory_is_found_and_recorded(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "cwd_task_mod.py").write_text("from trainers.tasks.regression_mlp import regression_mlp as make\n",
+    (tmp_path / "cwd_task_mod.py").write_text("from diloco_chaos.trainers.tasks.regression_mlp import regression_mlp as make\n",
                                               encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", str(tmp_path))])

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from harness.handshake import new_secret
-from harness.host_agent import LAUNCHER_MODULE, WORKER_MODULE, AgentClient, AgentError, AgentSpec, agent_main
-from harness.scenario import ScenarioError, from_dict
-from harness.torchrun_launch import torchrun_command
+from diloco_chaos.harness.handshake import new_secret
+from diloco_chaos.harness.host_agent import LAUNCHER_MODULE, WORKER_MODULE, AgentClient, AgentError, AgentSpec, agent_main
+from diloco_chaos.harness.scenario import ScenarioError, from_dict
+from diloco_chaos.harness.torchrun_launch import torchrun_command
 
 pytestmark = pytest.mark.timeout(60)
 WAIT_S = 10.0

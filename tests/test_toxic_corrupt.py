@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from chaos.toxiproxy_client import ToxiproxyClient, ToxiproxyError
-from chaos.toxiproxy_server import EmbeddedToxiproxy
+from diloco_chaos.chaos.toxiproxy_client import ToxiproxyClient, ToxiproxyError
+from diloco_chaos.chaos.toxiproxy_server import EmbeddedToxiproxy
 
 SIZE = 200_000
 

@@ -1,4 +1,4 @@
-"""Tests for chaos.toxiproxy_client against real servers on loopback sockets.
+"""Tests for diloco_chaos.chaos.toxiproxy_client against real servers on loopback sockets.
 
 Every API test runs against our EmbeddedToxiproxy and, when a ``toxiproxy-server``
 binary is on PATH, against the real Go server too (that parameter is skipped, with the
@@ -25,9 +25,9 @@ import pytest
 import toxiproxy.api
 from toxiproxy.api import APIConsumer
 
-from chaos.toxiproxy_backend import free_port
-from chaos.toxiproxy_client import ProxyInfo, ToxicInfo, ToxiproxyClient, ToxiproxyError
-from chaos.toxiproxy_server import VERSION, EmbeddedToxiproxy
+from diloco_chaos.chaos.toxiproxy_backend import free_port
+from diloco_chaos.chaos.toxiproxy_client import ProxyInfo, ToxicInfo, ToxiproxyClient, ToxiproxyError
+from diloco_chaos.chaos.toxiproxy_server import VERSION, EmbeddedToxiproxy
 
 SOCK_TIMEOUT_S = 5.0
 REPO = Path(__file__).resolve().parents[1]
@@ -394,7 +394,7 @@ def test_two_clients_do_not_cross(echo: str) -> None:
 
 def test_cli_toxiproxy_server_runs_and_stops_on_sigterm(echo: str) -> None:
     port = free_port()
-    cmd = [sys.executable, "-m", "harness.cli", "toxiproxy-server", "--port", str(port), "--seed", "3",
+    cmd = [sys.executable, "-m", "diloco_chaos.harness.cli", "toxiproxy-server", "--port", str(port), "--seed", "3",
            "--log-level", "warning"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)

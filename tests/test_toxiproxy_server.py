@@ -1,4 +1,4 @@
-"""Tests for chaos.toxiproxy_server, driven through toxiproxy-python like production code.
+"""Tests for diloco_chaos.chaos.toxiproxy_server, driven through toxiproxy-python like production code.
 
 What: every API endpoint (including the 400/404/409/500 error shapes) and every toxic, on
 real loopback sockets against a threaded echo upstream.  Timing assertions use generous
@@ -34,7 +34,7 @@ from toxiproxy import Proxy, Toxiproxy
 from toxiproxy.api import APIConsumer
 from toxiproxy.exceptions import InvalidToxic, NotFound, ProxyExists
 
-from chaos.toxiproxy_server import VERSION, EmbeddedToxiproxy
+from diloco_chaos.chaos.toxiproxy_server import VERSION, EmbeddedToxiproxy
 
 HTTP_TIMEOUT_S = 10.0
 UNMARSHAL = "bad request body: json: cannot unmarshal"
@@ -567,7 +567,7 @@ def test_bulk_transfer_is_intact_both_ways(proxy: Proxy) -> None:
 
 def test_main_serves_until_sigterm(echo: str, monkeypatch: pytest.MonkeyPatch) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "chaos.toxiproxy_server", "--host", "127.0.0.1", "--port", "0", "--seed", "3"],
+        [sys.executable, "-m", "diloco_chaos.chaos.toxiproxy_server", "--host", "127.0.0.1", "--port", "0", "--seed", "3"],
         stderr=subprocess.PIPE,
         text=True,
     )

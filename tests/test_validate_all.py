@@ -1,5 +1,5 @@
 """`diloco-chaos validate` reports every error of a document in one run, each naming its key, and none that
-only follows from another already reported (harness/scenario_check.py)."""
+only follows from another already reported (diloco_chaos/harness/scenario_check.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli
-from harness.scenario import ScenarioError, from_dict
-from harness.scenario_check import MAX_REPORTED, check
+from diloco_chaos.harness import cli
+from diloco_chaos.harness.scenario import ScenarioError, from_dict
+from diloco_chaos.harness.scenario_check import MAX_REPORTED, check
 
 DEFAULT = str(Path(cli.__file__).parent / "scenarios" / "default.toml")
 
@@ -144,7 +144,7 @@ def test_the_number_of_errors_reported_is_capped() -> None:
 def test_run_refuses_with_every_error_before_any_process_starts(tmp_path: Path) -> None:
     path = tmp_path / "several.toml"
     path.write_text(SEVERAL)
-    res = subprocess.run([sys.executable, "-m", "harness.cli", "run", str(path), "--quiet",
+    res = subprocess.run([sys.executable, "-m", "diloco_chaos.harness.cli", "run", str(path), "--quiet",
                           "--runs-dir", str(tmp_path / "runs")], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert len([x for x in res.stderr.splitlines() if x.startswith("diloco-chaos: invalid scenario: ")]) == 5

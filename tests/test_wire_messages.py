@@ -1,4 +1,4 @@
-"""Tests for harness/wire_messages.py: every message the project sends fits its type's schema, every malformed
+"""Tests for diloco_chaos/harness/wire_messages.py: every message the project sends fits its type's schema, every malformed
 one is refused on decode with the wire's BadMessage, and a live syncer that receives one closes only that
 connection, logs why, and goes on serving the others.
 
@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 import torch
 
-from harness.codec import grads_request, merged_to_message, params_request, push_to_message
-from harness.events import EventLog
-from harness.fragment_checkpoint import state_to_message
-from harness.frame_auth import FrameAuth
-from harness.handshake import new_nonce, sign_challenge
-from harness.syncer_service import SyncerService
-from harness.wire import (
+from diloco_chaos.harness.codec import grads_request, merged_to_message, params_request, push_to_message
+from diloco_chaos.harness.events import EventLog
+from diloco_chaos.harness.fragment_checkpoint import state_to_message
+from diloco_chaos.harness.frame_auth import FrameAuth
+from diloco_chaos.harness.handshake import new_nonce, sign_challenge
+from diloco_chaos.harness.syncer_service import SyncerService
+from diloco_chaos.harness.wire import (
     BadMessage,
     BadPayload,
     ConnectionClosed,
@@ -36,9 +36,9 @@ from harness.wire import (
     recv_message,
     send_message,
 )
-from harness.wire_messages import SCHEMAS
+from diloco_chaos.harness.wire_messages import SCHEMAS
 from tests.conftest import tiny
-from trainers.messages import FragmentPush
+from diloco_chaos.trainers.messages import FragmentPush
 
 MAX = 1 << 20
 WAIT_S = 10.0
@@ -198,7 +198,7 @@ _KEYS: dict[socket.socket, FrameAuth] = {}
 
 
 def _join(svc: SyncerService, learner: int) -> socket.socket:
-    """Connect and pass the handshake as learner `learner`, as harness/link.py does."""
+    """Connect and pass the handshake as learner `learner`, as diloco_chaos/harness/link.py does."""
     sock = _connect(svc)
     send_message(sock, Message(MsgType.HELLO, {"learner": learner, "proto": 1}), WAIT_S)
     challenge = recv_message(sock, MAX, WAIT_S)

@@ -1,4 +1,4 @@
-"""The per-connection wire codec (harness/wire_precision.py): both ends agree bit for bit, deltas stay small,
+"""The per-connection wire codec (diloco_chaos/harness/wire_precision.py): both ends agree bit for bit, deltas stay small,
 a frame that cannot be decoded is refused, and NaN pushes go out as they are for the merge guard to decline."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from harness.wire import Message, MsgType, decode_frame, encode
-from harness.wire_precision import WireCodec, WireDecodeError, wire_dtype_for
-from trainers.quantize import bytes_per_element
+from diloco_chaos.harness.wire import Message, MsgType, decode_frame, encode
+from diloco_chaos.harness.wire_precision import WireCodec, WireDecodeError, wire_dtype_for
+from diloco_chaos.trainers.quantize import bytes_per_element
 
 
 def _frag(p: int, version: int, tensors: dict[str, torch.Tensor]) -> Message:

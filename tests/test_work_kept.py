@@ -10,7 +10,7 @@ from typing import Any
 from conftest import complete
 from test_invariants import config, ev, write_run
 
-from harness.invariants.registry import spec
+from diloco_chaos.harness.invariants.registry import spec
 
 
 def steps(m: int, upto: int) -> list[dict[str, Any]]:
