@@ -21,7 +21,8 @@ except "accepted changed" for forged plain frames: a CRC is not a signature, whi
 the handshake are signed.
 
 Live (`--live N`): a real tiny decoupled run (2 learners x 1 chip) whose syncer is sent N hostile frames
-from authenticated and unauthenticated peers while the learners train (`diloco_chaos/harness/hostile_run.py`, the attacks
+from authenticated and unauthenticated peers while the learners train (`diloco_chaos/harness/hostile_run.py`, the
+attacks
 of `diloco_chaos/harness/hostile_peer.py`, one connection each, the authenticated ones as learner 1). One row: frames
 sent (authenticated among them), connections the syncer closed with a logged reason, whether it stayed up,
 merges during the attack, hostile sockets the syncer still held afterwards, learner steps completed, how

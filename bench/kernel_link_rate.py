@@ -1,8 +1,10 @@
 """Benchmark: the payload rate a kernel-backend bandwidth limit really gives, each direction, and what loss does.
 
-What: one netns host (diloco_chaos/harness/netns_hosts.py), a `degrade` bandwidth limit set through the kernel link backend
+What: one netns host (diloco_chaos/harness/netns_hosts.py), a `degrade` bandwidth limit set through the kernel link
+backend
 (diloco_chaos/chaos/kernel_links.py: tbf on the host's veth) at each rate of `--kbps`, and one TCP flow's payload rate
-measured over `--seconds` after a warm-up (diloco_chaos/harness/netns_probe.py), upstream (host -> bridge) and downstream.
+measured over `--seconds` after a warm-up (diloco_chaos/harness/netns_probe.py), upstream (host -> bridge) and
+downstream.
 With `--loss`, the same flow unthrottled under each `loss` percentage (nftables numgen drops): its rate, to show
 what the kernel carries in place of netem.
 

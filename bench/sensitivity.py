@@ -4,7 +4,8 @@ Not a test: it prints a table. For each mutation of diloco_chaos/trainers/mutati
 variable DILOCO_CHAOS_MUTATION, which only the process tree of one run sees), it runs a small scenario on real
 processes for each seed, applies every invariant of diloco_chaos.harness.invariants.check_all (converged, faults_fired,
 updates_accounted, token_accounting, model_finite and the protocol invariants of
-diloco_chaos/harness/protocol_invariants.py) and counts a run as *detected* when at least one of them is violated (or the
+diloco_chaos/harness/protocol_invariants.py) and counts a run as *detected* when at least one of them is violated (or
+the
 run itself failed). The same scenarios, seeds and invariants on the unmodified algorithm give the false-alarm
 rate. Scenarios (2 learners x 1 chip, P = H = 4, tau = 3):
 

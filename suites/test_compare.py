@@ -1,4 +1,5 @@
-"""The same chip loss under ddp, elastic_ddp, diloco and decoupled (diloco_chaos.harness.compare, `diloco-chaos compare`).
+"""The same chip loss under ddp, elastic_ddp, diloco and decoupled (diloco_chaos.harness.compare, `diloco-chaos
+compare`).
 
 The paper's availability claim in one table: with a chip lost and repaired, Decoupled DiLoCo keeps the global
 model advancing (higher uptime) and its chips doing more useful work (higher goodput) than the synchronous
@@ -59,7 +60,8 @@ def test_compare_failure_decoupled_beats_the_synchronous_baselines(run_scenario)
     print("\n" + table(list(rows.values())))
     # goodput (docs/metrics.md): the share of allocated chip-time on useful training; a step's routine exchange
     # is useful, stalls beyond the local pace, discarded steps and time down or restarting are not.
-    # the loss claim's bound: the parity curve at STEPS plus the measured spread (diloco_chaos.harness.compare.loss_allowance)
+    # the loss claim's bound: the parity curve at STEPS plus the measured spread
+    # (diloco_chaos.harness.compare.loss_allowance)
     claims = verdict(list(rows.values()))
     # goodput and uptime against ddp, elastic_ddp and diloco, elastic_ddp's goodput above ddp's, and the loss
     assert len(claims) == 8, claims

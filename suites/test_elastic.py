@@ -30,7 +30,8 @@ REPAIR_S = 2.0
 FAULT_FREE = Reference("elastic ddp fault-free", mean=2.3138, sd=SEED_SD, cost=0.15)
 """ddp's fault-free run of this scenario (elastic_ddp computes the same steps without a fault), measured by
 bench/tolerances.py (docs/metrics.md, "Loss tolerances"): it repeats exactly on one machine (sd:
-diloco_chaos.harness.tolerance.SEED_SD); the chip loss may cost what it was measured to cost under either policy, rounded
+diloco_chaos.harness.tolerance.SEED_SD); the chip loss may cost what it was measured to cost under either policy,
+rounded
 up. Each elastic_ddp run with the chip loss must end at most FAULT_FREE.bound()."""
 SHRINK_STALL_S = 0.5
 """Longest the survivors may wait at the barrier on the lost learner (the shrink's `elastic_reconfigure`

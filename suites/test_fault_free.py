@@ -41,7 +41,8 @@ MAX_GAP_S = {"decoupled": 1.5, "diloco": 5.0, "ddp": 1.5}
 decoupled syncer merges some fragment every ~0.1 s and ddp every step (longest gaps measured on this shared
 2-core machine: 1.05 s and 0.59 s); diloco merges once per round of sync_every = 8 inner steps (2.07 s)."""
 MIN_UPTIME = 0.95
-"""Uptime without faults (diloco_chaos/harness/metrics.py's definition: the training span minus the part of each merge gap
+"""Uptime without faults (diloco_chaos/harness/metrics.py's definition: the training span minus the part of each merge
+gap
 beyond its first `UPTIME_WINDOW_S`). Measured on this machine: decoupled 0.999, ddp 1.0, diloco 1.0 over its
 round-sized window (0.63 over report.json's 1 s window)."""
 MAX_DISCARDED = 0.01

@@ -5,7 +5,8 @@ reintegrated. Each test runs the real system with a fault from the scenario's sc
 progress (another learner's step), with `recovery.policy = "restart"`: the supervisor stops the broken learner,
 waits its repair delay, starts it as a new Gloo group; it pulls the global model and resumes its steps.
 Public API only: the diloco-chaos pytest plugin (the run_scenario and cluster fixtures, which also check after
-every test that no process of its runs is alive and no port bound) and diloco_chaos.harness.scenario.from_dict. Each test
+every test that no process of its runs is alive and no port bound) and diloco_chaos.harness.scenario.from_dict. Each
+test
 checks a convergence and an availability invariant (diloco_chaos/harness/invariants.py), whose figures it prints.
 
 Scaling to a real cluster: the same schedule entries apply; a chip is a host process there, and the repair delay
@@ -47,7 +48,8 @@ cost plus 3 standard deviations of the difference of two runs (diloco_chaos.harn
 BASELINES = {"ddp": Reference("process-failure ddp 120 steps", mean=2.2420, sd=SEED_SD, cost=0.0),
              "diloco": Reference("process-failure diloco 120 steps", mean=2.4913, sd=SEED_SD, cost=0.10)}
 """The synchronous baselines' fault-free runs of the 120-step scenario: each repeats exactly on one machine
-(sd: diloco_chaos.harness.tolerance.SEED_SD), and the chip loss may cost what it was measured to cost, rounded up to 0.05."""
+(sd: diloco_chaos.harness.tolerance.SEED_SD), and the chip loss may cost what it was measured to cost, rounded up to
+0.05."""
 
 
 SYNCER_REPAIR_S = 1.5

@@ -8,7 +8,8 @@ speed they have when nobody is slow, and that a transient straggler is released 
 held to its profile).
 Each test also checks a convergence invariant (converged: the final eval loss well below the initial one;
 model_finite) and availability invariants (no_global_downtime with a learner alive, uptime) of
-diloco_chaos/harness/invariants.py, whose figures it prints: a slow learner must neither stall nor spoil the global model.
+diloco_chaos/harness/invariants.py, whose figures it prints: a slow learner must neither stall nor spoil the global
+model.
 Public API only: the diloco-chaos pytest plugin (the run_scenario and cluster fixtures, which also check after
 every test that no process of its runs is alive and no port bound) and diloco_chaos.harness.scenario.from_dict.
 
@@ -45,7 +46,8 @@ MAX_GAP_S = 1.5
 """Longest the global model may stand still while at least K = 1 learner is alive: the fast learners keep it
 moving whatever the slow ones do (a fault-free decoupled run: ~1 s at worst on this shared 2-core machine)."""
 MIN_UPTIME = 0.9
-"""Uptime (diloco_chaos/harness/metrics.py: the training span minus merge gaps beyond their first second) with stragglers;
+"""Uptime (diloco_chaos/harness/metrics.py: the training span minus merge gaps beyond their first second) with
+stragglers;
 K = 1 never waits for them, so it stays near 1.0 (docs/process-chaos.md measured 1.00)."""
 
 
@@ -101,7 +103,8 @@ def test_straggler_two_half_speed_learners_achieve_their_profile(run_scenario, f
 
 TRANSIENT_STEPS = 240
 """The transient test's run: a 100-step window (learner 0's steps 40 to 140) and 100 steps after it. The slow
-controller's error is a step or two whatever the window (diloco_chaos/chaos/processes.py): over a 60-step window, 18 steps
+controller's error is a step or two whatever the window (diloco_chaos/chaos/processes.py): over a 60-step window, 18
+steps
 at 0.3, it achieved 0.27-0.36 here (CI failed once at 0.356); over 100 steps 0.290-0.299 in 20 runs."""
 UNHELD_FLOOR = 0.6
 """After its window the transient straggler is no longer held to its profile: its steps/s over learner 0's is

@@ -136,7 +136,8 @@ def test_a_kill_chip_and_a_freeze_through_the_host_agents(run_scenario):
 
 def test_nothing_of_a_torchrun_run_outlives_a_sigkilled_supervisor(tmp_path):
     runs = tmp_path / "killed"
-    code = ("import json, sys\nfrom diloco_chaos.harness.scenario import from_dict\nfrom diloco_chaos.harness.supervisor import run_scenario\n"
+    code = ("import json, sys\nfrom diloco_chaos.harness.scenario import from_dict\n"
+            "from diloco_chaos.harness.supervisor import run_scenario\n"
             "if __name__ == '__main__':\n"
             f"    run_scenario(from_dict(json.loads(sys.argv[1])), {str(runs)!r})\n")
     script = tmp_path / "supervise.py"

@@ -14,7 +14,8 @@ from diloco_chaos.harness.events import STRICT_ENV
 from diloco_chaos.harness.scenario import Scenario, from_dict
 
 os.environ.setdefault(STRICT_ENV, "1")
-"""Every event a test's runs write is checked against its record (diloco_chaos/harness/record) as it is written, so each test
+"""Every event a test's runs write is checked against its record (diloco_chaos/harness/record) as it is written, so each
+test
 that runs the real processes also checks that the emitters match the schema (docs/events.md)."""
 
 

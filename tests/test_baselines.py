@@ -1,4 +1,5 @@
-"""Tests for diloco_chaos.trainers.baselines and diloco_chaos.trainers.elastic_ddp: the ddp, elastic_ddp and synchronous DiLoCo syncers."""
+"""Tests for diloco_chaos.trainers.baselines and diloco_chaos.trainers.elastic_ddp: the ddp, elastic_ddp and synchronous
+DiLoCo syncers."""
 
 from __future__ import annotations
 

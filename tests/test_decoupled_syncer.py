@@ -1,4 +1,5 @@
-"""Tests for diloco_chaos.trainers.decoupled_syncer: the fragment clock, push validation, quorum/grace polling and merges.
+"""Tests for diloco_chaos.trainers.decoupled_syncer: the fragment clock, push validation, quorum/grace polling and
+merges.
 
 Everything runs on plain float clocks; no sockets, threads or sleeps.
 """

@@ -1,4 +1,5 @@
-"""The typed event records (diloco_chaos/harness/record): parse checks every field of every kind, every emitter in the code
+"""The typed event records (diloco_chaos/harness/record): parse checks every field of every kind, every emitter in the
+code
 writes only kinds and fields the schema names, docs/events.md is generated from the records, and real runs
 (decoupled with a chip kill under restart and a freeze; ddp) write only lines that parse into their records."""
 
@@ -98,7 +99,7 @@ def _emitted() -> dict[str, list[tuple[str, set[str]]]]:
     """kind -> (where, keywords) of every `*.log("kind", ...)` / `on_event("kind", ...)` call in the code."""
     out: dict[str, list[tuple[str, set[str]]]] = {}
     for pkg in ("harness", "trainers", "chaos"):
-        for path in sorted((ROOT / pkg).rglob("*.py")):
+        for path in sorted((ROOT / "diloco_chaos" / pkg).rglob("*.py")):
             for n in ast.walk(ast.parse(path.read_text())):
                 if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("log", "on_event")
                         and n.args and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str)):

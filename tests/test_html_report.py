@@ -1,4 +1,5 @@
-"""Tests for diloco_chaos.harness.html_report: the timeline states from hand-built events, the page written for a fake run
+"""Tests for diloco_chaos.harness.html_report: the timeline states from hand-built events, the page written for a fake
+run
 directory (self-contained, PNGs that decode), the `report` verb, and the page as a real headless Chromium
 renders it (skipped where Debian's chromium is not installed), with its verdicts: invariants (violated first),
 labelled errors and discarded work."""

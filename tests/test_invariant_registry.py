@@ -1,4 +1,5 @@
-"""The invariant registry (diloco_chaos/harness/invariants/registry.py): every module of diloco_chaos/harness/invariants/checks registers
+"""The invariant registry (diloco_chaos/harness/invariants/registry.py): every module of
+diloco_chaos/harness/invariants/checks registers
 exactly one invariant, check_all and the pytest plugin list the registry, docs/invariants.md is its output, and
 bounds are checked by name and value before anything is measured."""
 

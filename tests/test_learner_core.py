@@ -1,4 +1,5 @@
-"""Tests for diloco_chaos.trainers.learner: LearnerCore's fragment bookkeeping and the three learner loops with fake links."""
+"""Tests for diloco_chaos.trainers.learner: LearnerCore's fragment bookkeeping and the three learner loops with fake
+links."""
 
 from __future__ import annotations
 

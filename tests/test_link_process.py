@@ -1,4 +1,5 @@
-"""diloco_chaos/harness/link_process.py's pieces: the whole-frame check on a local socket, and a link process that died."""
+"""diloco_chaos/harness/link_process.py's pieces: the whole-frame check on a local socket, and a link process that
+died."""
 
 from __future__ import annotations
 

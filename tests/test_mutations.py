@@ -1,4 +1,5 @@
-"""The mutation switch (diloco_chaos/trainers/mutations.py): only the environment turns a mutation on, never a scenario file;
+"""The mutation switch (diloco_chaos/trainers/mutations.py): only the environment turns a mutation on, never a scenario
+file;
 an unknown name is refused; and each hook changes what the algorithm does (and what it measures) as documented."""
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def test_the_environment_switches_a_process_and_an_unknown_value_raises() -> Non
 
 
 def test_a_run_with_an_unknown_mutation_fails_before_any_process_starts(tmp_path: Path) -> None:
-    code = ("import sys\nfrom diloco_chaos.harness.supervisor import Supervisor\nfrom diloco_chaos.harness.scenario import from_dict\n"
+    code = ("import sys\nfrom diloco_chaos.harness.supervisor import Supervisor\n"
+            "from diloco_chaos.harness.scenario import from_dict\n"
             f"Supervisor(from_dict({{'name': 'x'}}), {str(tmp_path)!r})\n")
     bad = child("nope", code)
     assert bad.returncode != 0 and "is not a known mutation" in bad.stderr
@@ -89,7 +91,7 @@ def test_mutations_are_unreachable_from_scenario_files() -> None:
                 from_dict(table)
     names = [f.name for _, obj in tables for f in dataclasses.fields(obj)]
     assert not [n for n in names if "mutation" in n], names
-    scenario_src = (ROOT / "harness" / "scenario.py").read_text()
+    scenario_src = (ROOT / "diloco_chaos" / "harness" / "scenario.py").read_text()
     assert "mutations" not in scenario_src and mutations.ENV_VAR not in scenario_src
 
 

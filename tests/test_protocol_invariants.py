@@ -1,4 +1,5 @@
-"""Protocol invariants (diloco_chaos/harness/protocol_invariants.py) over hand-built event logs: each holds on a good log and
+"""Protocol invariants (diloco_chaos/harness/protocol_invariants.py) over hand-built event logs: each holds on a good
+log and
 fails, naming its figure and bound, on a log with the fault it exists to catch."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Round trips of diloco_chaos/trainers/quantize.py: error bounds per wire dtype, int4 packing, NaN/Inf refused, sizes."""
+"""Round trips of diloco_chaos/trainers/quantize.py: error bounds per wire dtype, int4 packing, NaN/Inf refused,
+sizes."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """`[launch] hosts = "remote"` end to end on one machine, with nothing shared but the network: each learner host is
-a network namespace (diloco_chaos/harness/netns_hosts.py) in which the test, as an operator would, starts a host agent with
+a network namespace (diloco_chaos/harness/netns_hosts.py) in which the test, as an operator would, starts a host agent
+with
 its own work directory (not the run directory); the supervisor reaches the agents only through the addresses in
 `launch.agents` and the agents' secret file.
 
@@ -59,7 +60,8 @@ def agents(tmp_path):
             logs.append(log)
             with open(log, "wb") as f:
                 procs.append(subprocess.Popen(
-                    ["ip", "netns", "exec", h.netns, sys.executable, "-m", "diloco_chaos.harness.host_agent", "--listen",
+                    ["ip", "netns", "exec", h.netns, sys.executable, "-m", "diloco_chaos.harness.host_agent",
+                     "--listen",
                      f"{h.address}:{AGENT_PORT}", "--secret-file", str(secret_file), "--work-dir", str(work)],
                     cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=f, stderr=subprocess.STDOUT))
         for log in logs:

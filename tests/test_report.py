@@ -1,4 +1,5 @@
-"""Tests for diloco_chaos.harness.report (longest_gap, build_report) and diloco_chaos.harness.events (EventLog, read_events, EventTail)."""
+"""Tests for diloco_chaos.harness.report (longest_gap, build_report) and diloco_chaos.harness.events (EventLog,
+read_events, EventTail)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""diloco_chaos.harness.results and the `--json` options of `diloco-chaos run` and `compare`: the schema, strict JSON, and
+"""diloco_chaos.harness.results and the `--json` options of `diloco-chaos run` and `compare`: the schema, strict JSON,
+and
 both options on tiny real runs (1 learner x 1 chip, 20 steps: a few seconds each)."""
 
 from __future__ import annotations

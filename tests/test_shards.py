@@ -1,4 +1,5 @@
-"""The fragment-to-shard assignment (diloco_chaos/trainers/shards.py), its validation (syncer.shards) and the per-shard link
+"""The fragment-to-shard assignment (diloco_chaos/trainers/shards.py), its validation (syncer.shards) and the per-shard
+link
 chaos arithmetic; pure functions, no processes."""
 
 from __future__ import annotations
@@ -9,7 +10,14 @@ from hypothesis import strategies as st
 
 from diloco_chaos.chaos.links import proxy_name, shard_rate
 from diloco_chaos.harness.scenario import ScenarioError, from_dict
-from diloco_chaos.harness.syncer_shards import assemble_final, checkpoint_name, fragment_owners, proc_name, shard_of, state_dir
+from diloco_chaos.harness.syncer_shards import (
+    assemble_final,
+    checkpoint_name,
+    fragment_owners,
+    proc_name,
+    shard_of,
+    state_dir,
+)
 from diloco_chaos.trainers.shards import assign_shards, owned
 
 sizes_and_shards = st.lists(st.integers(0, 10_000), min_size=1, max_size=40).flatmap(

@@ -56,7 +56,8 @@ def test_children_import_a_task_module_the_forkserver_never_saw(run_scenario: An
     p.join(timeout=60)
     project = tmp_path / "project"
     project.mkdir()
-    (project / "late_task_mod.py").write_text("from diloco_chaos.trainers.tasks.regression_mlp import regression_mlp as make\n",
+    (project / "late_task_mod.py").write_text(
+        "from diloco_chaos.trainers.tasks.regression_mlp import regression_mlp as make\n",
                                               encoding="utf-8")
     monkeypatch.chdir(project)
     run = run_scenario({"name": "late-module", "task": {"factory": "late_task_mod:make", "args": {"hidden": 8}},

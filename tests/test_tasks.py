@@ -149,7 +149,8 @@ BAD = [
     ('[task]\nfactory = "no_such_module_xyz:make"', "no module named 'no_such_module_xyz'"),
     ('[task]\nfactory = "diloco_chaos.trainers.tasks.image_cnn:no_such_fn"', "has no function 'no_such_fn'"),
     ('[task]\nfactory = "diloco_chaos.trainers.tasks.image_cnn:CLASSES"', "is not callable"),
-    ('[task]\nfactory = "diloco_chaos.trainers.task:TaskContext"', "returned TaskContext, not a diloco_chaos.trainers.task.Task"),
+    ('[task]\nfactory = "diloco_chaos.trainers.task:TaskContext"',
+     "returned TaskContext, not a diloco_chaos.trainers.task.Task"),
     ('[task]\nfactory = "image_cnn"\n[task.args]\nwidht = 4', "task.args {'widht': 4} do not fit its signature"),
     ('[task]\nfactory = "image_cnn"\n[task.args]\nsize = 2', "need size >= 8"),
     ('[task]\nfactory = "diloco_chaos.trainers.data:load_corpus"', "failed: TypeError"),
@@ -170,7 +171,8 @@ def test_a_bad_factory_exits_2_naming_what_is_wrong(tmp_path: Path, capsys: pyte
 
 def test_a_factory_in_the_working_directory_is_found_and_recorded(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "cwd_task_mod.py").write_text("from diloco_chaos.trainers.tasks.regression_mlp import regression_mlp as make\n",
+    (tmp_path / "cwd_task_mod.py").write_text(
+        "from diloco_chaos.trainers.tasks.regression_mlp import regression_mlp as make\n",
                                               encoding="utf-8")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", str(tmp_path))])

@@ -15,7 +15,14 @@ from typing import Any
 import pytest
 
 from diloco_chaos.harness.handshake import new_secret
-from diloco_chaos.harness.host_agent import LAUNCHER_MODULE, WORKER_MODULE, AgentClient, AgentError, AgentSpec, agent_main
+from diloco_chaos.harness.host_agent import (
+    LAUNCHER_MODULE,
+    WORKER_MODULE,
+    AgentClient,
+    AgentError,
+    AgentSpec,
+    agent_main,
+)
 from diloco_chaos.harness.scenario import ScenarioError, from_dict
 from diloco_chaos.harness.torchrun_launch import torchrun_command
 

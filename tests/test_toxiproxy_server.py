@@ -567,7 +567,8 @@ def test_bulk_transfer_is_intact_both_ways(proxy: Proxy) -> None:
 
 def test_main_serves_until_sigterm(echo: str, monkeypatch: pytest.MonkeyPatch) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "diloco_chaos.chaos.toxiproxy_server", "--host", "127.0.0.1", "--port", "0", "--seed", "3"],
+        [sys.executable, "-m", "diloco_chaos.chaos.toxiproxy_server", "--host", "127.0.0.1", "--port", "0",
+         "--seed", "3"],
         stderr=subprocess.PIPE,
         text=True,
     )

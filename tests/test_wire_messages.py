@@ -1,4 +1,5 @@
-"""Tests for diloco_chaos/harness/wire_messages.py: every message the project sends fits its type's schema, every malformed
+"""Tests for diloco_chaos/harness/wire_messages.py: every message the project sends fits its type's schema, every
+malformed
 one is refused on decode with the wire's BadMessage, and a live syncer that receives one closes only that
 connection, logs why, and goes on serving the others.
 
@@ -37,8 +38,8 @@ from diloco_chaos.harness.wire import (
     send_message,
 )
 from diloco_chaos.harness.wire_messages import SCHEMAS
-from tests.conftest import tiny
 from diloco_chaos.trainers.messages import FragmentPush
+from tests.conftest import tiny
 
 MAX = 1 << 20
 WAIT_S = 10.0

@@ -1,4 +1,5 @@
-"""The per-connection wire codec (diloco_chaos/harness/wire_precision.py): both ends agree bit for bit, deltas stay small,
+"""The per-connection wire codec (diloco_chaos/harness/wire_precision.py): both ends agree bit for bit, deltas stay
+small,
 a frame that cannot be decoded is refused, and NaN pushes go out as they are for the merge guard to decline."""
 
 from __future__ import annotations

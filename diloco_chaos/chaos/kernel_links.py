@@ -111,7 +111,8 @@ def tbf_args(rate_bytes_s: float) -> list[str]:
 class KernelToxics:
     """The part of the Toxiproxy client API that LinkChaos uses, carried by tc and nft on each host's veth.
 
-    `links` maps a proxy name (diloco_chaos/chaos/links.py `proxy_name(m)`) to its host. `prepare()` makes each host's empty
+    `links` maps a proxy name (diloco_chaos/chaos/links.py `proxy_name(m)`) to its host. `prepare()` makes each host's
+    empty
     nft table; `close()` removes every qdisc and table this object made (never raises: it runs at teardown)."""
 
     def __init__(self, links: dict[str, HostLink], timeout_s: float = CMD_TIMEOUT_S) -> None:

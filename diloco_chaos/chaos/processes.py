@@ -63,7 +63,8 @@ def syncer_repair_key(shard: int) -> str:
 
 Signaller = Callable[[int, list[int], signal.Signals, bool], list[int]]
 """(learner, pids, signal, with their child processes) -> the pids signalled. Where the learner's processes
-live: this machine (`local_signaller`) or another host, through its agent (diloco_chaos/harness/host_agent.py), which alone
+live: this machine (`local_signaller`) or another host, through its agent (diloco_chaos/harness/host_agent.py), which
+alone
 can read that host's process tree."""
 
 

@@ -40,7 +40,8 @@ LINK_ACTIONS = _faults.names(lambda k: k.target == "link")
 """Actions on one learner's link, carried out through its Toxiproxy proxy (diloco_chaos/chaos/links.py)."""
 
 PROCESS_ACTIONS = _faults.names(lambda k: k.target != "link")
-"""Actions on a run's processes, by pid (diloco_chaos/chaos/processes.py). Kills are one shot; a freeze lasts to `until`.
+"""Actions on a run's processes, by pid (diloco_chaos/chaos/processes.py). Kills are one shot; a freeze lasts to
+`until`.
 `kill_syncer` hits the synchronizer and is the only action without a `learner`."""
 
 KILL_ACTIONS = _faults.names(lambda k: k.target != "link" and issubclass(k.params, RepairParams))

@@ -241,7 +241,8 @@ class ToxiproxyClient:
             if type in EMBEDDED_ONLY_TOXICS and exc.status == 400 and "invalid toxic type" in str(exc):
                 raise ToxiproxyError(
                     f"add_toxic {subject}: toxic type {type!r} is an extension of the embedded server "
-                    f"(diloco_chaos.chaos.toxiproxy_server), embedded-only: this Toxiproxy server at {self.url} does not "
+                    f"(diloco_chaos.chaos.toxiproxy_server), embedded-only: "
+                    f"this Toxiproxy server at {self.url} does not "
                     f"implement it ({exc})", exc.status) from exc
             raise
         # The library's add_toxic returns None; the server answered with the stored toxic in

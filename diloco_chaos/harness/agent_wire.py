@@ -5,7 +5,8 @@ dataclasses below (`decode` checks its kind and each field's type, and raises Ag
 wrong) and the code on either side handles records, never loose dicts. The framing is one JSON object per line
 (`{"kind": ..., fields...}`), at most MAX_LINE bytes.
 
-A connection: the agent sends Hello (a nonce), the client answers Auth (the HMAC of diloco_chaos/harness/handshake.py over
+A connection: the agent sends Hello (a nonce), the client answers Auth (the HMAC of diloco_chaos/harness/handshake.py
+over
 the nonce, under the agents' shared secret), the agent sends Welcome or Refused. Then the client sends
 requests one at a time (Clock, Start, Pids, Signal, Stop) and the agent answers each with its reply (ClockReply,
 Started, PidsReply, SignalReply, Stopped, or Failed). Unprompted, the agent also sends Events (new lines of the

@@ -49,7 +49,8 @@ class HygieneError(AssertionError):
 class ChaosRun:
     """One run made through the plugin: the scenario, its directory and what it left there.
 
-    Behaves like diloco_chaos.harness.supervisor.RunResult (`run_dir`, `report`, `pids`), so diloco_chaos.harness.hygiene.leftovers
+    Behaves like diloco_chaos.harness.supervisor.RunResult (`run_dir`, `report`, `pids`), so
+    diloco_chaos.harness.hygiene.leftovers
     and diloco_chaos.harness.invariants accept it, plus lazy access to the event log and invariant helpers that print
     their figure into the test's output."""
 
@@ -89,7 +90,8 @@ class ChaosRun:
 
     @cached_property
     def record(self) -> Any:
-        """The run directory read once for the invariants (diloco_chaos.harness.invariants.load_run: events in time order)."""
+        """The run directory read once for the invariants (diloco_chaos.harness.invariants.load_run: events in time
+        order)."""
         from diloco_chaos.harness.invariants import load_run
 
         return load_run(self.run_dir)
@@ -117,7 +119,8 @@ class ChaosRun:
         return result
 
     def check(self, name: str, /, **bounds: Any) -> Any:
-        """`measure`, then raise diloco_chaos.harness.invariants.InvariantViolation (an AssertionError naming the figure and
+        """`measure`, then raise diloco_chaos.harness.invariants.InvariantViolation (an AssertionError naming the figure
+        and
         the bound) unless it holds. Returns the InvariantResult."""
         return self.measure(name, **bounds).check()
 

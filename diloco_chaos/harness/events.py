@@ -7,7 +7,8 @@ processes of one machine), `wall` (epoch seconds), `pid`, `proc` (who wrote
 it, e.g. "learner2.chip0") and `ev` (the kind). The metrics and the report are
 computed from this file alone, so any recorded run can be re-analysed.
 
-Its schema is diloco_chaos/harness/record (docs/events.md). With DILOCO_CHAOS_STRICT_EVENTS=1 (set by the tests) every event
+Its schema is diloco_chaos/harness/record (docs/events.md). With DILOCO_CHAOS_STRICT_EVENTS=1 (set by the tests) every
+event
 is also parsed into its record as it is written, so an emitter that drifts from the schema fails where it writes.
 """
 
@@ -23,7 +24,8 @@ from typing import Any
 
 EVENTS_FILE = "events.jsonl"
 STRICT_ENV = "DILOCO_CHAOS_STRICT_EVENTS"
-"""Set to 1: `EventLog.log` checks each event against its record (diloco_chaos/harness/record) and raises EventSchemaError
+"""Set to 1: `EventLog.log` checks each event against its record (diloco_chaos/harness/record) and raises
+EventSchemaError
 on a mismatch, before writing it."""
 
 

@@ -6,7 +6,8 @@ temporary file renamed over the old one cost the syncer about 1.7 ms of CPU per 
 learner: a merge per step, 40% of the syncer's CPU, on a core it shares with the chips), and a new inode per
 merge for the file system's journal. Here fragment p has two files, `fragment-<p>.slot0` and `.slot1`, open for
 the syncer's life; version v of p overwrites slot `v % 2` in place with one `pwrite`, as one frame of the wire
-format (`diloco_chaos/harness/wire.py`: magic, payload length, CRC-32; type FRAGMENT_STATE). A frame is never written over
+format (`diloco_chaos/harness/wire.py`: magic, payload length, CRC-32; type FRAGMENT_STATE). A frame is never written
+over
 the newest version: a crash in the middle of a write tears only the slot being written, which then fails its
 checks, while the other slot still holds version v - 1, the newest any learner can have been sent. `load`
 takes, per fragment, the newest slot that passes every check, and reports the slots it rejected.

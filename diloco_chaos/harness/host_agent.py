@@ -63,7 +63,8 @@ class AgentSpec:
     """Everything an agent needs; picklable (the supervisor starts one per netns host)."""
 
     spec_path: str
-    """The learner's worker spec file (diloco_chaos/harness/torchrun_launch.py): its workers name it on their command line."""
+    """The learner's worker spec file (diloco_chaos/harness/torchrun_launch.py): its workers name it on their command
+    line."""
     secret_hex: str
     """The run's secret, which a client must prove it holds."""
     host: str
@@ -243,7 +244,8 @@ def _kill_workers(spec_path: str) -> None:
 
 
 def agent_main(spec: AgentSpec, report: Any = None) -> None:
-    """Entry point (forkserver child on one machine, or `python -m diloco_chaos.harness.host_agent` on a real host): listen,
+    """Entry point (forkserver child on one machine, or `python -m diloco_chaos.harness.host_agent` on a real host):
+    listen,
     report the port through `report` (a pipe end) if given, serve."""
     if spec.netns:
         from diloco_chaos.harness.netns_hosts import enter_netns
@@ -313,7 +315,8 @@ class AgentClient:
 
 def main(argv: list[str] | None = None) -> None:
     """Run an agent on a real learner host (docs/multi-host.md). With `--work-dir` (`[launch] hosts = "remote"`):
-    `python -m diloco_chaos.harness.host_agent --listen 0.0.0.0:29600 --secret-file agents.secret --work-dir /var/lib/dc`
+    `python -m diloco_chaos.harness.host_agent --listen 0.0.0.0:29600 --secret-file agents.secret --work-dir
+    /var/lib/dc`
     serves every supervisor that proves the secret (diloco_chaos/harness/remote_agent.py). With `--spec`: one run whose
     spec file is already on this host."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

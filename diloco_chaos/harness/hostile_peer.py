@@ -1,6 +1,7 @@
 """A hostile peer of a live syncer: connections that send malformed, forged or replayed frames, each bounded.
 
-Why: the wire's checks (`diloco_chaos/harness/wire.py`, `diloco_chaos/harness/frame_auth.py`, `diloco_chaos/harness/wire_messages.py`) are tested
+Why: the wire's checks (`diloco_chaos/harness/wire.py`, `diloco_chaos/harness/frame_auth.py`,
+`diloco_chaos/harness/wire_messages.py`) are tested
 frame by frame, but the promise that matters is the syncer's: a hostile frame from any peer, with or without
 the run's secret, closes that one connection with a logged reason, never stops the syncer, and leaks no
 socket, while the real learners go on training and their pushes are merged. `tests/test_hostile_peers.py`

@@ -3,9 +3,11 @@ shard, behind the one interface the link process drives (diloco_chaos/harness/li
 
 Why one connection per shard, not one multiplexed: a shard is a process on its own host in the paper, so a
 learner's connection to it fails, reconnects and is restored with it alone, while its connections to the other
-shards go on; each has its own proxy (`learner-<i>-shard<k>`, diloco_chaos/chaos/links.py), and a link fault on the learner
+shards go on; each has its own proxy (`learner-<i>-shard<k>`, diloco_chaos/chaos/links.py), and a link fault on the
+learner
 applies to all of them. Every shard gets each step's META (each runs the rounds of its own fragments and pulls
-from this learner's snapshot); a final push of fragment p goes to the shard that owns p (diloco_chaos/trainers/shards.py).
+from this learner's snapshot); a final push of fragment p goes to the shard that owns p
+(diloco_chaos/trainers/shards.py).
 The synchronous baselines never shard (validated), so `exchange` goes to shard 0.
 """
 

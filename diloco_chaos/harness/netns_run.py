@@ -1,7 +1,8 @@
 """The supervisor's side of `[launch] hosts = "netns"`: make the run's hosts, carry link faults on them with the
 kernel link backend, and remove everything at the end, whatever happened.
 
-diloco_chaos/harness/netns_hosts.py makes and removes namespaces; diloco_chaos/chaos/kernel_links.py turns link faults into tc and nft
+diloco_chaos/harness/netns_hosts.py makes and removes namespaces; diloco_chaos/chaos/kernel_links.py turns link faults
+into tc and nft
 commands; this module ties them to a run: events (`hosts_swept`, `hosts_ready`, `links_ready`,
 `hosts_removed`), where each learner's chips live and connect, and the order of teardown (faults, then
 qdiscs and tables, then namespaces).
@@ -29,7 +30,8 @@ class HostsUnavailable(RuntimeError):
 
 @dataclass
 class KernelRunLinks:
-    """The kernel link backend of one run: the same `chaos` API as the Toxiproxy side (diloco_chaos/harness/link_proxies.py
+    """The kernel link backend of one run: the same `chaos` API as the Toxiproxy side
+    (diloco_chaos/harness/link_proxies.py
     RunLinks), carried by tc and nft on the hosts' veths."""
 
     toxics: KernelToxics

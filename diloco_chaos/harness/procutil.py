@@ -179,7 +179,8 @@ def signal_tree(pid: int, sig: int) -> None:
 
 
 def signal_proc(p: Any, sig: int) -> None:
-    """A run process and its descendants: a local one by its pid, a remote learner (diloco_chaos/harness/remote_hosts.py,
+    """A run process and its descendants: a local one by its pid, a remote learner
+    (diloco_chaos/harness/remote_hosts.py,
     whose pid is another host's) through its own `signal_tree`."""
     remote = getattr(p, "signal_tree", None)
     if remote is not None:

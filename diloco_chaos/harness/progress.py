@@ -105,7 +105,8 @@ def faults_table(bands: list[dict[str, Any]]) -> str:
 
 
 def verdict_lines(figures: list[Any]) -> str:
-    """Each invariant's verdict (diloco_chaos.harness.results.InvariantFigure), then one line: held, or which did not."""
+    """Each invariant's verdict (diloco_chaos.harness.results.InvariantFigure), then one line: held, or which did
+    not."""
     lines = [f"  {'ok  ' if f.ok else 'FAIL'} {f.name}: {f.detail}" for f in figures]
     failed = [f.name for f in figures if not f.ok]
     head = (f"invariants: all {len(figures)} held" if not failed

@@ -1,4 +1,5 @@
-"""Decoupled DiLoCo's protocol invariants, kept importable here: they live in diloco_chaos/harness/invariants/checks/, one
+"""Decoupled DiLoCo's protocol invariants, kept importable here: they live in diloco_chaos/harness/invariants/checks/,
+one
 module each (rda_norms, outer_lr, token_weights, pushes_received, apply_schedule, initial_pull), registered with
 algorithms ("decoupled",). docs/sensitivity.md and README point here; this module re-exports them.
 """

@@ -2,9 +2,11 @@
 spec over its connection, starts torchrun on its host, ships the workers' events and torchrun's exit back.
 
 Why: across real machines there is no shared run directory. An operator starts one agent per learner host
-(`python -m diloco_chaos.harness.host_agent --listen ADDR:PORT --secret-file F --work-dir DIR`) before any run; it needs no
+(`python -m diloco_chaos.harness.host_agent --listen ADDR:PORT --secret-file F --work-dir DIR`) before any run; it needs
+no
 spec at start and serves, one at a time, every supervisor that proves it holds the agents' secret. Per
-connection (diloco_chaos/harness/agent_wire.py for the messages) it makes a fresh directory under its work dir (0700) and,
+connection (diloco_chaos/harness/agent_wire.py for the messages) it makes a fresh directory under its work dir (0700)
+and,
 on each Start, writes the learner's spec there (0600: it holds the run's secret), with `run_dir` pointing to
 that directory, so the workers (and their link process) append their events to a log on this host; it starts
 torchrun with the same command line as the local backend (diloco_chaos/harness/torchrun_launch.py), its workers tied to

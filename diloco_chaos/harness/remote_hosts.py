@@ -3,7 +3,8 @@ the host agent an operator started there (diloco_chaos/harness/remote_agent.py),
 
 Why: across machines the supervisor can neither fork a learner's processes nor read what they write. Per
 learner it connects to the agent named in `[launch] agents`, proves it holds the agents' secret
-(`launch.agent_secret_file`, the HMAC challenge of diloco_chaos/harness/handshake.py), measures the agent's clock, and then,
+(`launch.agent_secret_file`, the HMAC challenge of diloco_chaos/harness/handshake.py), measures the agent's clock, and
+then,
 for each generation of the learner, sends its spec (Start: the ChipSpec pickled, the run's secret sealed) and
 gets torchrun's pid back. A reader thread per connection takes what the agent sends unprompted: the workers'
 event lines, appended to the run's events.jsonl (so the report, the invariants and replay read one log as

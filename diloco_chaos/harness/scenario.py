@@ -384,10 +384,10 @@ def builtin(name: str = "default", overrides: Sequence[str] = ()) -> Scenario:
     names = builtin_names()
     if name not in names:
         raise ScenarioError(f"no built-in scenario {name!r}; the built-in ones: {', '.join(names)}")
-    text = resources.files("harness").joinpath("scenarios", f"{name}.toml").read_text(encoding="utf-8")
+    text = resources.files("diloco_chaos.harness").joinpath("scenarios", f"{name}.toml").read_text(encoding="utf-8")
     return from_dict(tomllib.loads(text), overrides)
 
 
 def builtin_names() -> list[str]:
-    return sorted(p.name[:-5] for p in resources.files("harness").joinpath("scenarios").iterdir()
+    return sorted(p.name[:-5] for p in resources.files("diloco_chaos.harness").joinpath("scenarios").iterdir()
                   if p.name.endswith(".toml"))

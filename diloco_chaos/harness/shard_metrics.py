@@ -38,7 +38,8 @@ class ShardFigures:
     merges_in_outage: int = 0
     """Merges logged (by any shard) while it was out: the other shards' merges, since it merges nothing then."""
     uptime: float | None = None
-    """diloco_chaos/harness/metrics.py `downtime` over its own merges: the share of the training span in which its fragments
+    """diloco_chaos/harness/metrics.py `downtime` over its own merges: the share of the training span in which its
+    fragments
     advanced within the downtime window."""
 
 

@@ -58,7 +58,8 @@ FAULT_POLL_S = 0.05
 SLOW_POLL_S = 0.02
 """The same while a `slow` fault holds a learner to a speed: its controller (diloco_chaos/chaos/processes.py) sees the
 learners' steps this late at most, so a learner overshoots its step budget by about this much time."""
-PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "diloco_chaos.harness.chip", "diloco_chaos.harness.syncer_service"]
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "diloco_chaos.harness.chip",
+           "diloco_chaos.harness.syncer_service"]
 """Imported once in the forkserver. torch._dynamo is what the first AdamW construction imports (1.6 s of CPU
 per chip process on this machine, measured with -X importtime); preloaded, a chip is ready in ~0.1 s."""
 _ctx: Any = None

@@ -39,7 +39,8 @@ class DecoupledHandler:
         self.shard = shard
         s = sc.syncer.shards
         self.owners = fragment_owners(sc) if s > 1 else None
-        """syncer.shards > 1: the owning shard of each fragment (diloco_chaos/harness/syncer_shards.py); None: one syncer."""
+        """syncer.shards > 1: the owning shard of each fragment (diloco_chaos/harness/syncer_shards.py); None: one
+        syncer."""
         owned = frozenset(owned_by(self.owners, shard)) if self.owners is not None else None
         self.core = DecoupledSyncer(scenario_task(sc), sc.diloco, sc.seed, sc.topology.learners, owned)
         self.fragments: int | None = len(self.core.partition)

@@ -2,7 +2,8 @@
 
 The service (diloco_chaos/harness/syncer_service.py) owns the transport, the evaluator and the main loop; everything
 that depends on the algorithm sits behind `AlgorithmHandler`, chosen once from `HANDLERS`, so the service
-has no per-algorithm branch: diloco_chaos/harness/syncer_decoupled.py for Decoupled DiLoCo, diloco_chaos/harness/syncer_barrier.py
+has no per-algorithm branch: diloco_chaos/harness/syncer_decoupled.py for Decoupled DiLoCo,
+diloco_chaos/harness/syncer_barrier.py
 with the matching `BarrierCore` (diloco_chaos/trainers/syncer_core.py) for ddp, diloco and elastic_ddp.
 """
 

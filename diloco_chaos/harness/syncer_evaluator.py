@@ -1,6 +1,7 @@
 """The syncer's evaluator thread: held-out loss of snapshots of the global model, off the merge path.
 
-The main loop hands it a snapshot (version, tokens merged, a copy of the parameters) when diloco_chaos/harness/eval_schedule.py
+The main loop hands it a snapshot (version, tokens merged, a copy of the parameters) when
+diloco_chaos/harness/eval_schedule.py
 says one is due;
 a one-slot queue keeps only one waiting, so a slow eval never queues work behind it nor blocks the loop.
 """

@@ -4,7 +4,8 @@ Threads: the transport's acceptor and per-connection readers and writers (diloco
 evaluator (diloco_chaos/harness/syncer_evaluator.py), and the main loop here, the only thread that touches the
 algorithm's state. The main loop takes the readers' inbox items, keeps who is connected, hands joins,
 leaves and frames to the algorithm's handler (diloco_chaos/harness/syncer_dispatch.py: Decoupled DiLoCo's pushes and
-merges in diloco_chaos/harness/syncer_decoupled.py, the synchronous baselines' barrier in diloco_chaos/harness/syncer_barrier.py) and
+merges in diloco_chaos/harness/syncer_decoupled.py, the synchronous baselines' barrier in
+diloco_chaos/harness/syncer_barrier.py) and
 asks it for time-driven merges; accounting and crash-safe persistence are diloco_chaos/harness/syncer_accounting.py's.
 
 A learner is *alive* while it has an authenticated connection that has not said BYE. A syncer started with
@@ -50,7 +51,8 @@ class SyncerService:
         self.events = events
         self.algorithm = sc.algorithm
         self.shard = shard
-        """Which shard of the synchronizer this is (syncer.shards > 1; diloco_chaos/harness/syncer_shards.py), else 0."""
+        """Which shard of the synchronizer this is (syncer.shards > 1; diloco_chaos/harness/syncer_shards.py), else
+        0."""
         self.transport = Transport(sc, secret, events, port, host)
         self._owners = fragment_owners(sc) if sc.syncer.shards > 1 else []
         if sc.syncer.shards > 1:  # validated: decoupled only

@@ -39,7 +39,8 @@ from diloco_chaos.harness.wire_precision import UP, WireCodec, WireDecodeError, 
 OUTQ_MAX = 256
 DATA_FRAMES = frozenset({MsgType.PUSH, MsgType.GRADS, MsgType.PARAMS})
 FROM_LEARNERS = DATA_FRAMES | {MsgType.META, MsgType.PING, MsgType.HEARTBEAT, MsgType.BYE}
-"""What a learner's link sends after the handshake (diloco_chaos/harness/link.py). Any other type (a WELCOME, a FRAGMENT, a
+"""What a learner's link sends after the handshake (diloco_chaos/harness/link.py). Any other type (a WELCOME, a
+FRAGMENT, a
 second HELLO) is only ever sent the other way or before: a peer sending it is broken or hostile, and is cut
 off like one whose frame fails a check (kind "wrong_direction")."""
 
@@ -69,7 +70,8 @@ class Conn:
     auth: FrameAuth | None = None
     """The connection's frame keys once the handshake has passed: every frame after it is signed."""
     codec: WireCodec = field(default_factory=lambda: WireCodec("fp32"))
-    """The connection's wire codec (diloco_chaos/harness/wire_precision.py): encodes what the writer sends, decodes pushes."""
+    """The connection's wire codec (diloco_chaos/harness/wire_precision.py): encodes what the writer sends, decodes
+    pushes."""
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,7 @@ class Transport:
         hello = recv_message(conn.sock, 4096, self.t.connect_s)
         if hello.type is not MsgType.HELLO:
             raise ConnectionError(f"expected HELLO, got {hello.type.name}")
-        learner: int = hello.meta["learner"]  # a non-negative int: checked on decode (diloco_chaos/harness/wire_messages.py)
+        learner: int = hello.meta["learner"]  # a non-negative int: checked on decode (wire_messages.py)
         nonce = new_nonce()
         send_message(conn.sock, Message(MsgType.CHALLENGE, {"nonce": nonce.hex()}), self.t.socket_op_s)
         auth = recv_message(conn.sock, 4096, max(0.01, deadline - time.monotonic()))

@@ -26,7 +26,15 @@ from typing import TYPE_CHECKING, Any
 import psutil
 import torch
 
-from diloco_chaos.trainers.task import Task, TaskContext, TaskError, embedding_names, import_factory, load_task, parameters
+from diloco_chaos.trainers.task import (
+    Task,
+    TaskContext,
+    TaskError,
+    embedding_names,
+    import_factory,
+    load_task,
+    parameters,
+)
 
 if TYPE_CHECKING:
     from diloco_chaos.harness.scenario import Scenario
@@ -94,7 +102,7 @@ def with_task_path(sc: Scenario) -> Scenario:
     if sc.task.path:
         return sc
     _, root = import_factory(sc.task.factory)
-    if not root or root == os.path.dirname(os.path.dirname(os.path.abspath(str(own.__file__)))):
+    if not root or root == os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(str(own.__file__))))):
         return sc
     return dataclasses.replace(sc, task=dataclasses.replace(sc.task, path=root))
 

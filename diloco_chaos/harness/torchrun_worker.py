@@ -1,6 +1,7 @@
 """The program torchrun starts for each chip of a learner (`[launch] backend = "torchrun"`).
 
-torchrun (`python -m torch.distributed.run ... -m diloco_chaos.harness.torchrun_worker <spec file>`) starts one of these per
+torchrun (`python -m torch.distributed.run ... -m diloco_chaos.harness.torchrun_worker <spec file>`) starts one of these
+per
 chip and gives it RANK, LOCAL_RANK, WORLD_SIZE and MASTER_ADDR/PORT. The worker reads the learner's spec (the
 run's validated Scenario and everything else a local chip gets, diloco_chaos/harness/chip.py ChipSpec, written by the
 supervisor with mode 0600 since it holds the run's secret), takes its rank from torchrun, and runs the same

@@ -83,7 +83,8 @@ def _shared_url(sc: Scenario) -> str | None:
 @dataclass
 class ToxiproxyServer:
     """A Toxiproxy server for one test. `kind`: external (TOXIPROXY_URL, held exclusively for the test),
-    toxiproxy-server or embedded (started for the test). `client` is a diloco_chaos.chaos.toxiproxy_client.ToxiproxyClient."""
+    toxiproxy-server or embedded (started for the test). `client` is a
+    diloco_chaos.chaos.toxiproxy_client.ToxiproxyClient."""
 
     url: str
     kind: str

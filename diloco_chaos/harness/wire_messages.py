@@ -54,7 +54,8 @@ class MsgType(enum.IntEnum):
     RESUME = 23
     STOP = 24
     FRAGMENT_STATE = 25
-    """Not sent on a link: the content of one slot of the syncer's checkpoint (diloco_chaos/harness/fragment_checkpoint.py)."""
+    """Not sent on a link: the content of one slot of the syncer's checkpoint
+    (diloco_chaos/harness/fragment_checkpoint.py)."""
 
 
 class MetaError(ValueError):
@@ -115,7 +116,8 @@ def _optional(f: Field, nullable: bool = False) -> Field:
 _PING = {"learner": COUNT, "seq": COUNT, "t": TIME}
 
 SCHEMAS: dict[MsgType, dict[str, Field]] = {
-    # the handshake (diloco_chaos/harness/link.py <-> diloco_chaos/harness/syncer_service.py); HELLO also asks the link process to connect
+    # the handshake (diloco_chaos/harness/link.py <-> diloco_chaos/harness/syncer_service.py); HELLO also asks the link
+    # process to connect
     MsgType.HELLO: {"learner": COUNT, "proto": _optional(COUNT)},
     MsgType.CHALLENGE: {"nonce": Field(str, pattern="[0-9a-f]{32}")},
     MsgType.AUTH: {"learner": COUNT, "sig": Field(str, pattern="[0-9a-f]{64}")},
@@ -136,7 +138,8 @@ SCHEMAS: dict[MsgType, dict[str, Field]] = {
     MsgType.PARAMS_MERGED: {"round": COUNT},
     MsgType.RESUME: {"step": COUNT},
     MsgType.ERROR: {"step": _optional(COUNT), "round": _optional(COUNT), "detail": TEXT},
-    # liveness and shutdown; BYE's fields differ by direction (diloco_chaos/harness/link.py, diloco_chaos/harness/link_process.py)
+    # liveness and shutdown; BYE's fields differ by direction (diloco_chaos/harness/link.py,
+    # diloco_chaos/harness/link_process.py)
     MsgType.HEARTBEAT: {},
     MsgType.PING: _PING,
     MsgType.PONG: _PING,

@@ -83,7 +83,8 @@ class DilocoConfig:
     """Weight learners by c_tokens**2 / c_steps; False weighs every participant equally."""
     embedding_tensors: tuple[str, ...] = ()
     """Tensors merged by a plain weighted mean (the paper: embeddings lack near-orthogonality). Empty (the
-    default): the task's own list (diloco_chaos/trainers/task.py; the byte LM's: tok_emb.weight and pos_emb.weight, other
+    default): the task's own list (diloco_chaos/trainers/task.py; the byte LM's: tok_emb.weight and pos_emb.weight,
+    other
     built-in tasks: none). Names must be parameters of the task's model; an alias of a tied tensor counts."""
     outer_anchor: str = choice("current", ("current", "base"))
     """What a push's outer gradient is measured from. current: the syncer's current value, Δ_m = Θ_p(prev) − θ_m
@@ -97,7 +98,8 @@ class DilocoConfig:
     deterministic: bool = False
     """Lockstep mode for bisecting a regression: each learner waits at every sync point for that round's merge
     and the syncer merges a round only once every alive learner is in, so merges happen in a fixed order at
-    fixed steps and a fault-free run repeats exactly (diloco_chaos/trainers/lockstep.py). Learners then wait for each other:
+    fixed steps and a fault-free run repeats exactly (diloco_chaos/trainers/lockstep.py). Learners then wait for each
+    other:
     not for measuring availability."""
     max_staleness: int = bounded(4, 0, 100_000)
     """Versions a push's base may be behind its fragment's current version and still be merged. An older-based
@@ -113,7 +115,8 @@ class DilocoConfig:
     wire_dtype: Literal["fp32", "bf16", "int8", "int4"] = choice("bf16", ("fp32", "bf16", "int8", "int4"))
     """Precision of the outer traffic on the links (decoupled: pushes and merged fragments; diloco: its rounds'
     parameters, both ways). Each frame is a delta against a value both ends of the connection hold, quantised
-    (diloco_chaos/trainers/quantize.py: int8/int4 with per-block scales); a frame without such a value carries the values
+    (diloco_chaos/trainers/quantize.py: int8/int4 with per-block scales); a frame without such a value carries the
+    values
     themselves, int4's in int8 (diloco_chaos/harness/wire_precision.py; docs/wire-precision.md has the bytes and losses
     measured). The paper sends bf16 and reports int4 nearly lossless. Ignored by ddp and elastic_ddp, whose
     per-step gradients stay fp32."""

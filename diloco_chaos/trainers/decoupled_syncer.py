@@ -53,7 +53,7 @@ from torch import Tensor
 
 from diloco_chaos.trainers import mutations
 from diloco_chaos.trainers.config import DilocoConfig
-from diloco_chaos.trainers.decoupled_records import (  # the records are re-exported: importers of this module keep working
+from diloco_chaos.trainers.decoupled_records import (
     MergeRecord,
     OpenRound,
     Pull,
@@ -77,7 +77,8 @@ class DecoupledSyncer:
                  owned: frozenset[int] | None = None) -> None:
         self.cfg = cfg
         self.owned = owned
-        """A shard of a sharded synchronizer (diloco_chaos/trainers/shards.py): the fragments it owns, the only ones it opens
+        """A shard of a sharded synchronizer (diloco_chaos/trainers/shards.py): the fragments it owns, the only ones it
+        opens
         rounds for, merges and accepts pushes of; the others keep their initial value here. None: all."""
         self.num_learners = num_learners
         self.seed = seed

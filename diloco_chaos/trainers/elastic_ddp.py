@@ -10,7 +10,8 @@ partitioned one whose link is back) is admitted at the next step boundary: it is
 moments and the step, and from that step on the barrier expects it again.
 
 Under the shrink policy (`recovery.policy = "shrink"` or `"elastic"`) a lost non-host chip does not reach
-this module: its learner re-forms a smaller group inside itself (`diloco_chaos.trainers.learner.run_ddp`, the same regroup
+this module: its learner re-forms a smaller group inside itself (`diloco_chaos.trainers.learner.run_ddp`, the same
+regroup
 as Decoupled DiLoCo's) and stays a member, with fewer tokens per gradient; the barrier simply waits for its
 gradient while it re-forms. Only a learner-level loss (a lost host, a learner kill, a crashed host, a silent
 link) changes the membership here.
@@ -21,7 +22,8 @@ AdamW's update size does not follow the gradient's scale, so the schedule stays 
 size rule would tie the schedule to the fault timeline). docs/algorithm.md says more.
 
 `decide` is the membership decision: a pure function of (clock value, the open step's view, the change) that
-returns its reason, like `diloco_chaos.trainers.syncer_policy.decide`. `ElasticDdpSyncer` applies its decisions and keeps
+returns its reason, like `diloco_chaos.trainers.syncer_policy.decide`. `ElasticDdpSyncer` applies its decisions and
+keeps
 the records of every reconfiguration for the harness to log.
 """
 

@@ -15,7 +15,8 @@ them inside the learner (which fragments to apply at this step, and their
 values), so the replicas of one learner never diverge.
 
 The code lives in three modules: diloco_chaos/trainers/messages.py (the typed messages shared with the syncer),
-diloco_chaos/trainers/learner_core.py (`LearnerCore`, the collective, the inner optimizer) and diloco_chaos/trainers/learner_loops.py
+diloco_chaos/trainers/learner_core.py (`LearnerCore`, the collective, the inner optimizer) and
+diloco_chaos/trainers/learner_loops.py
 (the loops); this module re-exports their public names, which suites, benches and tests import from here.
 """
 
@@ -46,7 +47,14 @@ from diloco_chaos.trainers.learner_loops import (
     run_diloco,
     sync_replicas,
 )
-from diloco_chaos.trainers.messages import STATE_STEP_KEY, FragmentPush, MergedFragment, Snapshot, flatten, unflatten_into
+from diloco_chaos.trainers.messages import (
+    STATE_STEP_KEY,
+    FragmentPush,
+    MergedFragment,
+    Snapshot,
+    flatten,
+    unflatten_into,
+)
 
 __all__ = [
     "STATE_STEP_KEY", "ApplyHook", "BatchFn", "Collective", "CollectiveFailed", "DecoupledLink", "FragmentPush",

@@ -1,4 +1,5 @@
-"""The protocol every algorithm's syncer core implements for the syncer service (diloco_chaos/harness/syncer_service.py).
+"""The protocol every algorithm's syncer core implements for the syncer service
+(diloco_chaos/harness/syncer_service.py).
 
 `SyncerCore` is what the service needs of any core: the global model (for eval and the final checkpoint),
 the merge count, and the algorithm's own extra checkpoint fields. `BarrierCore` is the shared surface of the

@@ -9,7 +9,8 @@ called as `function(ctx: TaskContext, **args)` with `[task.args]` and returns a 
 harness started with is one task (diloco_chaos/trainers/tasks/byte_lm.py) among the built-in ones (`BUILTIN_TASKS`).
 
 Why here, beside the model and the loops: the learners, the syncer, the evaluator and the report all need the
-same model and loss, and diloco_chaos/trainers/ must not import the harness; `load_task` resolves a factory with importlib
+same model and loss, and diloco_chaos/trainers/ must not import the harness; `load_task` resolves a factory with
+importlib
 alone, so a child process imports it by the same path as the process that checked it.
 
 Generic over the model: the parameters are `model.named_parameters()` (tied weights appear once, under their
@@ -216,7 +217,8 @@ def load_task(factory: str, args: Mapping[str, Any], ctx: TaskContext, path: str
         raise TaskError(f"task.factory = {factory!r} with task.args {dict(args)!r} failed: "
                         f"{type(e).__name__}: {e}") from e
     if not isinstance(task, Task):
-        raise TaskError(f"task.factory = {factory!r} returned {type(task).__name__}, not a diloco_chaos.trainers.task.Task "
+        raise TaskError(f"task.factory = {factory!r} returned {type(task).__name__}, "
+                        "not a diloco_chaos.trainers.task.Task "
                         "(subclass it: build_model, train_batch, eval_batches, loss)")
     return task
 

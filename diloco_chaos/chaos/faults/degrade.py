@@ -5,7 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from diloco_chaos.chaos.faults.base import KERNEL, LINK_BACKENDS, FaultContext, FaultHandle, FaultKind, ScheduleError, register
+from diloco_chaos.chaos.faults.base import (
+    KERNEL,
+    LINK_BACKENDS,
+    FaultContext,
+    FaultHandle,
+    FaultKind,
+    ScheduleError,
+    register,
+)
 from diloco_chaos.chaos.wan_profiles import WAN_PROFILES
 from diloco_chaos.trainers.config import bounded, choice
 

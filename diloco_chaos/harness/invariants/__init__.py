@@ -2,7 +2,8 @@
 
 What: the package re-exports the public API (`InvariantResult`, `InvariantViolation`, `RunRecord`, `load_run`,
 `final_loss`, every invariant function and `check_all`); diloco_chaos/harness/invariants/base.py has the result and run
-records, diloco_chaos/harness/invariants/registry.py the typed `InvariantSpec` registry, and diloco_chaos/harness/invariants/checks/ one
+records, diloco_chaos/harness/invariants/registry.py the typed `InvariantSpec` registry, and
+diloco_chaos/harness/invariants/checks/ one
 module per invariant, each registering itself. `diloco-chaos invariants` lists them, rendered from the registry by
 ``diloco_chaos.harness.invariants.doc``.
 
@@ -29,7 +30,11 @@ from diloco_chaos.harness.invariants.checks.rda_norms import rda_norms
 from diloco_chaos.harness.invariants.checks.rejoined import rejoined
 from diloco_chaos.harness.invariants.checks.token_accounting import token_accounting
 from diloco_chaos.harness.invariants.checks.token_weights import expected_weights, token_weights
-from diloco_chaos.harness.invariants.checks.updates_accounted import Contribution, merged_contributions, updates_accounted
+from diloco_chaos.harness.invariants.checks.updates_accounted import (
+    Contribution,
+    merged_contributions,
+    updates_accounted,
+)
 from diloco_chaos.harness.invariants.registry import InvariantSpec, UnknownBound, discover, spec, specs, unknown_bound
 
 __all__ = [

@@ -1,4 +1,5 @@
-"""The invariant registry: one typed `InvariantSpec` per invariant, filled by the modules of diloco_chaos/harness/invariants/checks.
+"""The invariant registry: one typed `InvariantSpec` per invariant, filled by the modules of
+diloco_chaos/harness/invariants/checks.
 
 What: each module of `diloco_chaos.harness.invariants.checks` defines one invariant function and decorates it with
 `register(...)`, which records its name, its bounds (parameter name, default, one-line meaning, the range a
@@ -158,7 +159,8 @@ def _summary(fn: Callable[..., Any]) -> str:
 
 
 def discover() -> dict[str, InvariantSpec]:
-    """Import every module of diloco_chaos.harness.invariants.checks (each registers its invariant); the registry, in order."""
+    """Import every module of diloco_chaos.harness.invariants.checks (each registers its invariant); the registry, in
+    order."""
     from diloco_chaos.harness.invariants import checks
 
     for info in pkgutil.iter_modules(checks.__path__):

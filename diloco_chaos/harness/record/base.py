@@ -218,7 +218,8 @@ def parse(raw: Mapping[str, Any], line: int | None = None) -> Event:
         raise EventSchemaError("no 'ev' field naming its kind", field="ev", line=line)
     cls = REGISTRY.get(kind)
     if cls is None:
-        raise EventSchemaError("unknown event kind (not in diloco_chaos/harness/record; see docs/events.md)", kind, line=line)
+        raise EventSchemaError("unknown event kind (not in diloco_chaos/harness/record; see docs/events.md)", kind,
+                               line=line)
     check = checkers(cls)
     for name in required(cls):
         if name not in raw:

@@ -19,7 +19,7 @@ from pathlib import Path
 from diloco_chaos.harness.record import REGISTRY, SCHEMA_VERSION
 from diloco_chaos.harness.record.base import Event, hints, required, type_name
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "events.md"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "events.md"
 log = logging.getLogger(__name__)
 
 
@@ -48,7 +48,8 @@ def render() -> str:
     lines = [
         "# Events (events.jsonl schema)",
         "",
-        "Generated from the record classes (`diloco_chaos/harness/record/`) by `python -m diloco_chaos.harness.record.doc`; do not edit by",
+        "Generated from the record classes (`diloco_chaos/harness/record/`) by "
+        "`python -m diloco_chaos.harness.record.doc`; do not edit by",
         f"hand. Schema version: **{SCHEMA_VERSION}** (the supervisor's `run_start` event carries it as",
         "`schema_version`).",
         "",
@@ -61,7 +62,8 @@ def render() -> str:
         "bumped when a field is removed, renamed or retyped, or its meaning changes; adding a kind or an",
         "optional field keeps it.",
         "",
-        "Reading older run directories: `diloco_chaos.harness.record.RunLog.load(run_dir)`, which the harness's own readers",
+        "Reading older run directories: `diloco_chaos.harness.record.RunLog.load(run_dir)`, "
+        "which the harness's own readers",
         "(metrics, reports, invariants, replay) use, parses leniently so that a run written before a field or",
         "kind entered this schema still loads: a missing field whose type admits `null` is filled with `null`, a",
         "missing *optional* field with its default, a field not listed here is dropped, and a line that still",

@@ -1,5 +1,7 @@
-"""Records of the events a learner writes: its chip processes (diloco_chaos/harness/chip.py, and diloco_chaos/trainers/ through the
-callbacks chip.py passes in) and its link process (diloco_chaos/harness/link_process.py, diloco_chaos/harness/link.py)."""
+"""Records of the events a learner writes: its chip processes (diloco_chaos/harness/chip.py, and diloco_chaos/trainers/
+through the
+callbacks chip.py passes in) and its link process (diloco_chaos/harness/link_process.py,
+diloco_chaos/harness/link.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Records of the events the supervisor writes: the run's lifecycle, its processes' failures and repairs, and
-the faults it injects (diloco_chaos/harness/supervisor.py, diloco_chaos/harness/fault_runner.py, diloco_chaos/harness/link_proxies.py, and
+the faults it injects (diloco_chaos/harness/supervisor.py, diloco_chaos/harness/fault_runner.py,
+diloco_chaos/harness/link_proxies.py, and
 diloco_chaos/chaos/processes.py / diloco_chaos/chaos/links.py through the `on_event` callback they are given)."""
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ class RunStart(Event):
     learner_policy_why: str
     """Why that policy (the scenario's recovery.policy as resolved for the algorithm)."""
     schema_version: int | None = None
-    """Version of this event schema (diloco_chaos.harness.record.SCHEMA_VERSION); absent in runs written before it existed."""
+    """Version of this event schema (diloco_chaos.harness.record.SCHEMA_VERSION); absent in runs written before it
+    existed."""
 
 
 @event("store_ready", SUPERVISOR)
@@ -317,7 +319,8 @@ class LinksReady(Event):
     nftables on each netns host's veth."""
 
     backend: str
-    """Which Toxiproxy: "embedded" (diloco_chaos/chaos/toxiproxy_server), "toxiproxy-server" or "external"; or "kernel"."""
+    """Which Toxiproxy: "embedded" (diloco_chaos/chaos/toxiproxy_server), "toxiproxy-server" or "external"; or
+    "kernel"."""
     url: str
     """Its HTTP API; for the kernel backend the syncer's address the hosts connect to (tcp://host:port)."""
     version: str | None
@@ -337,7 +340,8 @@ class LinkFaultOn(Event):
     learner: int
     """The learner whose link it hits."""
     kind: str
-    """The fault kind (diloco_chaos/chaos/faults/): degrade, partition, flap, reset_peer, slice, limit_data, corrupt, ..."""
+    """The fault kind (diloco_chaos/chaos/faults/): degrade, partition, flap, reset_peer, slice, limit_data, corrupt,
+    ..."""
     latency_ms: float | None = None
     """degrade: added round-trip time."""
     jitter_ms: float | None = None
@@ -363,7 +367,8 @@ class LinkFaultOn(Event):
     bytes: int | None = None
     """limit_data: connections are closed after this many bytes."""
     params: dict[str, float | int | str] | None = None
-    """Kinds made of plain toxics (diloco_chaos/chaos/links.py add_toxics, e.g. corrupt): their set parameters by name, so
+    """Kinds made of plain toxics (diloco_chaos/chaos/links.py add_toxics, e.g. corrupt): their set parameters by name,
+    so
     a fault kind added as one module needs no field here."""
 
 

@@ -21,7 +21,16 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from diloco_chaos.harness.record.base import REGISTRY, Event, EventSchemaError, _Mismatch, checkers, iter_lines, parse, required
+from diloco_chaos.harness.record.base import (
+    REGISTRY,
+    Event,
+    EventSchemaError,
+    _Mismatch,
+    checkers,
+    iter_lines,
+    parse,
+    required,
+)
 from diloco_chaos.harness.record.run import RunStart
 
 EVENTS_FILE = "events.jsonl"

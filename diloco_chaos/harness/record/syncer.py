@@ -1,6 +1,8 @@
 """Records of the events the syncer writes: its service loop and transport (diloco_chaos/harness/syncer_service.py,
-diloco_chaos/harness/syncer_transport.py), the decoupled merge protocol (diloco_chaos/harness/syncer_decoupled.py), the synchronous
-barrier algorithms (diloco_chaos/harness/syncer_barrier.py) and evaluation (diloco_chaos/harness/syncer_evaluator.py; the supervisor's
+diloco_chaos/harness/syncer_transport.py), the decoupled merge protocol (diloco_chaos/harness/syncer_decoupled.py), the
+synchronous
+barrier algorithms (diloco_chaos/harness/syncer_barrier.py) and evaluation (diloco_chaos/harness/syncer_evaluator.py;
+the supervisor's
 final eval, diloco_chaos/harness/report.py, shares the `eval` kind)."""
 
 from __future__ import annotations
@@ -417,7 +419,8 @@ class Push(Event):
     base_version: int
     """The fragment version it was based on."""
     outcome: PushOutcome | Literal["late"]
-    """What the syncer did with it (diloco_chaos/trainers/decoupled_syncer.py PushOutcome). "late": only in run directories
+    """What the syncer did with it (diloco_chaos/trainers/decoupled_syncer.py PushOutcome). "late": only in run
+    directories
     written before answers that arrived after their round merged were carried (such an answer is now `carried`);
     no current emitter writes it."""
     final: bool
@@ -469,7 +472,8 @@ class FragmentResent(Event):
     """The push outcome that caused it (unanchored, lagging, stale, before_rejoin)."""
 
 
-@event("eval", "syncer (diloco_chaos/harness/syncer_evaluator.py); supervisor (diloco_chaos/harness/report.py) for the final one")
+@event("eval", "syncer (diloco_chaos/harness/syncer_evaluator.py); "
+                "supervisor (diloco_chaos/harness/report.py) for the final one")
 @dataclass(frozen=True, kw_only=True)
 class Eval(Event):
     """Held-out loss of the global model."""
@@ -489,7 +493,8 @@ class Eval(Event):
     finite: bool | None = None
     """final: whether the global model is all finite."""
     metrics: dict[str, float] | None = None
-    """final: the task's extra held-out figures beside the loss, e.g. accuracy (diloco_chaos/trainers/task.py `metrics`);
+    """final: the task's extra held-out figures beside the loss, e.g. accuracy (diloco_chaos/trainers/task.py
+    `metrics`);
     absent for a task without any."""
 
 

@@ -115,7 +115,8 @@ class Prediction:
 
 def read_run(run_dir: str | Path, recompute: bool = False) -> RunFacts:
     """The calibration facts of one run directory; with `recompute`, the measured goodput is computed again from
-    its event log by the harness's current report code (diloco_chaos/harness/report.py `build_report`) instead of read from
+    its event log by the harness's current report code (diloco_chaos/harness/report.py `build_report`) instead of read
+    from
     the report.json written when the run finished, so a changed goodput definition applies to old runs."""
     d = Path(run_dir)
     for name in ("config.json", EVENTS_FILE, "report.json"):

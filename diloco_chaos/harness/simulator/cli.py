@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from diloco_chaos.harness.scenario import learner_policy
-from diloco_chaos.harness.simulator.model import METHODS, REPAIRS, FaultProcess, Job, SimConfigError, TimeParams, simulate
+from diloco_chaos.harness.simulator.model import (
+    METHODS,
+    REPAIRS,
+    FaultProcess,
+    Job,
+    SimConfigError,
+    TimeParams,
+    simulate,
+)
 
 _FAULT_ARGS = ("mtbi_chip_s", "chips_per_domain", "repair", "repair_mean_s", "repair_sd_s", "repair_weibull_k",
                "repair_weibull_a", "repair_min_s", "repair_max_s")
@@ -171,7 +179,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     for c in cals:
         print(f"  {c.algorithm}: step_s {c.step_s:.4f}, start_skew_s {c.start_skew_s:.2f}, "
               f"restart_s {c.restart_s:.3f}, efficiency {c.efficiency:.3f} ({len(c.runs)} runs)")
-    source = "recomputed from events.jsonl by diloco_chaos/harness/report.py" if args.recompute else "the run's report.json"
+    source = ("recomputed from events.jsonl by diloco_chaos/harness/report.py" if args.recompute
+              else "the run's report.json")
     print(f"held-out: predicted / measured goodput.goodput ({source}) / error; and predicted given the run's own "
           "step time and start skew / error")
     for p in preds:

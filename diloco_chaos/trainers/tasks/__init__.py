@@ -1,4 +1,5 @@
-"""The built-in tasks (diloco_chaos/trainers/task.py's interface): a byte-level LM, an image classifier and a regression MLP.
+"""The built-in tasks (diloco_chaos/trainers/task.py's interface): a byte-level LM, an image classifier and a regression
+MLP.
 
 Each builds its data procedurally or from text inside CPython, so none needs a download. `as_task` lets the
 trainers' classes take a bare `ModelConfig` (the byte LM of that shape), as the harness did before tasks.

@@ -1,4 +1,5 @@
-"""The built-in byte-level language model task: TinyGPT on the Python documentation (diloco_chaos/trainers/model.py, data.py).
+"""The built-in byte-level language model task: TinyGPT on the Python documentation (diloco_chaos/trainers/model.py,
+data.py).
 
 Its shape is the scenario's [model] table and its corpus the [data] table, as before tasks existed; the token
 weights count bytes (batch x seq_len), and `tok_emb.weight` and `pos_emb.weight` are its embeddings.

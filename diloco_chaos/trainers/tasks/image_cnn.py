@@ -4,7 +4,8 @@ Each image is `size` x `size`, one channel, showing one of four shapes at a rand
 a horizontal bar, a vertical bar, a filled square or a diagonal. The classes are told apart by shape alone, so
 a convolutional model learns them in a few hundred examples. Every image is a pure function of (seed, split,
 learner, chip, step, index): learner m's shard is the images drawn under its own index, disjoint from the others'
-and from the held-out ones. The model has batch-norm buffers (diloco_chaos/trainers/task.py re-estimates the global model's)
+and from the held-out ones. The model has batch-norm buffers (diloco_chaos/trainers/task.py re-estimates the global
+model's)
 and no embeddings.
 """
 

@@ -1,7 +1,9 @@
-"""Invariant `availability`: Uptime over the training span (diloco_chaos/harness/metrics.py's definition) is at least a bound.
+"""Invariant `availability`: Uptime over the training span (diloco_chaos/harness/metrics.py's definition) is at least a
+bound.
 
 One module per invariant (a run invariant): it registers itself with
-`diloco_chaos.harness.invariants.registry.register`, so check_all, the pytest plugin and `diloco-chaos invariants` list it.
+`diloco_chaos.harness.invariants.registry.register`, so check_all, the pytest plugin and `diloco-chaos invariants` list
+it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Invariant `initial_pull`: A restarted learner applied every fragment before its first step.
 
 One module per invariant (a protocol invariant of Decoupled DiLoCo, for decoupled runs only): it registers itself with
-`diloco_chaos.harness.invariants.registry.register`, so check_all, the pytest plugin and `diloco-chaos invariants` list it.
+`diloco_chaos.harness.invariants.registry.register`, so check_all, the pytest plugin and `diloco-chaos invariants` list
+it.
 """
 
 from __future__ import annotations

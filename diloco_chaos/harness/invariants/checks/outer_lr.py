@@ -1,7 +1,8 @@
 """Invariant `outer_lr`: The outer step's effective learning rate is diloco.outer_lr.
 
 One module per invariant (a protocol invariant of Decoupled DiLoCo, for decoupled runs only): it registers itself with
-`diloco_chaos.harness.invariants.registry.register`, so check_all, the pytest plugin and `diloco-chaos invariants` list it.
+`diloco_chaos.harness.invariants.registry.register`, so check_all, the pytest plugin and `diloco-chaos invariants` list
+it.
 """
 
 from __future__ import annotations

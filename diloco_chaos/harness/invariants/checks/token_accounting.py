@@ -1,7 +1,8 @@
 """Invariant `token_accounting`: The tokens the syncer says it merged equal the tokens of the steps its merges took in.
 
 One module per invariant (a run invariant): it registers itself with
-`diloco_chaos.harness.invariants.registry.register`, so check_all, the pytest plugin and `diloco-chaos invariants` list it.
+`diloco_chaos.harness.invariants.registry.register`, so check_all, the pytest plugin and `diloco-chaos invariants` list
+it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Invariant `token_weights`: Each merge's weights are c_tokens^2 / c_steps of its participants, normalised.
 
 One module per invariant (a protocol invariant of Decoupled DiLoCo, for decoupled runs only): it registers itself with
-`diloco_chaos.harness.invariants.registry.register`, so check_all, the pytest plugin and `diloco-chaos invariants` list it.
+`diloco_chaos.harness.invariants.registry.register`, so check_all, the pytest plugin and `diloco-chaos invariants` list
+it.
 """
 
 from __future__ import annotations
