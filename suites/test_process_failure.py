@@ -416,8 +416,8 @@ def test_syncer_crash_failure_work_kept_catches_final_pushes_dropped_on_rejoin(t
     work_kept fails naming them."""
     runs = tmp_path / "runs"
     env = dict(os.environ, **{ENV_VAR: "final_before_rejoin"})
-    out = subprocess.run([sys.executable, "-m", "diloco_chaos.harness.cli", "run", str(_finish_in_outage(tmp_path)), "--runs-dir",
-                          str(runs)], env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-m", "diloco_chaos.harness.cli", "run", str(_finish_in_outage(tmp_path)),
+                          "--runs-dir", str(runs)], env=env, capture_output=True, text=True, timeout=300)
     (run_dir,) = [d for d in runs.iterdir() if d.is_dir()]
     result = spec("work_kept")(run_dir)
     assert not result.ok and result.figure > 0, (result, out.stdout[-3000:])

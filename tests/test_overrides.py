@@ -1,6 +1,7 @@
 """`--set KEY=VALUE`: scenario keys changed from the command line, validated like the file, recorded in the run.
 
-The parsing and validation are pure (diloco_chaos/harness/scenario.py apply_overrides, scenario_check); one real short run
+The parsing and validation are pure (diloco_chaos/harness/scenario.py apply_overrides, scenario_check); one real short
+run
 shows the run used the overridden value and config.json records both the override and the effective value."""
 
 from __future__ import annotations

@@ -13,7 +13,15 @@ from typing import Any
 import pytest
 from conftest import tiny_table
 
-from diloco_chaos.chaos.schedule import FaultSchedule, FaultSpec, ScheduleError, Trigger, missing_reaction, parse_fault, reached
+from diloco_chaos.chaos.schedule import (
+    FaultSchedule,
+    FaultSpec,
+    ScheduleError,
+    Trigger,
+    missing_reaction,
+    parse_fault,
+    reached,
+)
 from diloco_chaos.harness.events import EVENTS_FILE, read_events
 from diloco_chaos.harness.replay import load_incident
 from diloco_chaos.harness.scenario import ScenarioError, from_dict

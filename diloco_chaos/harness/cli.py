@@ -171,7 +171,13 @@ def _execute(sc: scenario_mod.Scenario, args: argparse.Namespace, verb: str) -> 
 def cmd_replay(args: argparse.Namespace) -> int:
     """Run a recorded run again (or, with --against, take a finished run as its replay), then print both runs'
     figures and verdicts side by side; exit 1 when the fault timeline or a verdict differs."""
-    from diloco_chaos.harness.replay import RunVerdicts, compare_timelines, fault_timeline, recorded_scenario, side_by_side
+    from diloco_chaos.harness.replay import (
+        RunVerdicts,
+        compare_timelines,
+        fault_timeline,
+        recorded_scenario,
+        side_by_side,
+    )
 
     try:
         sc = recorded_scenario(args.run_dir)

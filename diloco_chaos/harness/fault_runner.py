@@ -9,7 +9,8 @@ active fault; the supervisor calls it on every way out of a run. Process faults 
 diloco_chaos/chaos/processes.py by pid from the supervisor's registry.
 
 A kill (kill_chip, kill_learner, crash_host, kill_syncer) is one signal, but its effect lasts until what it
-killed is back; the runner follows the records it is given with diloco_chaos.harness.run_timeline.FaultReactions, the same
+killed is back; the runner follows the records it is given with diloco_chaos.harness.run_timeline.FaultReactions, the
+same
 definition report.json's fault_response uses, and logs the kill's `fault_end` when it recovers (with the time
 of the record that showed it, `ended_t`), or "not recovered by run end" at the end. So a fault's end has one
 source, its `fault_end`, for the live output, the final table, report.json and the HTML report.

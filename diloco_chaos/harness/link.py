@@ -67,7 +67,8 @@ class SyncerLink:
         self.max_frame_bytes = max_frame_bytes
         self.events = events
         self.forward = forward
-        """If set, what the training side must see is handed to it instead of kept here (diloco_chaos/harness/link_process.py):
+        """If set, what the training side must see is handed to it instead of kept here
+        (diloco_chaos/harness/link_process.py):
         FRAGMENT, STOP and RESUME as received, WELCOME on every connect, REJECT when refused."""
         self._cv = threading.Condition()
         self._outbox: collections.OrderedDict[Any, Message] = collections.OrderedDict()
@@ -84,7 +85,8 @@ class SyncerLink:
         self.bytes_down = 0
         """Frame bytes this link sent and received, over all its connections."""
         self._auth: FrameAuth | None = None
-        """The connection's frame keys (diloco_chaos/harness/frame_auth.py): every frame after the handshake is signed."""
+        """The connection's frame keys (diloco_chaos/harness/frame_auth.py): every frame after the handshake is
+        signed."""
         self._closed = False
         self._bye_queued = False
         """close() queued the BYE: pulls that come in now go unanswered."""
@@ -364,7 +366,7 @@ class SyncerLink:
                 self._drop_connection(f"{type(e).__name__}: {e}")
                 return
             if msg.type is MsgType.PULL:
-                self._answer_pull(msg.meta["fragment"], msg.meta["round"])  # ints >= 0 (diloco_chaos/harness/wire_messages.py)
+                self._answer_pull(msg.meta["fragment"], msg.meta["round"])  # ints >= 0 (wire_messages.py)
             elif msg.type is MsgType.BYE:  # the syncer took in our BYE and everything before it; it closes now
                 with self._cv:
                     self._bye_acked = True

@@ -9,7 +9,8 @@ Definitions (see docs/metrics.md):
 * longest_gap_s: the longest interval, between the first and the last inner
   step of the run, in which the global model did not advance (no merge).
 
-The event log is read once, leniently (diloco_chaos.harness.record.RunLog.load: an older run directory still reports), into
+The event log is read once, leniently (diloco_chaos.harness.record.RunLog.load: an older run directory still reports),
+into
 typed records that every figure here and in diloco_chaos/harness/metrics.py reads.
 """
 
@@ -132,7 +133,8 @@ def build_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         "pushes_rejected": log.count(PushRejected),
         "pushes_superseded": log.count(PushSuperseded),
         "frames_rejected": log.count(FrameRejected),
-        # wire precision (diloco_chaos/harness/wire_precision.py): frame bytes on the links, as the syncer sent and received them
+        # wire precision (diloco_chaos/harness/wire_precision.py): frame bytes on the links, as the syncer sent and
+        # received them
         "wire_dtype": wire_dtype_for(sc.algorithm, sc.diloco.wire_dtype),
         "wire_bytes_up": sum(d["link"].get("wire_bytes_up", 0) for d in per_learner.values()),
         "wire_bytes_down": sum(d["link"].get("wire_bytes_down", 0) for d in per_learner.values()),

@@ -4,7 +4,8 @@
 compare's verdict. The file is `{"schema_version": N, "command": ..., "runs": [...], "claims": [...]}`; every
 field is documented in docs/metrics.md ("Results JSON"). The schema is stable: a field is only ever added
 (with a default, so older readers keep working); renaming or removing one, or changing its meaning, bumps
-SCHEMA_VERSION. A row's invariants are those of diloco_chaos/harness/invariants.py that apply to it without a bound chosen
+SCHEMA_VERSION. A row's invariants are those of diloco_chaos/harness/invariants.py that apply to it without a bound
+chosen
 by the user: the bound-free ones, and `converged` against fault-free ddp for compare's runs with faults.
 
 The bound-free verdicts are checked once per run, as it ends, and written to its run directory as
@@ -122,7 +123,8 @@ class ResultsFile:
 
 def computed_invariants(run_dir: str | os.PathLike[str], baseline_loss: float | None = None,
                         tolerance: float | None = None) -> tuple[InvariantFigure, ...]:
-    """diloco_chaos.harness.invariants.check_all on the run directory now: the bound-free invariants, plus `converged` when a
+    """diloco_chaos.harness.invariants.check_all on the run directory now: the bound-free invariants, plus `converged`
+    when a
     baseline loss and tolerance are given."""
     results = check_all(load_run(run_dir), baseline_loss=baseline_loss,
                         tolerance=tolerance if baseline_loss is not None else None)

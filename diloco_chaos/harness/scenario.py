@@ -118,7 +118,8 @@ class LinksConfig:
     """Inner-step time WAN profiles are scaled to (0.15 s: the default scenario on 2 cores)."""
     backend: Literal["toxiproxy", "kernel"] = choice("toxiproxy", ("toxiproxy", "kernel"))
     """What carries link faults. toxiproxy: a proxy per learner (`proxy` picks the server); kernel: tc and
-    nftables on each learner host's veth (diloco_chaos/chaos/kernel_links.py), which needs `[launch] hosts = "netns"` and
+    nftables on each learner host's veth (diloco_chaos/chaos/kernel_links.py), which needs `[launch] hosts = "netns"`
+    and
     `proxy = "off"` (learners reach the syncer over the kernel's network path); each fault kind says which
     backends carry it (docs/multi-host.md, the capability table)."""
 
@@ -130,11 +131,13 @@ class LaunchConfig:
     backend: Literal["local", "torchrun"] = choice("local", ("local", "torchrun"))
     """local: the supervisor forks every process on this machine; torchrun: each learner's chips are started by
     `torch.distributed.run` on its host (c10d rendezvous), process chaos goes through a per-host agent; needs
-    hosts = "netns" or "remote" and a recovery policy that restarts learners whole (diloco_chaos/harness/torchrun_launch.py)."""
+    hosts = "netns" or "remote" and a recovery policy that restarts learners whole
+    (diloco_chaos/harness/torchrun_launch.py)."""
     hosts: Literal["local", "netns", "remote"] = choice("local", ("local", "netns", "remote"))
     """local: every process shares this machine's network (loopback); netns: each learner host gets its own
     Linux network namespace with a veth on a bridge, so learner<->syncer traffic crosses a real kernel network
-    path (diloco_chaos/harness/netns_hosts.py; needs root, `ip` and `nft`); remote: each learner host runs a host agent an
+    path (diloco_chaos/harness/netns_hosts.py; needs root, `ip` and `nft`); remote: each learner host runs a host agent
+    an
     operator started there (`agents`), which starts the learner's torchrun and ships its events back
     (diloco_chaos/harness/remote_hosts.py; needs backend = "torchrun" and links.proxy = "off")."""
     agents: tuple[str, ...] = ()
@@ -208,7 +211,8 @@ class SyncerConfig:
 
     shards: int = bounded(1, 1, MAX_SHARDS)
     """S: synchronizer shards, each its own process with its own port, checkpoint and restore, owning the
-    fragments diloco_chaos/trainers/shards.py assigns it (balanced by size). Every learner reaches every shard, through one
+    fragments diloco_chaos/trainers/shards.py assigns it (balanced by size). Every learner reaches every shard, through
+    one
     proxy per shard. S > 1: algorithm = "decoupled" only, S <= diloco.fragments, and
     recovery.syncer_checkpoint = "every_merge" (shard 0's evaluations read the other shards' fragments from
     their checkpoint slots). 1: one syncer, as before."""
@@ -260,7 +264,8 @@ class Scenario:
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     syncer: SyncerConfig = field(default_factory=SyncerConfig)
     faults: tuple[FaultSpec, ...] = ()
-    """Scheduled faults, `[[faults]]` tables (diloco_chaos/chaos/schedule.py): action, learner, at, until, parameters."""
+    """Scheduled faults, `[[faults]]` tables (diloco_chaos/chaos/schedule.py): action, learner, at, until,
+    parameters."""
     random_faults_source: str = ""
     """Record only: the `[random_faults]` table (JSON) whose draws were appended to `faults` before the run
     (diloco_chaos/chaos/fault_generator.py). The draws are already explicit entries, so a replay does not draw again."""

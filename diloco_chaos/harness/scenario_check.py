@@ -25,7 +25,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from diloco_chaos.chaos import faults
-from diloco_chaos.chaos.schedule import KILL_ACTIONS, FaultSpec, ScheduleError, missing_reaction, never_fires, parse_fault
+from diloco_chaos.chaos.schedule import (
+    KILL_ACTIONS,
+    FaultSpec,
+    ScheduleError,
+    missing_reaction,
+    never_fires,
+    parse_fault,
+)
 from diloco_chaos.chaos.toxiproxy_backend import resolve_backend
 from diloco_chaos.harness.scenario import (
     _DATA_RANGES,

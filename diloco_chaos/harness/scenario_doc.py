@@ -1,7 +1,8 @@
 """Every scenario key, read from the config dataclasses: docs/scenario.md and `diloco-chaos keys [SECTION]`.
 
 What: `keys()` lists each key a scenario file may hold, section by section (the top-level keys, each table of
-diloco_chaos/harness/scenario.py's `Scenario` and the dataclasses behind it in diloco_chaos/trainers/, `[random_faults]`, the keys every
+diloco_chaos/harness/scenario.py's `Scenario` and the dataclasses behind it in diloco_chaos/trainers/,
+`[random_faults]`, the keys every
 `[[faults]]` table takes, each fault kind's parameters and the `at` / `until` triggers), each with its type,
 default, allowed range or choices and the docstring under its field. `render()` is docs/scenario.md;
 ``python -m diloco_chaos.harness.scenario_doc`` writes it (``--check``: exit 1 if the committed file differs), and
@@ -9,7 +10,8 @@ tests/test_scenario_doc.py fails when it is stale. `main_keys` is the `keys` sub
 
 Why: the keys were documented only in the docstrings of the dataclasses; reading them from there keeps one
 source, so the reference cannot drift from what the loader accepts. Ranges come from where validation reads them:
-a field's `bounded` / `choice` metadata (diloco_chaos/trainers/config.py), diloco_chaos/harness/scenario_check.py's ranges for [model] and
+a field's `bounded` / `choice` metadata (diloco_chaos/trainers/config.py), diloco_chaos/harness/scenario_check.py's
+ranges for [model] and
 [data], diloco_chaos/chaos/fault_generator.py's LIMITS for [random_faults].
 """
 
@@ -158,11 +160,14 @@ def sections() -> list[Section]:
         summary = top_docs.get(f.name) or _first_doc(cls)
         out.append(Section(f.name, f"`[{f.name}]`", summary,
                            _keys(f.name, cls, lambda g, r=ranges: allowed_text(g, r))))  # type: ignore[misc]
-    out.append(Section("random_faults", "`[random_faults]`", "Failures drawn at a rate (diloco_chaos/chaos/fault_generator.py): "
-                       "before the run, the table is expanded, seeded, into explicit `[[faults]]` entries.",
+    out.append(Section("random_faults", "`[random_faults]`",
+                       "Failures drawn at a rate (diloco_chaos/chaos/fault_generator.py): before the run, the table is "
+                       "expanded, seeded, into explicit `[[faults]]` entries.",
                        _keys("random_faults", RandomFaultsConfig, _random_allowed)))
-    out.append(Section("faults", "`[[faults]]`", "One scheduled fault per `[[faults]]` table (diloco_chaos/chaos/schedule.py): its "
-                       "kind (`action`), whom it hits (`learner`), when it starts (`at`) and ends (`until`), and the "
+    out.append(Section("faults", "`[[faults]]`",
+                       "One scheduled fault per `[[faults]]` table (diloco_chaos/chaos/schedule.py): its kind "
+                       "(`action`), "
+                       "whom it hits (`learner`), when it starts (`at`) and ends (`until`), and the "
                        "kind's parameters as flat keys of the same table (`latency_ms = 50`), each kind's in its "
                        "section below; `diloco-chaos keys faults` lists them all.",
                        _keys("faults", FaultSpec, _fault_allowed, skip=("options",))))

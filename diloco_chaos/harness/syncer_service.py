@@ -167,7 +167,8 @@ class SyncerService:
             self.events.log("learner_bye", learner=learner)
             # the syncer closes, not the learner: it has taken in everything the learner sent before BYE, and
             # a learner that closed first would lose what its (or its proxy's) send buffer still held. Its own
-            # BYE first: a learner whose connection ends without it sends its final pushes again (diloco_chaos/harness/link.py)
+            # BYE first: a learner whose connection ends without it sends its final pushes again
+            # (diloco_chaos/harness/link.py)
             self.transport.send(conn, Message(MsgType.BYE, {}))
             self.transport.close_after_sent(conn, "learner said BYE")
         elif not self.handler.on_message(learner, msg):

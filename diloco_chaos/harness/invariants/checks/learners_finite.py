@@ -1,7 +1,8 @@
 """Invariant `learners_finite`: No learner produced non-finite work (loss, push, contribution or parameters).
 
 One module per invariant (a run invariant): it registers itself with
-`diloco_chaos.harness.invariants.registry.register`, so check_all, the pytest plugin and `diloco-chaos invariants` list it.
+`diloco_chaos.harness.invariants.registry.register`, so check_all, the pytest plugin and `diloco-chaos invariants` list
+it.
 
 Why: the syncer rejects a non-finite push (`push_rejected` rejected_nonfinite; the barrier algorithms'
 `sync_rejected` rejected_nonfinite), which protects the global model, so `model_finite` holds; but a learner

@@ -2,7 +2,8 @@
 injected fault or an algorithm rule, never silently.
 
 One module per invariant (a run invariant of Decoupled DiLoCo): it registers itself with
-`diloco_chaos.harness.invariants.registry.register`, so check_all, the pytest plugin and `diloco-chaos invariants` list it.
+`diloco_chaos.harness.invariants.registry.register`, so check_all, the pytest plugin and `diloco-chaos invariants` list
+it.
 The discarded steps are goodput's (`diloco_chaos.harness.metrics.goodput_and_discards`: a step no merge covers and whose
 work no overlap overwrite explains), never recounted here; this module only says why each was discarded
 (docs/metrics.md, "Which work can be discarded, and why").
