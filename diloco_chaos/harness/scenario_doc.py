@@ -36,7 +36,7 @@ from diloco_chaos.harness.scenario import Scenario
 from diloco_chaos.harness.scenario_check import _SECTION_RANGES
 from diloco_chaos.trainers.config import did_you_mean
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "scenario.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "scenario.md"
 REGENERATE = "python -m diloco_chaos.harness.scenario_doc"
 log = logging.getLogger(__name__)
 
