@@ -2,8 +2,8 @@
 
 Scenario documents (tests/scenario_strategies.py: real section and key names with values of every type and
 extreme, unknown keys, random tables, random fault lists and [random_faults]) go through
-`diloco_chaos.harness.scenario.from_dict`; each must end as a Scenario or a ScenarioError, never anything else, and the
-whole batch must stay within a memory bound (a document must not make the harness allocate by its numbers).
+`diloco_chaos.harness.config.scenario.from_dict`; each must end as a Scenario or a ScenarioError, never anything else,
+and the whole batch must stay within a memory bound (a document must not make the harness allocate by its numbers).
 
 Not a test: it prints a table (the test command runs a small, fixed number of such cases as Hypothesis
 properties in tests/test_frame_auth.py). Valid frames of every message kind the project sends, plain
@@ -21,11 +21,10 @@ except "accepted changed" for forged plain frames: a CRC is not a signature, whi
 the handshake are signed.
 
 Live (`--live N`): a real tiny decoupled run (2 learners x 1 chip) whose syncer is sent N hostile frames
-from authenticated and unauthenticated peers while the learners train (`diloco_chaos/harness/hostile_run.py`, the
-attacks
-of `diloco_chaos/harness/hostile_peer.py`, one connection each, the authenticated ones as learner 1). One row: frames
-sent (authenticated among them), connections the syncer closed with a logged reason, whether it stayed up,
-merges during the attack, hostile sockets the syncer still held afterwards, learner steps completed, how
+from authenticated and unauthenticated peers while the learners train (`diloco_chaos/harness/testing/hostile_run.py`,
+the attacks of `diloco_chaos/harness/testing/hostile_peer.py`, one connection each, the authenticated ones as learner
+1). One row: frames sent (authenticated among them), connections the syncer closed with a logged reason, whether it
+stayed up, merges during the attack, hostile sockets the syncer still held afterwards, learner steps completed, how
 often the attacked learner's link reconnected (each authenticated attack replaces its connection); then
 the frames by attack with the check that refused them.
 
@@ -46,9 +45,9 @@ import torch
 from table import Column, emit, parser  # bench/ is the script's directory: on sys.path when run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/ holds the project's message corpus
-from diloco_chaos.harness.frame_auth import FrameAuth  # noqa: E402
-from diloco_chaos.harness.hostile_peer import mutate  # noqa: E402
-from diloco_chaos.harness.wire import ConnectionClosed, FrameError, Message, decode_frame, encode, recv_message  # noqa: E402
+from diloco_chaos.harness.testing.hostile_peer import mutate  # noqa: E402
+from diloco_chaos.harness.wire.frame_auth import FrameAuth  # noqa: E402
+from diloco_chaos.harness.wire.framing import ConnectionClosed, FrameError, Message, decode_frame, encode, recv_message  # noqa: E402
 from tests.test_wire_messages import _sent_by_the_project  # noqa: E402
 
 MAX = 1 << 20
@@ -109,7 +108,7 @@ def fuzz_documents(n: int, seed: int) -> dict[str, object]:
     from hypothesis import HealthCheck, given, settings
     from hypothesis import seed as hyp_seed
 
-    from diloco_chaos.harness.scenario import ScenarioError, from_dict
+    from diloco_chaos.harness.config.scenario import ScenarioError, from_dict
     from tests.scenario_strategies import documents
 
     counts: Counter[str] = Counter()
@@ -161,9 +160,9 @@ def fuzz_live(frames: int, steps: int, seed: int) -> tuple[dict[str, object], li
     """A real run attacked with `frames` hostile frames: its row, and one row per attack kind."""
     import tempfile
 
-    from diloco_chaos.harness import scenario
-    from diloco_chaos.harness.hostile_peer import KINDS, PUSH_TOKENS
-    from diloco_chaos.harness.hostile_run import outcomes, run_under_attack
+    from diloco_chaos.harness.config import scenario
+    from diloco_chaos.harness.testing.hostile_peer import KINDS, PUSH_TOKENS
+    from diloco_chaos.harness.testing.hostile_run import outcomes, run_under_attack
     from tests.conftest import tiny_table
 
     sc = scenario.from_dict(tiny_table("decoupled", learners=2, chips=1, steps=steps))
@@ -206,7 +205,7 @@ def main() -> None:
     torch.set_num_threads(1)
     if args.documents:
         doc_row = fuzz_documents(args.documents, args.seed)
-        print("scenario documents through diloco_chaos.harness.scenario.from_dict")
+        print("scenario documents through diloco_chaos.harness.config.scenario.from_dict")
         emit(DOC_COLUMNS, [doc_row], None)
     if args.frames:
         rng = random.Random(args.seed)

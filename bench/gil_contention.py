@@ -23,7 +23,7 @@ STEPS, WARMUP = 350, 50
 def loop(switch_s: float, bg_ms: float, out: mp.Queue) -> None:
     import torch
 
-    from diloco_chaos.harness.scenario import builtin
+    from diloco_chaos.harness.config.scenario import builtin
     from diloco_chaos.trainers.data import make_splits, train_batch
     from diloco_chaos.trainers.learner import LearnerCore
 

@@ -17,7 +17,7 @@ a linear drift over a bracket cancels. The steal column is the host's share.
 Throughput is timed from step WARMUP_STEPS to the last step in both setups.
 
 Both setups run with the numeric settings of every run process (one thread, subnormals flushed to zero,
-no heap trimming: diloco_chaos/harness/procutil.py). Two more columns say where the harness's time goes on a 2-core
+no heap trimming: diloco_chaos/harness/run/procutil.py). Two more columns say where the harness's time goes on a 2-core
 machine, where the syncer shares the chips' memory system: "link ms/step" is the CPU the host's link
 process used (answering pulls, decoding merged fragments, loopback TCP) per step, which runs beside the
 training process rather than in it, and a control row runs the bare loop next to a neighbour process that
@@ -39,10 +39,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from diloco_chaos.harness.events import EVENTS_FILE, read_events
-from diloco_chaos.harness.procutil import FLUSH_DENORMAL, keep_heap
-from diloco_chaos.harness.scenario import builtin
-from diloco_chaos.harness.supervisor import run_scenario
+from diloco_chaos.harness.config.scenario import builtin
+from diloco_chaos.harness.record.events import EVENTS_FILE, read_events
+from diloco_chaos.harness.run.procutil import FLUSH_DENORMAL, keep_heap
+from diloco_chaos.harness.run.supervisor import run_scenario
 from diloco_chaos.trainers.data import make_splits, train_batch
 from diloco_chaos.trainers.learner import LearnerCore
 
@@ -51,7 +51,7 @@ WARMUP_STEPS = 50
 
 
 def bare_chip(rank: int, size: int, port: int, steps: int, out: mp.Queue) -> None:
-    torch.set_num_threads(1)  # the numeric settings every run process has (diloco_chaos/harness/procutil.py)
+    torch.set_num_threads(1)  # the numeric settings every run process has (diloco_chaos/harness/run/procutil.py)
     torch.set_flush_denormal(FLUSH_DENORMAL)
     keep_heap()
     sc = builtin()

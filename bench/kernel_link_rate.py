@@ -1,12 +1,10 @@
 """Benchmark: the payload rate a kernel-backend bandwidth limit really gives, each direction, and what loss does.
 
-What: one netns host (diloco_chaos/harness/netns_hosts.py), a `degrade` bandwidth limit set through the kernel link
-backend
-(diloco_chaos/chaos/kernel_links.py: tbf on the host's veth) at each rate of `--kbps`, and one TCP flow's payload rate
-measured over `--seconds` after a warm-up (diloco_chaos/harness/netns_probe.py), upstream (host -> bridge) and
-downstream.
-With `--loss`, the same flow unthrottled under each `loss` percentage (nftables numgen drops): its rate, to show
-what the kernel carries in place of netem.
+What: one netns host (diloco_chaos/harness/hosts/netns.py), a `degrade` bandwidth limit set through the kernel link
+backend (diloco_chaos/chaos/kernel_links.py: tbf on the host's veth) at each rate of `--kbps`, and one TCP flow's
+payload rate measured over `--seconds` after a warm-up (diloco_chaos/harness/hosts/netns_probe.py), upstream (host ->
+bridge) and downstream. With `--loss`, the same flow unthrottled under each `loss` percentage (nftables numgen drops):
+its rate, to show what the kernel carries in place of netem.
 
 Why: the kernel backend promises Toxiproxy's meaning of bandwidth_kbps (the application's bytes), but tbf
 counts frames on the wire; the table shows how far the measured rate is from the one set (tests hold it to
@@ -26,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.table import Column, emit, parser  # noqa: E402
 from diloco_chaos.chaos.kernel_links import HostLink, KernelToxics  # noqa: E402
 from diloco_chaos.chaos.links import LinkChaos, proxy_name  # noqa: E402
-from diloco_chaos.harness.netns_hosts import INNER_DEV, NetnsHosts, availability  # noqa: E402
-from diloco_chaos.harness.netns_probe import measure_rate  # noqa: E402
+from diloco_chaos.harness.hosts.netns import INNER_DEV, NetnsHosts, availability  # noqa: E402
+from diloco_chaos.harness.hosts.netns_probe import measure_rate  # noqa: E402
 
 COLUMNS = (Column("fault", "fault", 22, left=True), Column("direction", "direction", 11, left=True),
            Column("set_kbps", "set kbps", 10, ".0f"), Column("measured_kbps", "measured kbps", 15, ".0f"),

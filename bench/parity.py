@@ -7,7 +7,7 @@ for all of them and --set-for ALGORITHM:KEY=VALUE for one of them (e.g. a DiLoCo
 train.budget per_learner every algorithm trains steps x learners x chips batches, so the tokens are equal by
 construction. Each row gives the mean final eval, its standard deviation over the seeds, and the gap to
 ddp's mean at the same steps: the parity curve (how the gap shrinks with training) that docs/metrics.md
-records and diloco_chaos/harness/compare.py's verdict uses.
+records and diloco_chaos/harness/report/compare.py's verdict uses.
 
     python bench/parity.py [--steps 300,600,1200] [--seeds 2] [--algorithms ddp,diloco,decoupled]
                            [--scenario FILE | --suite MODULE:FUNCTION]
@@ -24,7 +24,7 @@ from spread import merged, one, parse_set, stats  # bench/ is the script's direc
 from table import Column, emit, parser
 from tolerances import suite
 
-from diloco_chaos.harness.scenario import builtin, load
+from diloco_chaos.harness.config.scenario import builtin, load
 
 COLUMNS = (Column("steps", "steps", 6), Column("algorithm", "algorithm", 12, left=True),
            Column("runs", "runs", 5), Column("mean", "mean", 9, ".4f"), Column("std", "std", 9, ".4f"),

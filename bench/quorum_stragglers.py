@@ -5,8 +5,8 @@ Not a test: it prints a table. M=4 learners x 1 chip, two of them held to half t
 cadence (docs/algorithm.md, Syncer). For each configuration: final eval loss, wall time, merges, mean participants
 per merge and how many of them were carried over from an earlier round (answers that came after their round
 merged), and the fraction of trained tokens that reached the global model (tokens merged / tokens trained,
-the token side of goodput), goodput and uptime (diloco_chaos/harness/metrics.py), steps/s over the whole run, and the
-slow learners' achieved speed relative to the fast ones while all four trained (report.json speed_profiles).
+the token side of goodput), goodput and uptime (diloco_chaos/harness/report/metrics.py), steps/s over the whole run, and
+the slow learners' achieved speed relative to the fast ones while all four trained (report.json speed_profiles).
 
     python bench/quorum_stragglers.py [--steps 200] [--seed 0] [--budget total|per_learner] [--runs-dir DIR]
 """
@@ -17,9 +17,9 @@ import argparse
 import statistics
 import tempfile
 
-from diloco_chaos.harness.events import EVENTS_FILE, read_events
-from diloco_chaos.harness.scenario import from_dict
-from diloco_chaos.harness.supervisor import run_scenario
+from diloco_chaos.harness.config.scenario import from_dict
+from diloco_chaos.harness.record.events import EVENTS_FILE, read_events
+from diloco_chaos.harness.run.supervisor import run_scenario
 
 CONFIGS = {
     "K=M (wait for all)": {"min_quorum": 4, "grace_enabled": False},

@@ -4,9 +4,8 @@ Not a test: it prints a table. For each mutation of diloco_chaos/trainers/mutati
 variable DILOCO_CHAOS_MUTATION, which only the process tree of one run sees), it runs a small scenario on real
 processes for each seed, applies every invariant of diloco_chaos.harness.invariants.check_all (converged, faults_fired,
 updates_accounted, token_accounting, model_finite and the protocol invariants of
-diloco_chaos/harness/protocol_invariants.py) and counts a run as *detected* when at least one of them is violated (or
-the
-run itself failed). The same scenarios, seeds and invariants on the unmodified algorithm give the false-alarm
+diloco_chaos/harness/invariants/protocol.py) and counts a run as *detected* when at least one of them is violated (or
+the run itself failed). The same scenarios, seeds and invariants on the unmodified algorithm give the false-alarm
 rate. Scenarios (2 learners x 1 chip, P = H = 4, tau = 3):
 
 * `fault_free`: no fault; every mutation but skip_initial_pull runs on it;
@@ -43,14 +42,14 @@ SCENARIO_OF = {name: "fault_free" for name in MUTATIONS} | {"skip_initial_pull":
 LOSS_TOLERANCE = 0.5
 RUN_TIMEOUT_S = 300.0
 CHILD = ("import json, sys\n"
-         "from diloco_chaos.harness.scenario import from_dict\n"
-         "from diloco_chaos.harness.supervisor import run_scenario\n"
+         "from diloco_chaos.harness.config.scenario import from_dict\n"
+         "from diloco_chaos.harness.run.supervisor import run_scenario\n"
          "if __name__ == '__main__':\n"
          "    print(run_scenario(from_dict(json.loads(sys.argv[1])), sys.argv[2]).run_dir)\n")
 
 
 def scenario_table(kind: str, seed: int, steps: int) -> dict[str, Any]:
-    """The scenario `kind` (fault_free or restart) as a table for diloco_chaos.harness.scenario.from_dict."""
+    """The scenario `kind` (fault_free or restart) as a table for diloco_chaos.harness.config.scenario.from_dict."""
     table: dict[str, Any] = {
         "name": f"sensitivity-{kind}", "seed": seed, "algorithm": "decoupled",
         "topology": {"learners": 2, "chips_per_learner": 1},

@@ -20,8 +20,8 @@ from typing import Any
 
 from table import Column, emit, parser  # bench/ is the script's directory: on sys.path when run
 
-from diloco_chaos.harness.scenario import builtin, from_dict
-from diloco_chaos.harness.supervisor import run_scenario
+from diloco_chaos.harness.config.scenario import builtin, from_dict
+from diloco_chaos.harness.run.supervisor import run_scenario
 
 COLUMNS = [
     Column("shards", "S", 3, left=True),

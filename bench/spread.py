@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from table import Column, emit, parser  # bench/ is the script's directory: on sys.path when run
 
-from diloco_chaos.harness.report import final_model
-from diloco_chaos.harness.scenario import Scenario, builtin, from_dict, load
-from diloco_chaos.harness.supervisor import run_scenario
+from diloco_chaos.harness.config.scenario import Scenario, builtin, from_dict, load
+from diloco_chaos.harness.report.run_report import final_model
+from diloco_chaos.harness.run.supervisor import run_scenario
 from diloco_chaos.trainers.data import eval_batches, make_splits
 
 

@@ -1,8 +1,8 @@
 """The measurements behind the suites' loss tolerances: each suite's reference run, repeated.
 
-Not a test: it prints a table. Every convergence bound in suites/ and diloco_chaos/harness/compare.py is
-`reference + diloco_chaos.harness.tolerance.loss_tolerance(sd, cost)`: the reference run's final eval loss (a fault-free
-twin the test runs itself, or a mean measured here), plus K standard deviations of the difference of two runs
+Not a test: it prints a table. Every convergence bound in suites/ and diloco_chaos/harness/report/compare.py is
+`reference + diloco_chaos.harness.report.tolerance.loss_tolerance(sd, cost)`: the reference run's final eval loss (a
+fault-free twin the test runs itself, or a mean measured here), plus K standard deviations of the difference of two runs
 (sqrt(2) x the run-to-run sd measured here), plus the cost the test's fault is allowed. This bench runs each
 suite's reference scenario (built by the suite's own scenario function, with its own seed) --repeats times
 and prints per reference: mean, sd, range, and the tolerance the suite derives from them; docs/metrics.md
@@ -25,9 +25,9 @@ from typing import Any
 from spread import stats  # bench/ is the script's directory: on sys.path when run
 from table import Column, emit, parser
 
-from diloco_chaos.harness.scenario import Scenario, builtin
-from diloco_chaos.harness.supervisor import run_scenario
-from diloco_chaos.harness.tolerance import loss_tolerance
+from diloco_chaos.harness.config.scenario import Scenario, builtin
+from diloco_chaos.harness.report.tolerance import loss_tolerance
+from diloco_chaos.harness.run.supervisor import run_scenario
 
 SUITES = Path(__file__).resolve().parent.parent / "suites"
 

@@ -1,10 +1,10 @@
 """What signing every frame costs: encode + send + receive + decode of one frame, with and without its tag.
 
 Not a test: it prints a table. Frames of the sizes the links carry (a PING, a small fragment, a fragment of
-the default model, a whole model of it) go through a real socket pair, signed (`diloco_chaos/harness/frame_auth.py`) and
-unsigned, in alternation so that a drift of the machine's speed hits both alike; the table gives the median
-microseconds per frame, the extra cost of the tag and the throughput. Divide the extra microseconds by the
-frames a learner's step sends and receives to get the cost per step.
+the default model, a whole model of it) go through a real socket pair, signed
+(`diloco_chaos/harness/wire/frame_auth.py`) and unsigned, in alternation so that a drift of the machine's speed hits
+both alike; the table gives the median microseconds per frame, the extra cost of the tag and the throughput. Divide the
+extra microseconds by the frames a learner's step sends and receives to get the cost per step.
 
     python bench/wire_auth.py [--repeats 400]
 """
@@ -19,9 +19,9 @@ import time
 import torch
 from table import Column, emit, parser  # bench/ is the script's directory: on sys.path when run
 
-from diloco_chaos.harness.frame_auth import FrameAuth
-from diloco_chaos.harness.scenario import builtin
-from diloco_chaos.harness.wire import Message, MsgType, recv_message, send_message
+from diloco_chaos.harness.config.scenario import builtin
+from diloco_chaos.harness.wire.frame_auth import FrameAuth
+from diloco_chaos.harness.wire.framing import Message, MsgType, recv_message, send_message
 from diloco_chaos.trainers.model import build_model
 
 COLUMNS = (Column("frame", "frame", 26, left=True), Column("kib", "KiB", 9, ".1f"),

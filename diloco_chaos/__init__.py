@@ -9,9 +9,8 @@ invariants, and to bring your own model, data and loss (a `Task`). docs/api.md d
     run.check_all(max_loss=0.5)                 # every invariant that applies; AssertionError naming figures
 
 Why a package of its own: diloco_chaos/harness/, diloco_chaos/trainers/ and diloco_chaos/chaos/ are the implementation,
-laid out by job; a user's
-code should not have to know which of their modules holds what it needs, nor break when they move. Everything
-here is re-exported, so `from diloco_chaos import X` stays the stable path.
+laid out by job; a user's code should not have to know which of their modules holds what it needs, nor break when they
+move. Everything here is re-exported, so `from diloco_chaos import X` stays the stable path.
 """
 
 from __future__ import annotations
@@ -24,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from diloco_chaos.harness.chaos_run import INVARIANTS, ChaosRun
+    from diloco_chaos.harness.config.scenario import Scenario, ScenarioError, builtin, builtin_names, from_dict, load
+    from diloco_chaos.harness.config.task_check import MemoryEstimate, check_memory, memory_estimate, scenario_task
     from diloco_chaos.harness.invariants import (
         InvariantResult,
         InvariantViolation,
@@ -34,10 +35,8 @@ if TYPE_CHECKING:
     )
     from diloco_chaos.harness.invariants import spec as invariant
     from diloco_chaos.harness.record import read_records
-    from diloco_chaos.harness.results import ResultsFile, RunRow, read_results, run_row, write_results
-    from diloco_chaos.harness.scenario import Scenario, ScenarioError, builtin, builtin_names, from_dict, load
-    from diloco_chaos.harness.supervisor import RunFailed, RunResult
-    from diloco_chaos.harness.task_check import MemoryEstimate, check_memory, memory_estimate, scenario_task
+    from diloco_chaos.harness.report.results import ResultsFile, RunRow, read_results, run_row, write_results
+    from diloco_chaos.harness.run.supervisor import RunFailed, RunResult
     from diloco_chaos.trainers.task import BUILTIN_TASKS, Batch, Task, TaskConfig, TaskContext, TaskError, load_task
 
 _LAZY: dict[str, tuple[str, str]] = {
@@ -46,12 +45,12 @@ _LAZY: dict[str, tuple[str, str]] = {
                                                            "check_all", "final_loss", "load_run")},
     "invariant": ("diloco_chaos.harness.invariants", "spec"),
     "read_records": ("diloco_chaos.harness.record", "read_records"),
-    **{n: ("diloco_chaos.harness.results", n) for n in ("ResultsFile", "RunRow", "read_results", "run_row",
+    **{n: ("diloco_chaos.harness.report.results", n) for n in ("ResultsFile", "RunRow", "read_results", "run_row",
                                                         "write_results")},
-    **{n: ("diloco_chaos.harness.scenario", n) for n in ("Scenario", "ScenarioError", "builtin", "builtin_names",
+    **{n: ("diloco_chaos.harness.config.scenario", n) for n in ("Scenario", "ScenarioError", "builtin", "builtin_names",
                                                          "from_dict", "load")},
-    **{n: ("diloco_chaos.harness.supervisor", n) for n in ("RunFailed", "RunResult", "Supervisor")},
-    **{n: ("diloco_chaos.harness.task_check", n) for n in ("MemoryEstimate", "check_memory", "memory_estimate",
+    **{n: ("diloco_chaos.harness.run.supervisor", n) for n in ("RunFailed", "RunResult", "Supervisor")},
+    **{n: ("diloco_chaos.harness.config.task_check", n) for n in ("MemoryEstimate", "check_memory", "memory_estimate",
                                                            "scenario_task")},
     **{n: ("diloco_chaos.trainers.task", n) for n in ("BUILTIN_TASKS", "Batch", "Task", "TaskConfig", "TaskContext",
                                                       "TaskError", "load_task")},
@@ -83,7 +82,7 @@ def __dir__() -> list[str]:
 def scenario(table: Mapping[str, Any] | None = None, /, **tables: Any) -> Scenario:
     """A validated Scenario from TOML-shaped tables (`table` and/or keyword tables, the keywords winning):
     `scenario(algorithm="ddp", topology={"learners": 2})`. ScenarioError lists every bad key."""
-    from diloco_chaos.harness.scenario import from_dict
+    from diloco_chaos.harness.config.scenario import from_dict
 
     return from_dict({**(table or {}), **tables})
 
@@ -95,8 +94,8 @@ def run(sc: Scenario | Mapping[str, Any] | str | os.PathLike[str], runs_dir: str
     starts when the scenario is invalid or cannot fit in memory, RunFailed when the run does not complete. Call
     it under `if __name__ == "__main__":` in a script (multiprocessing)."""
     from diloco_chaos.harness.chaos_run import ChaosRun
-    from diloco_chaos.harness.scenario import Scenario, builtin, from_dict, load
-    from diloco_chaos.harness.supervisor import Supervisor
+    from diloco_chaos.harness.config.scenario import Scenario, builtin, from_dict, load
+    from diloco_chaos.harness.run.supervisor import Supervisor
 
     if isinstance(sc, Mapping):
         sc = from_dict(dict(sc))

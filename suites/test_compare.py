@@ -1,4 +1,4 @@
-"""The same chip loss under ddp, elastic_ddp, diloco and decoupled (diloco_chaos.harness.compare, `diloco-chaos
+"""The same chip loss under ddp, elastic_ddp, diloco and decoupled (diloco_chaos.harness.report.compare, `diloco-chaos
 compare`).
 
 The paper's availability claim in one table: with a chip lost and repaired, Decoupled DiLoCo keeps the global
@@ -6,8 +6,8 @@ model advancing (higher uptime) and its chips doing more useful work (higher goo
 baselines, which stall everywhere until the learner is back, at a final eval loss close to fault-free ddp.
 Each algorithm recovers its own way (recovery.policy = "elastic", as in the built-in scenario); decoupled's
 goodput above elastic_ddp's is reported, not asserted (NOT_ASSERTED says why).
-Public API only: diloco_chaos.harness.compare, with every run made by the plugin's `run_scenario` fixture (deadlines,
-hygiene), and the invariants through ChaosRun.check. Scaled down from the built-in `chip-loss` scenario
+Public API only: diloco_chaos.harness.report.compare, with every run made by the plugin's `run_scenario` fixture
+(deadlines, hygiene), and the invariants through ChaosRun.check. Scaled down from the built-in `chip-loss` scenario
 (4 x 2, 300 steps) to 4 x 2, 120 steps; a real cluster runs the same schedule with minutes of repair.
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from diloco_chaos.harness.compare import compare, loss_allowance, table, verdict
-from diloco_chaos.harness.scenario import builtin
+from diloco_chaos.harness.config.scenario import builtin
+from diloco_chaos.harness.report.compare import compare, loss_allowance, table, verdict
 
 pytestmark = [pytest.mark.failure, pytest.mark.timeout(600)]
 
@@ -61,7 +61,7 @@ def test_compare_failure_decoupled_beats_the_synchronous_baselines(run_scenario)
     # goodput (docs/metrics.md): the share of allocated chip-time on useful training; a step's routine exchange
     # is useful, stalls beyond the local pace, discarded steps and time down or restarting are not.
     # the loss claim's bound: the parity curve at STEPS plus the measured spread
-    # (diloco_chaos.harness.compare.loss_allowance)
+    # (diloco_chaos.harness.report.compare.loss_allowance)
     claims = verdict(list(rows.values()))
     # goodput and uptime against ddp, elastic_ddp and diloco, elastic_ddp's goodput above ddp's, and the loss
     assert len(claims) == 8, claims

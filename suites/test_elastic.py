@@ -10,7 +10,8 @@ one is repaired, stalling only while the group reconfigures; plain data parallel
 learner is back. Each run kills chip 1 of learner 1 (SIGKILL by pid) when learner 0 reaches step 30; under the
 restart policy the supervisor stops the learner's other chip (which closes its link: the signal elastic_ddp
 reconfigures on) and restarts it after `REPAIR_S`; it resumes from the syncer's state at a step boundary.
-Public API only: the diloco-chaos pytest plugin's run_scenario fixture and diloco_chaos.harness.scenario.from_dict.
+Public API only: the diloco-chaos pytest plugin's run_scenario fixture and
+diloco_chaos.harness.config.scenario.from_dict.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from diloco_chaos.harness.scenario import from_dict
-from diloco_chaos.harness.tolerance import SEED_SD, Reference
+from diloco_chaos.harness.config.scenario import from_dict
+from diloco_chaos.harness.report.tolerance import SEED_SD, Reference
 
 pytestmark = [pytest.mark.failure, pytest.mark.timeout(300)]
 
@@ -30,9 +31,8 @@ REPAIR_S = 2.0
 FAULT_FREE = Reference("elastic ddp fault-free", mean=2.3138, sd=SEED_SD, cost=0.15)
 """ddp's fault-free run of this scenario (elastic_ddp computes the same steps without a fault), measured by
 bench/tolerances.py (docs/metrics.md, "Loss tolerances"): it repeats exactly on one machine (sd:
-diloco_chaos.harness.tolerance.SEED_SD); the chip loss may cost what it was measured to cost under either policy,
-rounded
-up. Each elastic_ddp run with the chip loss must end at most FAULT_FREE.bound()."""
+diloco_chaos.harness.report.tolerance.SEED_SD); the chip loss may cost what it was measured to cost under either policy,
+rounded up. Each elastic_ddp run with the chip loss must end at most FAULT_FREE.bound()."""
 SHRINK_STALL_S = 0.5
 """Longest the survivors may wait at the barrier on the lost learner (the shrink's `elastic_reconfigure`
 stall_s). A chip death closes the learner's link within ~0.2 s of the kill, often before the survivors' next

@@ -10,9 +10,9 @@ against a clean run of the same system; if the clean run itself stalls, diverges
 suite measures the harness rather than the algorithm.
 
 How: public API only: the diloco-chaos pytest plugin (the run_scenario fixture, which also checks after the
-test that no process of the run is alive and no port bound), diloco_chaos.harness.scenario.builtin and the invariants of
-diloco_chaos/harness/invariants.py through `ChaosRun.check`, whose figures each test prints: convergence (converged,
-model_finite), availability (no_global_downtime, availability) and accounting (updates_accounted,
+test that no process of the run is alive and no port bound), diloco_chaos.harness.config.scenario.builtin and the
+invariants of diloco_chaos/harness/invariants.py through `ChaosRun.check`, whose figures each test prints: convergence
+(converged, model_finite), availability (no_global_downtime, availability) and accounting (updates_accounted,
 token_accounting).
 
 Scaling to a real cluster: the same invariants apply to the same scenario with real sizes (more learners and
@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import pytest
 
-from diloco_chaos.harness.scenario import builtin, from_dict
-from diloco_chaos.harness.tolerance import SEED_SD, Reference
+from diloco_chaos.harness.config.scenario import builtin, from_dict
+from diloco_chaos.harness.report.tolerance import SEED_SD, Reference
 
 REFERENCES = {"decoupled": Reference("default decoupled", mean=2.031, sd=0.022),
               "diloco": Reference("default diloco", mean=2.0581, sd=SEED_SD),
@@ -33,17 +33,16 @@ REFERENCES = {"decoupled": Reference("default decoupled", mean=2.031, sd=0.022),
 """The default scenario's final eval loss under each algorithm, repeated with its seed by bench/tolerances.py
 (docs/metrics.md, "Loss tolerances"; chance is 5.55 nats per byte): a fault-free run must end at most the
 reference's bound(), its mean plus 3 standard deviations of a two-run difference. diloco and ddp repeat exactly
-on one machine: their sd is diloco_chaos.harness.tolerance.SEED_SD."""
+on one machine: their sd is diloco_chaos.harness.report.tolerance.SEED_SD."""
 LEARNERS, CHIPS = 4, 2
-"""The built-in default scenario's topology (diloco_chaos/harness/scenarios/default.toml)."""
+"""The built-in default scenario's topology (diloco_chaos/harness/config/scenarios/default.toml)."""
 MAX_GAP_S = {"decoupled": 1.5, "diloco": 5.0, "ddp": 1.5}
 """Longest the global model may stand still while at least K = 1 learner is alive (no_global_downtime). The
 decoupled syncer merges some fragment every ~0.1 s and ddp every step (longest gaps measured on this shared
 2-core machine: 1.05 s and 0.59 s); diloco merges once per round of sync_every = 8 inner steps (2.07 s)."""
 MIN_UPTIME = 0.95
-"""Uptime without faults (diloco_chaos/harness/metrics.py's definition: the training span minus the part of each merge
-gap
-beyond its first `UPTIME_WINDOW_S`). Measured on this machine: decoupled 0.999, ddp 1.0, diloco 1.0 over its
+"""Uptime without faults (diloco_chaos/harness/report/metrics.py's definition: the training span minus the part of each
+merge gap beyond its first `UPTIME_WINDOW_S`). Measured on this machine: decoupled 0.999, ddp 1.0, diloco 1.0 over its
 round-sized window (0.63 over report.json's 1 s window)."""
 MAX_DISCARDED = 0.01
 """Share of allocated chip-seconds a fault-free run may spend on steps that never reached the global model

@@ -5,11 +5,10 @@ Each test runs the real system (syncer, chip processes, Gloo groups, the Toxipro
 TOXIPROXY_URL, toxiproxy-server on PATH, or the embedded one) with faults from a schedule in the scenario,
 triggered by training progress wherever behaviour is the point, and asserts on the run's report and event log.
 Public API only: the diloco-chaos pytest plugin (the run_scenario fixture, which also checks after every test
-that no process of its run is alive and no port bound) and diloco_chaos.harness.scenario.from_dict. Each test checks a
-convergence invariant (converged, model_finite) and an availability invariant (no_global_downtime,
+that no process of its run is alive and no port bound) and diloco_chaos.harness.config.scenario.from_dict. Each test
+checks a convergence invariant (converged, model_finite) and an availability invariant (no_global_downtime,
 availability) of diloco_chaos/harness/invariants.py, whose figures it prints: a link fault on one learner must neither
-stop
-the decoupled global model nor spoil it; ddp, which needs every learner every step, must stall for exactly the
+stop the decoupled global model nor spoil it; ddp, which needs every learner every step, must stall for exactly the
 partition and then resume.
 
 Scaling to a real cluster: the same schedule entries apply unchanged; give `degrade` the real link figures
@@ -22,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from diloco_chaos.harness.scenario import from_dict
-from diloco_chaos.harness.tolerance import SEED_SD, Reference
+from diloco_chaos.harness.config.scenario import from_dict
+from diloco_chaos.harness.report.tolerance import SEED_SD, Reference
 
 pytestmark = pytest.mark.link
 
@@ -31,9 +30,8 @@ MAX_GAP_S = 1.5
 """Longest the decoupled global model may stand still while at least K = 1 learner is alive, whatever one
 learner's link does (a fault-free run of the default scenario: ~1 s at worst on this shared 2-core machine)."""
 MIN_UPTIME = 0.9
-"""Decoupled uptime (diloco_chaos/harness/metrics.py: the training span minus merge gaps beyond their first second) with
-one
-learner's link degraded, partitioned, sliced or cut: the other learners keep it near 1.0."""
+"""Decoupled uptime (diloco_chaos/harness/report/metrics.py: the training span minus merge gaps beyond their first
+second) with one learner's link degraded, partitioned, sliced or cut: the other learners keep it near 1.0."""
 REFERENCES = {
     "bandwidth": Reference("link 3x1 160 steps", mean=2.337, sd=0.052, cost=0.15),
     "partition": Reference("link 2x1 240 steps", mean=2.299, sd=0.034, cost=0.10),
@@ -44,7 +42,7 @@ REFERENCES = {
 (docs/metrics.md, "Loss tolerances"): the final eval loss must be at most its bound(), the reference's mean
 plus what the link fault was measured to cost (the largest in one run, rounded up to 0.05) plus 3 standard
 deviations of a two-run difference. ddp repeats exactly on one machine: its sd is
-diloco_chaos.harness.tolerance.SEED_SD."""
+diloco_chaos.harness.report.tolerance.SEED_SD."""
 
 
 def scenario(algorithm: str, learners: int, steps: int, faults: list[dict[str, Any]], **extra: Any) -> Any:

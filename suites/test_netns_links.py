@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from diloco_chaos.harness.netns_hosts import availability
-from diloco_chaos.harness.netns_hosts import remaining as residue
-from diloco_chaos.harness.pytest_plugin import ChaosRunFailed, wait_for
-from diloco_chaos.harness.scenario import from_dict
+from diloco_chaos.harness.config.scenario import from_dict
+from diloco_chaos.harness.hosts.netns import availability
+from diloco_chaos.harness.hosts.netns import remaining as residue
+from diloco_chaos.harness.testing.pytest_plugin import ChaosRunFailed, wait_for
 
 WHY = availability()
 
@@ -94,8 +94,8 @@ KILLED = {**table("decoupled", 100_000, []), "name": "netns-killed"}
 
 def test_nothing_is_left_after_a_sigkilled_supervisor_and_the_next_failed_run(run_scenario, tmp_path):
     runs = tmp_path / "killed"
-    code = ("import json, sys\nfrom diloco_chaos.harness.scenario import from_dict\n"
-            "from diloco_chaos.harness.supervisor import run_scenario\n"
+    code = ("import json, sys\nfrom diloco_chaos.harness.config.scenario import from_dict\n"
+            "from diloco_chaos.harness.run.supervisor import run_scenario\n"
             f"run_scenario(from_dict(json.loads(sys.argv[1])), {str(runs)!r})\n")
     sup = subprocess.Popen([sys.executable, "-c", code, json.dumps(KILLED)], cwd=REPO,
                            env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL,

@@ -5,9 +5,9 @@ reintegrated. Each test runs the real system with a fault from the scenario's sc
 progress (another learner's step), with `recovery.policy = "restart"`: the supervisor stops the broken learner,
 waits its repair delay, starts it as a new Gloo group; it pulls the global model and resumes its steps.
 Public API only: the diloco-chaos pytest plugin (the run_scenario and cluster fixtures, which also check after
-every test that no process of its runs is alive and no port bound) and diloco_chaos.harness.scenario.from_dict. Each
-test
-checks a convergence and an availability invariant (diloco_chaos/harness/invariants.py), whose figures it prints.
+every test that no process of its runs is alive and no port bound) and diloco_chaos.harness.config.scenario.from_dict.
+Each test checks a convergence and an availability invariant (diloco_chaos/harness/invariants.py), whose figures it
+prints.
 
 Scaling to a real cluster: the same schedule entries apply; a chip is a host process there, and the repair delay
 is the time to replace a machine (minutes, not seconds), which only lengthens the outage window asserted here.
@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
+from diloco_chaos.harness.config.scenario import from_dict
 from diloco_chaos.harness.invariants import InvariantViolation
 from diloco_chaos.harness.invariants.registry import spec
-from diloco_chaos.harness.metrics import DOWNTIME_WINDOW_S
-from diloco_chaos.harness.scenario import from_dict
-from diloco_chaos.harness.tolerance import SEED_SD, Reference
+from diloco_chaos.harness.report.metrics import DOWNTIME_WINDOW_S
+from diloco_chaos.harness.report.tolerance import SEED_SD, Reference
 from diloco_chaos.trainers.mutations import ENV_VAR
 
 pytestmark = [pytest.mark.failure, pytest.mark.timeout(600)]
@@ -44,12 +44,12 @@ its run-to-run spread (9 runs: the bench's 6 and this suite's own 3), and what o
 cost (the largest cost measured in one run of its tests, rounded up to 0.05)."""
 LOSS_TOLERANCE = FAULT_FREE.tolerance()
 """Final eval loss may exceed the fault-free run of the same seed by at most this (nats per byte): the fault's
-cost plus 3 standard deviations of the difference of two runs (diloco_chaos.harness.tolerance.loss_tolerance)."""
+cost plus 3 standard deviations of the difference of two runs (diloco_chaos.harness.report.tolerance.loss_tolerance)."""
 BASELINES = {"ddp": Reference("process-failure ddp 120 steps", mean=2.2420, sd=SEED_SD, cost=0.0),
              "diloco": Reference("process-failure diloco 120 steps", mean=2.4913, sd=SEED_SD, cost=0.10)}
 """The synchronous baselines' fault-free runs of the 120-step scenario: each repeats exactly on one machine
-(sd: diloco_chaos.harness.tolerance.SEED_SD), and the chip loss may cost what it was measured to cost, rounded up to
-0.05."""
+(sd: diloco_chaos.harness.report.tolerance.SEED_SD), and the chip loss may cost what it was measured to cost, rounded up
+to 0.05."""
 
 
 SYNCER_REPAIR_S = 1.5
@@ -75,8 +75,8 @@ def scenario(faults: list[dict[str, Any]], chips: int = 2, algorithm: str = "dec
 
 
 MIN_UPTIME = 0.9
-"""Uptime (diloco_chaos/harness/metrics.py: the training span minus merge gaps beyond 1 s) of a decoupled run with one
-fault; the fault-free run is at 1.0, a K=M run that stalls through a learner's outage falls below."""
+"""Uptime (diloco_chaos/harness/report/metrics.py: the training span minus merge gaps beyond 1 s) of a decoupled run
+with one fault; the fault-free run is at 1.0, a K=M run that stalls through a learner's outage falls below."""
 
 
 @pytest.fixture

@@ -7,7 +7,8 @@ again; no update is lost or merged twice and the tokens each shard counts are th
 merges took in (both invariants per shard). A run with one shard (the default) is the existing suites' business
 (suites/test_process_failure.py's syncer crash runs unchanged).
 
-Public API only: the diloco-chaos pytest plugin's run_scenario fixture and diloco_chaos.harness.scenario.from_dict.
+Public API only: the diloco-chaos pytest plugin's run_scenario fixture and
+diloco_chaos.harness.config.scenario.from_dict.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from diloco_chaos.harness.scenario import from_dict
+from diloco_chaos.harness.config.scenario import from_dict
 
 pytestmark = [pytest.mark.failure, pytest.mark.syncer, pytest.mark.timeout(300)]
 

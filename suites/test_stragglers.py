@@ -5,13 +5,11 @@ slows only itself. The `slow` fault holds a learner to `speed` x the progress of
 slowed (a feedback controller on the steps in the event log, diloco_chaos/chaos/processes.py); the suite checks the
 achieved ratio (report.json `speed_profiles`) is the profile within +-15%, that the fast learners run at the
 speed they have when nobody is slow, and that a transient straggler is released after its window (no longer
-held to its profile).
-Each test also checks a convergence invariant (converged: the final eval loss well below the initial one;
-model_finite) and availability invariants (no_global_downtime with a learner alive, uptime) of
+held to its profile). Each test also checks a convergence invariant (converged: the final eval loss well below the
+initial one; model_finite) and availability invariants (no_global_downtime with a learner alive, uptime) of
 diloco_chaos/harness/invariants.py, whose figures it prints: a slow learner must neither stall nor spoil the global
-model.
-Public API only: the diloco-chaos pytest plugin (the run_scenario and cluster fixtures, which also check after
-every test that no process of its runs is alive and no port bound) and diloco_chaos.harness.scenario.from_dict.
+model. Public API only: the diloco-chaos pytest plugin (the run_scenario and cluster fixtures, which also check after
+every test that no process of its runs is alive and no port bound) and diloco_chaos.harness.config.scenario.from_dict.
 
 Scaling to a real cluster: `slow` models a chip generation at `speed` of the newest; there it is the hardware
 itself, and the same assertions (achieved speed per learner, the fast learners unaffected) apply.
@@ -23,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from diloco_chaos.harness.scenario import from_dict
-from diloco_chaos.harness.tolerance import Reference
+from diloco_chaos.harness.config.scenario import from_dict
+from diloco_chaos.harness.report.tolerance import Reference
 
 pytestmark = [pytest.mark.straggler, pytest.mark.timeout(600)]
 """600 s: a test's first use of the shared full-speed run (`cluster`) runs it inside that test's budget."""
@@ -46,9 +44,8 @@ MAX_GAP_S = 1.5
 """Longest the global model may stand still while at least K = 1 learner is alive: the fast learners keep it
 moving whatever the slow ones do (a fault-free decoupled run: ~1 s at worst on this shared 2-core machine)."""
 MIN_UPTIME = 0.9
-"""Uptime (diloco_chaos/harness/metrics.py: the training span minus merge gaps beyond their first second) with
-stragglers;
-K = 1 never waits for them, so it stays near 1.0 (docs/process-chaos.md measured 1.00)."""
+"""Uptime (diloco_chaos/harness/report/metrics.py: the training span minus merge gaps beyond their first second) with
+stragglers; K = 1 never waits for them, so it stays near 1.0 (docs/process-chaos.md measured 1.00)."""
 
 
 def scenario(faults: list[dict[str, Any]], learners: int = 4, steps: int = STEPS) -> Any:
@@ -104,8 +101,7 @@ def test_straggler_two_half_speed_learners_achieve_their_profile(run_scenario, f
 TRANSIENT_STEPS = 240
 """The transient test's run: a 100-step window (learner 0's steps 40 to 140) and 100 steps after it. The slow
 controller's error is a step or two whatever the window (diloco_chaos/chaos/processes.py): over a 60-step window, 18
-steps
-at 0.3, it achieved 0.27-0.36 here (CI failed once at 0.356); over 100 steps 0.290-0.299 in 20 runs."""
+steps at 0.3, it achieved 0.27-0.36 here (CI failed once at 0.356); over 100 steps 0.290-0.299 in 20 runs."""
 UNHELD_FLOOR = 0.6
 """After its window the transient straggler is no longer held to its profile: its steps/s over learner 0's is
 at least twice the profile 0.3. Not 1.0: two chips, the syncer, the proxy and the link processes share two

@@ -1,5 +1,5 @@
 """Torchrun launch suite: each learner's chips started by `torch.distributed.run` in its own netns host, process
-chaos through each host's agent (diloco_chaos/harness/torchrun_launch.py, diloco_chaos/harness/host_agent.py).
+chaos through each host's agent (diloco_chaos/harness/hosts/torchrun.py, diloco_chaos/harness/hosts/agent.py).
 
 The claims: the default scenario's shape (4 learners x 2 chips, Decoupled DiLoCo) converges under torchrun, its
 run directory holds the same kinds of events as a local launch of the same scenario, and every invariant holds.
@@ -24,10 +24,10 @@ from typing import Any
 import psutil
 import pytest
 
-from diloco_chaos.harness.netns_hosts import availability, sweep_leftovers
-from diloco_chaos.harness.netns_hosts import remaining as residue
-from diloco_chaos.harness.pytest_plugin import wait_for
-from diloco_chaos.harness.scenario import from_dict
+from diloco_chaos.harness.config.scenario import from_dict
+from diloco_chaos.harness.hosts.netns import availability, sweep_leftovers
+from diloco_chaos.harness.hosts.netns import remaining as residue
+from diloco_chaos.harness.testing.pytest_plugin import wait_for
 
 WHY = availability()
 pytestmark = [pytest.mark.skipif(WHY is not None, reason=f"{WHY}"), pytest.mark.timeout(300)]
@@ -136,8 +136,8 @@ def test_a_kill_chip_and_a_freeze_through_the_host_agents(run_scenario):
 
 def test_nothing_of_a_torchrun_run_outlives_a_sigkilled_supervisor(tmp_path):
     runs = tmp_path / "killed"
-    code = ("import json, sys\nfrom diloco_chaos.harness.scenario import from_dict\n"
-            "from diloco_chaos.harness.supervisor import run_scenario\n"
+    code = ("import json, sys\nfrom diloco_chaos.harness.config.scenario import from_dict\n"
+            "from diloco_chaos.harness.run.supervisor import run_scenario\n"
             "if __name__ == '__main__':\n"
             f"    run_scenario(from_dict(json.loads(sys.argv[1])), {str(runs)!r})\n")
     script = tmp_path / "supervise.py"

@@ -10,13 +10,12 @@ from typing import Any
 
 import pytest
 
-from diloco_chaos.harness.events import STRICT_ENV
-from diloco_chaos.harness.scenario import Scenario, from_dict
+from diloco_chaos.harness.config.scenario import Scenario, from_dict
+from diloco_chaos.harness.record.events import STRICT_ENV
 
 os.environ.setdefault(STRICT_ENV, "1")
 """Every event a test's runs write is checked against its record (diloco_chaos/harness/record) as it is written, so each
-test
-that runs the real processes also checks that the emitters match the schema (docs/events.md)."""
+test that runs the real processes also checks that the emitters match the schema (docs/events.md)."""
 
 
 def tiny_table(algorithm: str = "decoupled", learners: int = 2, chips: int = 2, steps: int = 60,

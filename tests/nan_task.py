@@ -1,7 +1,6 @@
 """A task whose training turns NaN on one learner after a given step: the regression MLP
 (diloco_chaos/trainers/tasks/regression_mlp.py) whose training inputs are NaN for `learner` from step `after` + 1 on, so
-that
-learner's loss, gradients and parameters go non-finite while the others (and every eval batch) stay clean.
+that learner's loss, gradients and parameters go non-finite while the others (and every eval batch) stay clean.
 
 The tests name it as `[task] factory = "nan_task:nan_after"` (tests/test_learners_finite.py).
 """

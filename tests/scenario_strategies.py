@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from diloco_chaos.chaos.fault_generator import RandomFaultsConfig
 from diloco_chaos.chaos.schedule import ACTION_PARAMS, ACTIONS
-from diloco_chaos.harness.scenario import Scenario, builtin
+from diloco_chaos.harness.config.scenario import Scenario, builtin
 
 _HINTS = typing.get_type_hints(Scenario)
 SECTIONS: dict[str, list[str]] = {

@@ -14,8 +14,8 @@ from pathlib import Path
 from conftest import tiny_table
 from test_results import write_toml
 
-from diloco_chaos.harness.progress import error_lines
-from diloco_chaos.harness.rundir import stderr_file
+from diloco_chaos.harness.run.progress import error_lines
+from diloco_chaos.harness.run.rundir import stderr_file
 
 ROOT = Path(__file__).resolve().parents[1]
 

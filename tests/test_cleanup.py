@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from diloco_chaos.harness.pytest_plugin import wait_for
+from diloco_chaos.harness.testing.pytest_plugin import wait_for
 
 CLI = [sys.executable, "-m", "diloco_chaos.harness.cli"]
 

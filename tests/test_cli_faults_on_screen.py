@@ -12,8 +12,8 @@ from conftest import tiny_table
 from test_results import write_toml
 
 from diloco_chaos.harness.cli import main
-from diloco_chaos.harness.events import EVENTS_FILE, read_events
-from diloco_chaos.harness.run_timeline import fault_bands
+from diloco_chaos.harness.record.events import EVENTS_FILE, read_events
+from diloco_chaos.harness.report.timeline import fault_bands
 
 
 def three_faults(tmp_path: Path) -> Path:

@@ -1,4 +1,4 @@
-"""diloco_chaos.harness.compare.verdict over hand-built rows: each claim holds or fails on its own figures."""
+"""diloco_chaos.harness.report.compare.verdict over hand-built rows: each claim holds or fails on its own figures."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from diloco_chaos.harness.compare import ALGORITHMS, GAP_SD, PARITY_CURVE, loss_allowance, parity_gap, verdict
-from diloco_chaos.harness.results import RunRow
+from diloco_chaos.harness.report.compare import ALGORITHMS, GAP_SD, PARITY_CURVE, loss_allowance, parity_gap, verdict
+from diloco_chaos.harness.report.results import RunRow
 
 
 def r(label: str, alg: str, goodput: float, uptime: float, gap: float) -> RunRow:

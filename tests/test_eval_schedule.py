@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from diloco_chaos.harness.eval_schedule import EvalSchedule, planned_tokens
+from diloco_chaos.harness.syncer.eval_schedule import EvalSchedule, planned_tokens
 
 
 def test_planned_tokens_counts_every_chips_every_step() -> None:

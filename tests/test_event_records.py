@@ -1,6 +1,5 @@
 """The typed event records (diloco_chaos/harness/record): parse checks every field of every kind, every emitter in the
-code
-writes only kinds and fields the schema names, docs/events.md is generated from the records, and real runs
+code writes only kinds and fields the schema names, docs/events.md is generated from the records, and real runs
 (decoupled with a chip kill under restart and a freeze; ddp) write only lines that parse into their records."""
 
 from __future__ import annotations
@@ -13,13 +12,13 @@ from typing import Any
 import pytest
 from conftest import tiny
 
-from diloco_chaos.harness.events import EVENTS_FILE, EventLog
 from diloco_chaos.harness.record import REGISTRY, SCHEMA_VERSION, EventSchemaError, RunLog, parse, read_records
 from diloco_chaos.harness.record.doc import DOC, field_docs, render
+from diloco_chaos.harness.record.events import EVENTS_FILE, EventLog
 from diloco_chaos.harness.record.learner import Step
 from diloco_chaos.harness.record.run import RunStart
 from diloco_chaos.harness.record.syncer import Push, PushSuperseded
-from diloco_chaos.harness.supervisor import run_scenario
+from diloco_chaos.harness.run.supervisor import run_scenario
 from diloco_chaos.trainers.decoupled_syncer import PushOutcome, SupersededCause
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,5 @@
-"""Tests for diloco_chaos.harness.fragment_checkpoint: the syncer's two-slot, checksummed, in-place checkpoint files.
+"""Tests for diloco_chaos.harness.syncer.fragment_checkpoint: the syncer's two-slot, checksummed, in-place checkpoint
+files.
 
 The states come from a real DecoupledSyncer that merged; a torn write is made the way a crash makes one
 (the slot's frame cut short, or its bytes changed), and a restore must come back to the version before it.
@@ -13,7 +14,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from diloco_chaos.harness.fragment_checkpoint import FragmentCheckpoints, slot_path
+from diloco_chaos.harness.syncer.fragment_checkpoint import FragmentCheckpoints, slot_path
 from diloco_chaos.trainers.config import DilocoConfig
 from diloco_chaos.trainers.decoupled_syncer import DecoupledSyncer
 from diloco_chaos.trainers.messages import FragmentPush

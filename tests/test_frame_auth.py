@@ -12,8 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from diloco_chaos.harness.frame_auth import TAG_BYTES, FrameAuth
-from diloco_chaos.harness.wire import (
+from diloco_chaos.harness.wire.frame_auth import TAG_BYTES, FrameAuth
+from diloco_chaos.harness.wire.framing import (
     HEADER,
     BadFlags,
     BadMac,

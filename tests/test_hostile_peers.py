@@ -1,11 +1,11 @@
 """A live syncer under hostile peers while real learners train: it stays up, merges, and leaks no connection.
 
 A real tiny decoupled run (2 learners x 1 chip, real processes and sockets); once both learners joined, a
-thread sends ~100 hostile frames (`diloco_chaos/harness/hostile_peer.py`: every unauthenticated and authenticated kind)
-straight to the syncer's port (`diloco_chaos/harness/hostile_run.py`: the port from the `syncer_start` event, the secret
-from the Supervisor that runs it). The authenticated attacks claim learner 1: each replaces its real
-connection, which reconnects (a peer holding the secret is trusted as the learner it names); learner 0 is
-left alone.
+thread sends ~100 hostile frames (`diloco_chaos/harness/testing/hostile_peer.py`: every unauthenticated and
+authenticated kind) straight to the syncer's port (`diloco_chaos/harness/testing/hostile_run.py`: the port from the
+`syncer_start` event, the secret from the Supervisor that runs it). The authenticated attacks claim learner 1: each
+replaces its real connection, which reconnects (a peer holding the secret is trusted as the learner it names); learner 0
+is left alone.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 from conftest import tiny
 from test_run_integration import assert_no_survivors
 
-from diloco_chaos.harness.hostile_peer import PUSH_TOKENS
-from diloco_chaos.harness.hostile_run import ACCEPTED, run_under_attack
+from diloco_chaos.harness.testing.hostile_peer import PUSH_TOKENS
+from diloco_chaos.harness.testing.hostile_run import ACCEPTED, run_under_attack
 
 FRAMES = 100
 STEPS = 150

@@ -1,6 +1,5 @@
-"""Tests for diloco_chaos.harness.html_report: the timeline states from hand-built events, the page written for a fake
-run
-directory (self-contained, PNGs that decode), the `report` verb, and the page as a real headless Chromium
+"""Tests for diloco_chaos.harness.report.html: the timeline states from hand-built events, the page written for a fake
+run directory (self-contained, PNGs that decode), the `report` verb, and the page as a real headless Chromium
 renders it (skipped where Debian's chromium is not installed), with its verdicts: invariants (violated first),
 labelled errors and discarded work."""
 
@@ -21,8 +20,9 @@ from conftest import complete
 from PIL import Image
 
 from diloco_chaos.harness import cli
-from diloco_chaos.harness.events import EVENTS_FILE
-from diloco_chaos.harness.html_report import (
+from diloco_chaos.harness.config.scenario import Scenario
+from diloco_chaos.harness.record.events import EVENTS_FILE
+from diloco_chaos.harness.report.html import (
     EVAL_PNG,
     HTML_FILE,
     PLOTS_DIR,
@@ -34,10 +34,9 @@ from diloco_chaos.harness.html_report import (
     syncer_timeline,
     write_report,
 )
-from diloco_chaos.harness.report import build_report
-from diloco_chaos.harness.results import record_invariants
-from diloco_chaos.harness.rundir import CONFIG_FILE, INVARIANTS_FILE, REPORT_FILE, read_json, write_json
-from diloco_chaos.harness.scenario import Scenario
+from diloco_chaos.harness.report.results import record_invariants
+from diloco_chaos.harness.report.run_report import build_report
+from diloco_chaos.harness.run.rundir import CONFIG_FILE, INVARIANTS_FILE, REPORT_FILE, read_json, write_json
 
 T0 = 100.0
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from diloco_chaos.harness.events import EVENTS_FILE, EventLog
-from diloco_chaos.harness.hygiene import leftovers, run_ports
+from diloco_chaos.harness.record.events import EVENTS_FILE, EventLog
+from diloco_chaos.harness.testing.hygiene import leftovers, run_ports
 
 
 def test_leftovers_reports_live_processes_and_bound_ports(tmp_path: Path) -> None:

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from diloco_chaos.harness.cli import main
-from diloco_chaos.harness.events import EVENTS_FILE
-from diloco_chaos.harness.html_report import write_report
 from diloco_chaos.harness.record import RunLog
+from diloco_chaos.harness.record.events import EVENTS_FILE
 from diloco_chaos.harness.record.run import FaultEnd, FaultStart, RunStart
-from diloco_chaos.harness.run_timeline import REACTIONS, concerns, fault_end_t
+from diloco_chaos.harness.report.html import write_report
+from diloco_chaos.harness.report.timeline import REACTIONS, concerns, fault_end_t
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "incidents"
 

@@ -13,7 +13,6 @@ import pytest
 import torch
 from conftest import complete
 
-from diloco_chaos.harness.events import EVENTS_FILE
 from diloco_chaos.harness.invariants import (
     InvariantResult,
     InvariantViolation,
@@ -29,7 +28,8 @@ from diloco_chaos.harness.invariants import (
     token_accounting,
     updates_accounted,
 )
-from diloco_chaos.harness.rundir import CHECKPOINT_FILE, CONFIG_FILE, REPORT_FILE
+from diloco_chaos.harness.record.events import EVENTS_FILE
+from diloco_chaos.harness.run.rundir import CHECKPOINT_FILE, CONFIG_FILE, REPORT_FILE
 
 P = 2
 """Fragments in the hand-built decoupled runs."""

@@ -365,7 +365,7 @@ def test_run_ddp_uses_the_returned_gradient() -> None:
 
 
 def test_cosine_schedule_warms_up_then_anneals_to_the_floor() -> None:
-    from diloco_chaos.harness.scenario import from_dict
+    from diloco_chaos.harness.config.scenario import from_dict
     from diloco_chaos.trainers.learner import inner_lr
 
     cfg = from_dict({"train": {"lr_schedule": "cosine", "steps": 300, "warmup_steps": 20, "lr": 3e-3,

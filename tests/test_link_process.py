@@ -1,5 +1,5 @@
-"""diloco_chaos/harness/link_process.py's pieces: the whole-frame check on a local socket, and a link process that
-died."""
+"""diloco_chaos/harness/learner/link_process.py's pieces: the whole-frame check on a local socket, and a link process
+that died."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import socket
 import pytest
 import torch
 
-from diloco_chaos.harness.wire import Message, MsgType, encode, frame_waiting
+from diloco_chaos.harness.wire.framing import Message, MsgType, encode, frame_waiting
 
 SHAPES = {"a": torch.Size([2, 3]), "b": torch.Size([4])}
 
@@ -46,9 +46,9 @@ def test_link_process_gone_is_fatal_at_once(tmp_path) -> None:
     refused with LinkFatal naming the cause."""
     import time
 
-    from diloco_chaos.harness.link import LinkFatal
-    from diloco_chaos.harness.link_process import LinkProcess
-    from diloco_chaos.harness.scenario import Timeouts
+    from diloco_chaos.harness.config.scenario import Timeouts
+    from diloco_chaos.harness.learner.link_process import LinkProcess
+    from diloco_chaos.harness.learner.syncer_link import LinkFatal
     from diloco_chaos.trainers.messages import FragmentPush
 
     link = LinkProcess("127.0.0.1", 9, 0, b"k" * 32, Timeouts(), 1 << 20, str(tmp_path / "events.jsonl"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import as_records, complete
 
-from diloco_chaos.harness.metrics import (
+from diloco_chaos.harness.report.metrics import (
     STALL_TOLERANCE,
     StepCredit,
     achieved_speeds,
@@ -16,7 +16,7 @@ from diloco_chaos.harness.metrics import (
     merge_stats,
     overwritten_in_overlap,
 )
-from diloco_chaos.harness.run_timeline import fault_response
+from diloco_chaos.harness.report.timeline import fault_response
 
 
 def steps(m: int, n: int, t0: float = 0.0, chips: int = 1, first: int = 1) -> list[dict]:
@@ -259,7 +259,7 @@ def test_fault_response_counts_only_reactions_while_the_fault_is_on_and_the_html
     """A latency fault that ended before its learner finished normally (BYE, then leave) drew no reaction; a
     partition during which the syncer dropped the learner did; a kill is on until its recovery. The HTML
     report's bands read the same figures as report.json's fault_response."""
-    from diloco_chaos.harness.run_timeline import fault_bands
+    from diloco_chaos.harness.report.timeline import fault_bands
 
     evs = complete([
         {"ev": "run_start", "t": 0.0},

@@ -1,6 +1,5 @@
 """The mutation switch (diloco_chaos/trainers/mutations.py): only the environment turns a mutation on, never a scenario
-file;
-an unknown name is refused; and each hook changes what the algorithm does (and what it measures) as documented."""
+file; an unknown name is refused; and each hook changes what the algorithm does (and what it measures) as documented."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from diloco_chaos.harness.scenario import ScenarioError, from_dict
+from diloco_chaos.harness.config.scenario import ScenarioError, from_dict
 from diloco_chaos.trainers import mutations
 from diloco_chaos.trainers.config import DilocoConfig, TrainConfig
 from diloco_chaos.trainers.learner import LearnerCore, MergedFragment
@@ -58,8 +57,8 @@ def test_the_environment_switches_a_process_and_an_unknown_value_raises() -> Non
 
 
 def test_a_run_with_an_unknown_mutation_fails_before_any_process_starts(tmp_path: Path) -> None:
-    code = ("import sys\nfrom diloco_chaos.harness.supervisor import Supervisor\n"
-            "from diloco_chaos.harness.scenario import from_dict\n"
+    code = ("import sys\nfrom diloco_chaos.harness.run.supervisor import Supervisor\n"
+            "from diloco_chaos.harness.config.scenario import from_dict\n"
             f"Supervisor(from_dict({{'name': 'x'}}), {str(tmp_path)!r})\n")
     bad = child("nope", code)
     assert bad.returncode != 0 and "is not a known mutation" in bad.stderr

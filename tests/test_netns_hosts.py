@@ -23,9 +23,9 @@ import pytest
 from diloco_chaos.chaos import faults
 from diloco_chaos.chaos.kernel_links import TABLE, HostLink, KernelToxics, sh
 from diloco_chaos.chaos.links import LinkChaos, proxy_name
-from diloco_chaos.harness.netns_hosts import INNER_DEV, NetnsHosts, availability
-from diloco_chaos.harness.netns_hosts import remaining as residue
-from diloco_chaos.harness.scenario import ScenarioError, from_dict
+from diloco_chaos.harness.config.scenario import ScenarioError, from_dict
+from diloco_chaos.harness.hosts.netns import INNER_DEV, NetnsHosts, availability
+from diloco_chaos.harness.hosts.netns import remaining as residue
 
 WHY = availability()
 needs_netns = pytest.mark.skipif(WHY is not None, reason=f"{WHY}")
@@ -82,7 +82,7 @@ def hosts():
 
 @needs_netns
 def test_hosts_reach_the_bridge_and_leave_nothing_after_close(hosts) -> None:
-    from diloco_chaos.harness.netns_probe import in_netns
+    from diloco_chaos.harness.hosts.netns_probe import in_netns
 
     h = hosts.hosts[0]
     assert residue(hosts.prefix), "the namespace, veth and bridge exist while the hosts are up"
@@ -99,7 +99,7 @@ def test_hosts_reach_the_bridge_and_leave_nothing_after_close(hosts) -> None:
 @needs_netns
 @pytest.mark.parametrize("upstream", [True, False], ids=["upstream", "downstream"])
 def test_a_kernel_bandwidth_limit_gives_the_rate_set(hosts, upstream: bool) -> None:
-    from diloco_chaos.harness.netns_probe import measure_rate
+    from diloco_chaos.harness.hosts.netns_probe import measure_rate
 
     h = hosts.hosts[0]
     toxics = KernelToxics({proxy_name(0): HostLink(h.netns, INNER_DEV, h.outer_dev, 0)})
@@ -120,7 +120,7 @@ def test_a_kernel_bandwidth_limit_gives_the_rate_set(hosts, upstream: bool) -> N
 
 @needs_netns
 def test_kernel_partitions_blackhole_and_refuse(hosts) -> None:
-    from diloco_chaos.harness.netns_probe import in_netns
+    from diloco_chaos.harness.hosts.netns_probe import in_netns
 
     h = hosts.hosts[0]
     with socket.create_server((hosts.syncer_address, 0)) as listener:
@@ -157,7 +157,7 @@ OWNER = """
 import sys
 from diloco_chaos.chaos.kernel_links import HostLink, KernelToxics
 from diloco_chaos.chaos.links import LinkChaos
-from diloco_chaos.harness.netns_hosts import INNER_DEV, NetnsHosts
+from diloco_chaos.harness.hosts.netns import INNER_DEV, NetnsHosts
 hosts = NetnsHosts.create(2)
 h = hosts.hosts[0]
 toxics = KernelToxics({"learner-0": HostLink(h.netns, INNER_DEV, h.outer_dev, 9)})
@@ -196,7 +196,7 @@ def test_a_sigkilled_owner_leaves_hosts_that_the_next_start_removes() -> None:
 
 
 def test_a_run_on_netns_hosts_where_they_cannot_be_made_fails_before_any_process(tmp_path, monkeypatch) -> None:
-    from diloco_chaos.harness.supervisor import RunFailed, Supervisor
+    from diloco_chaos.harness.run.supervisor import RunFailed, Supervisor
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no ip, tc or nft
     sup = Supervisor(from_dict(_kernel()), tmp_path / "runs")

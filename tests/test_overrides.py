@@ -1,8 +1,7 @@
 """`--set KEY=VALUE`: scenario keys changed from the command line, validated like the file, recorded in the run.
 
-The parsing and validation are pure (diloco_chaos/harness/scenario.py apply_overrides, scenario_check); one real short
-run
-shows the run used the overridden value and config.json records both the override and the effective value."""
+The parsing and validation are pure (diloco_chaos/harness/config/scenario.py apply_overrides, scenario_check); one real
+short run shows the run used the overridden value and config.json records both the override and the effective value."""
 
 from __future__ import annotations
 
@@ -16,9 +15,9 @@ from conftest import tiny_table
 from test_results import write_toml
 
 from diloco_chaos.harness.cli import main
-from diloco_chaos.harness.events import EVENTS_FILE, read_events
-from diloco_chaos.harness.replay import recorded_scenario
-from diloco_chaos.harness.scenario import ScenarioError, apply_overrides, from_dict, load, parse_override
+from diloco_chaos.harness.config.scenario import ScenarioError, apply_overrides, from_dict, load, parse_override
+from diloco_chaos.harness.record.events import EVENTS_FILE, read_events
+from diloco_chaos.harness.run.replay import recorded_scenario
 
 
 def test_values_are_read_as_toml_and_bare_words_as_strings() -> None:

@@ -6,7 +6,7 @@ import io
 
 from conftest import as_records, complete
 
-from diloco_chaos.harness.progress import Progress, fault_line
+from diloco_chaos.harness.run.progress import Progress, fault_line
 
 
 def test_a_fault_is_on_screen_when_it_fires_and_when_it_ends() -> None:
@@ -31,8 +31,8 @@ def test_a_fault_that_hit_nothing_says_so() -> None:
 
 
 def test_the_final_table_lists_each_fault_and_each_verdict() -> None:
-    from diloco_chaos.harness.progress import faults_table, verdict_lines
-    from diloco_chaos.harness.results import InvariantFigure
+    from diloco_chaos.harness.report.results import InvariantFigure
+    from diloco_chaos.harness.run.progress import faults_table, verdict_lines
 
     bands = [{"index": 2, "describe": "freeze(learner 0)", "trigger": "step 10", "start_s": 1.0, "end_s": 2.5,
               "until": "after_s"}]
@@ -48,7 +48,7 @@ def test_the_final_table_lists_each_fault_and_each_verdict() -> None:
 
 
 def test_a_kill_recovers_when_its_learner_steps_again_after_the_restart() -> None:
-    from diloco_chaos.harness.run_timeline import FaultReactions
+    from diloco_chaos.harness.report.timeline import FaultReactions
 
     r = FaultReactions()
     start = {"ev": "fault_start", "index": 1, "action": "kill_learner", "learner": 1, "describe": "kill_learner(1)",
@@ -65,7 +65,7 @@ def test_a_kill_recovers_when_its_learner_steps_again_after_the_restart() -> Non
 
 
 def test_a_chip_kill_recovers_when_the_repaired_chip_rejoins() -> None:
-    from diloco_chaos.harness.run_timeline import FaultReactions
+    from diloco_chaos.harness.report.timeline import FaultReactions
 
     r = FaultReactions()
     recs = as_records([{"ev": "fault_start", "index": 0, "action": "kill_chip", "learner": 0, "t": 1.0},
@@ -77,7 +77,7 @@ def test_a_chip_kill_recovers_when_the_repaired_chip_rejoins() -> None:
 
 def test_a_syncer_crash_is_the_kill_syncers_reaction_never_a_link_faults() -> None:
     """Issue 26: a degrade on learner 0 was given the syncer_down of a kill_syncer that fired while it was on."""
-    from diloco_chaos.harness.run_timeline import fault_response
+    from diloco_chaos.harness.report.timeline import fault_response
 
     recs = as_records([
         {"ev": "fault_start", "index": 1, "action": "degrade", "learner": 0, "t": 1.0},
@@ -112,8 +112,8 @@ def test_the_fault_runner_ends_a_kill_at_its_recovery_and_not_again_at_the_end_o
     steps again after the restart (ended_t: that step's time), and the end of the run ends nothing more; a
     kill never recovered ends "not recovered by run end"."""
     from diloco_chaos.chaos.schedule import parse_fault
-    from diloco_chaos.harness.events import EventLog, read_events
-    from diloco_chaos.harness.fault_runner import FaultRunner
+    from diloco_chaos.harness.record.events import EventLog, read_events
+    from diloco_chaos.harness.run.fault_runner import FaultRunner
 
     kills = tuple(parse_fault({"action": "kill_learner", "learner": m, "at": {"step": 5, "learner": 0}},
                               f"faults[{m}]", learners=2) for m in range(2))
@@ -135,7 +135,7 @@ def test_the_fault_runner_ends_a_kill_at_its_recovery_and_not_again_at_the_end_o
 
 
 def test_a_fault_that_hit_nothing_has_no_reaction() -> None:
-    from diloco_chaos.harness.run_timeline import fault_response
+    from diloco_chaos.harness.report.timeline import fault_response
 
     recs = as_records([{"ev": "fault_start", "index": 0, "action": "kill_learner", "learner": 1, "t": 1.0,
                         "missed": "learner 1 is down"},

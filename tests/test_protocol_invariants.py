@@ -1,6 +1,5 @@
-"""Protocol invariants (diloco_chaos/harness/protocol_invariants.py) over hand-built event logs: each holds on a good
-log and
-fails, naming its figure and bound, on a log with the fault it exists to catch."""
+"""Protocol invariants (diloco_chaos/harness/invariants/protocol.py) over hand-built event logs: each holds on a good
+log and fails, naming its figure and bound, on a log with the fault it exists to catch."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from conftest import complete
 from test_invariants import P, config, decoupled_log, ev, holds, violated, write_run
 
 from diloco_chaos.harness.invariants import load_run
-from diloco_chaos.harness.protocol_invariants import (
+from diloco_chaos.harness.invariants.protocol import (
     PROTOCOL_INVARIANTS,
     apply_schedule,
     check_protocol,
@@ -23,8 +22,8 @@ from diloco_chaos.harness.protocol_invariants import (
     rda_norms,
     token_weights,
 )
-from diloco_chaos.harness.pytest_plugin import INVARIANTS
 from diloco_chaos.harness.record.learner import InitialPull
+from diloco_chaos.harness.testing.pytest_plugin import INVARIANTS
 from diloco_chaos.trainers.config import DilocoConfig
 
 LR = DilocoConfig().outer_lr

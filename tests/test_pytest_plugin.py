@@ -1,4 +1,4 @@
-"""Tests for diloco_chaos/harness/pytest_plugin.py, the diloco-chaos pytest plugin (entry point pytest11).
+"""Tests for diloco_chaos/harness/testing/pytest_plugin.py, the diloco-chaos pytest plugin (entry point pytest11).
 
 What: marker registration and -m / -k selection; the run deadline bounded by the test's timeout (as a pure
 function, and once for real: a run that would go on for minutes stops at its lowered deadline and fails the
@@ -29,8 +29,9 @@ import psutil
 import pytest
 
 from diloco_chaos.chaos.toxiproxy_client import ToxiproxyClient, ToxiproxyError
-from diloco_chaos.harness.events import EVENTS_FILE, EventLog
-from diloco_chaos.harness.pytest_plugin import (
+from diloco_chaos.harness.config.scenario import from_dict
+from diloco_chaos.harness.record.events import EVENTS_FILE, EventLog
+from diloco_chaos.harness.testing.pytest_plugin import (
     MARKERS,
     ChaosRun,
     _ServerLock,
@@ -38,7 +39,6 @@ from diloco_chaos.harness.pytest_plugin import (
     bound_deadline,
     hygiene_problems,
 )
-from diloco_chaos.harness.scenario import from_dict
 
 pytest_plugins = ["pytester"]
 
@@ -112,7 +112,7 @@ def test_bound_deadline_lowers_run_s_only_when_the_test_timeout_is_nearer() -> N
 def test_run_budget_follows_marker_ini_and_plugin_presence(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_budget="""
         import pytest
-        from diloco_chaos.harness.pytest_plugin import run_budget
+        from diloco_chaos.harness.testing.pytest_plugin import run_budget
 
         @pytest.mark.timeout(50)
         def test_marker(request):
@@ -125,7 +125,7 @@ def test_run_budget_follows_marker_ini_and_plugin_presence(pytester: pytest.Pyte
     """)
     pytester.runpytest(*INNER, "-o", "timeout=40").assert_outcomes(passed=2)
     pytester.makepyfile(test_budget="""
-        from diloco_chaos.harness.pytest_plugin import run_budget
+        from diloco_chaos.harness.testing.pytest_plugin import run_budget
 
         def test_none(request):
             assert run_budget(request.node) == (None, None)
@@ -257,8 +257,8 @@ def test_hygiene_kills_what_the_run_left_but_not_a_reused_pid(tmp_path: Path) ->
 CLUSTER_CONFTEST = """
 import json
 import pytest
-import diloco_chaos.harness.pytest_plugin as plugin
-from diloco_chaos.harness.events import EVENTS_FILE, EventLog
+import diloco_chaos.harness.testing.pytest_plugin as plugin
+from diloco_chaos.harness.record.events import EVENTS_FILE, EventLog
 
 CALLS = []
 
@@ -385,8 +385,8 @@ def test_failure_section_puts_unexpected_errors_first_and_labels_the_expected_on
 
 
 def test_failure_section_lists_the_invariants_the_run_recorded_as_violated(tmp_path: Path) -> None:
-    from diloco_chaos.harness.results import InvariantFigure
-    from diloco_chaos.harness.rundir import INVARIANTS_FILE, write_json
+    from diloco_chaos.harness.report.results import InvariantFigure
+    from diloco_chaos.harness.run.rundir import INVARIANTS_FILE, write_json
 
     run = _fake_run(tmp_path, [], ended_at=time.time())
     run.__dict__["report"] = {"errors": []}

@@ -22,11 +22,11 @@ from diloco_chaos.chaos.schedule import (
     parse_fault,
     reached,
 )
-from diloco_chaos.harness.events import EVENTS_FILE, read_events
-from diloco_chaos.harness.replay import load_incident
-from diloco_chaos.harness.scenario import ScenarioError, from_dict
-from diloco_chaos.harness.scenario_check import incident_problems
-from diloco_chaos.harness.supervisor import run_scenario
+from diloco_chaos.harness.config.check import incident_problems
+from diloco_chaos.harness.config.scenario import ScenarioError, from_dict
+from diloco_chaos.harness.record.events import EVENTS_FILE, read_events
+from diloco_chaos.harness.run.replay import load_incident
+from diloco_chaos.harness.run.supervisor import run_scenario
 
 
 def spec(at: dict[str, Any], until: dict[str, Any] | None = None, **kw: Any) -> FaultSpec:

@@ -1,7 +1,7 @@
 """The remote-host form's parts that need no namespace: the agent protocol's typed messages and their refusals,
 the sealing of the run's secret, the validation of `[launch] hosts = "remote"`, the agents' secret file, and an
-operator's agent (`python -m diloco_chaos.harness.host_agent --work-dir`, a real process on a real socket): it refuses a
-client without the secret, serves one connection after another, measures as one clock with its client on
+operator's agent (`python -m diloco_chaos.harness.hosts.agent --work-dir`, a real process on a real socket): it refuses
+a client without the secret, serves one connection after another, measures as one clock with its client on
 one machine, and exits on SIGTERM, or after one connection with --once. Full runs: tests/test_remote_hosts.py."""
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from diloco_chaos.harness import agent_wire as w
-from diloco_chaos.harness.handshake import new_secret
-from diloco_chaos.harness.host_agent import AgentError
-from diloco_chaos.harness.pytest_plugin import wait_for
-from diloco_chaos.harness.remote_hosts import AgentConnection, clock_offset, read_secret, shift_lines
-from diloco_chaos.harness.scenario import ScenarioError, from_dict
+from diloco_chaos.harness.config.scenario import ScenarioError, from_dict
+from diloco_chaos.harness.hosts import agent_wire as w
+from diloco_chaos.harness.hosts.agent import AgentError
+from diloco_chaos.harness.hosts.remote import AgentConnection, clock_offset, read_secret, shift_lines
+from diloco_chaos.harness.testing.pytest_plugin import wait_for
+from diloco_chaos.harness.wire.handshake import new_secret
 
 pytestmark = pytest.mark.timeout(60)
 WAIT_S = 20.0
@@ -152,7 +152,7 @@ def start_agent(tmp_path: Path, secret: bytes, *extra: str) -> tuple[subprocess.
     key.chmod(0o600)
     work, log = tmp_path / f"work-{key.name}", tmp_path / f"{key.name}.log"
     with open(log, "wb") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "diloco_chaos.harness.host_agent", "--listen", "127.0.0.1:0",
+        proc = subprocess.Popen([sys.executable, "-m", "diloco_chaos.harness.hosts.agent", "--listen", "127.0.0.1:0",
                                  "--secret-file", str(key), "--work-dir", str(work), *extra], cwd=REPO,
                                 env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=f, stderr=subprocess.STDOUT)
 

@@ -1,7 +1,6 @@
 """`[launch] hosts = "remote"` end to end on one machine, with nothing shared but the network: each learner host is
-a network namespace (diloco_chaos/harness/netns_hosts.py) in which the test, as an operator would, starts a host agent
-with
-its own work directory (not the run directory); the supervisor reaches the agents only through the addresses in
+a network namespace (diloco_chaos/harness/hosts/netns.py) in which the test, as an operator would, starts a host agent
+with its own work directory (not the run directory); the supervisor reaches the agents only through the addresses in
 `launch.agents` and the agents' secret file.
 
 The claims: the run converges and every invariant holds; the run directory's log holds the workers' events
@@ -26,12 +25,12 @@ from typing import Any
 import psutil
 import pytest
 
-from diloco_chaos.harness.events import EVENTS_FILE, read_events
-from diloco_chaos.harness.handshake import new_secret
-from diloco_chaos.harness.netns_hosts import NetnsHosts, availability
-from diloco_chaos.harness.pytest_plugin import wait_for
-from diloco_chaos.harness.remote_hosts import AgentConnection
-from diloco_chaos.harness.scenario import from_dict
+from diloco_chaos.harness.config.scenario import from_dict
+from diloco_chaos.harness.hosts.netns import NetnsHosts, availability
+from diloco_chaos.harness.hosts.remote import AgentConnection
+from diloco_chaos.harness.record.events import EVENTS_FILE, read_events
+from diloco_chaos.harness.testing.pytest_plugin import wait_for
+from diloco_chaos.harness.wire.handshake import new_secret
 
 WHY = availability()
 pytestmark = [pytest.mark.skipif(WHY is not None, reason=f"{WHY}"), pytest.mark.timeout(120)]
@@ -60,7 +59,7 @@ def agents(tmp_path):
             logs.append(log)
             with open(log, "wb") as f:
                 procs.append(subprocess.Popen(
-                    ["ip", "netns", "exec", h.netns, sys.executable, "-m", "diloco_chaos.harness.host_agent",
+                    ["ip", "netns", "exec", h.netns, sys.executable, "-m", "diloco_chaos.harness.hosts.agent",
                      "--listen",
                      f"{h.address}:{AGENT_PORT}", "--secret-file", str(secret_file), "--work-dir", str(work)],
                     cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=f, stderr=subprocess.STDOUT))
@@ -180,8 +179,8 @@ def test_a_sigkilled_supervisors_remote_processes_end_and_the_agents_serve_on(ag
     hosts, secret_file, procs, work_dirs = agents
     runs = tmp_path / "killed"
     script = tmp_path / "supervise.py"
-    script.write_text("import json, sys\nfrom diloco_chaos.harness.scenario import from_dict\n"
-                      "from diloco_chaos.harness.supervisor import run_scenario\nif __name__ == '__main__':\n"
+    script.write_text("import json, sys\nfrom diloco_chaos.harness.config.scenario import from_dict\n"
+                      "from diloco_chaos.harness.run.supervisor import run_scenario\nif __name__ == '__main__':\n"
                       f"    run_scenario(from_dict(json.loads(sys.argv[1])), {str(runs)!r})\n")
     sc = {"name": "remote-killed", "algorithm": "decoupled", "topology": {"learners": LEARNERS, "chips_per_learner": 1},
           "train": {"steps": 100_000}, "diloco": {"fragments": 4, "sync_every": 4, "overlap": 1, "min_quorum": 1},

@@ -12,7 +12,9 @@ import pytest
 from conftest import tiny
 
 from diloco_chaos.harness import cli
-from diloco_chaos.harness.replay import (
+from diloco_chaos.harness.config.scenario import ScenarioError
+from diloco_chaos.harness.report.results import InvariantFigure, recorded_invariants
+from diloco_chaos.harness.run.replay import (
     RunVerdicts,
     compare_timelines,
     fault_timeline,
@@ -20,9 +22,7 @@ from diloco_chaos.harness.replay import (
     recorded_scenario,
     side_by_side,
 )
-from diloco_chaos.harness.results import InvariantFigure, recorded_invariants
-from diloco_chaos.harness.scenario import ScenarioError
-from diloco_chaos.harness.supervisor import run_scenario
+from diloco_chaos.harness.run.supervisor import run_scenario
 
 FAULTS = [
     {"action": "partition", "learner": 1, "at": {"step": 15, "learner": 0}, "until": {"step": 30, "learner": 0}},

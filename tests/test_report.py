@@ -1,5 +1,5 @@
-"""Tests for diloco_chaos.harness.report (longest_gap, build_report) and diloco_chaos.harness.events (EventLog,
-read_events, EventTail)."""
+"""Tests for diloco_chaos.harness.report.run_report (longest_gap, build_report) and diloco_chaos.harness.record.events
+(EventLog, read_events, EventTail)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from conftest import as_records, complete
 
-from diloco_chaos.harness.events import EVENTS_FILE, EventLog, EventTail, read_events
-from diloco_chaos.harness.report import build_report, longest_gap
-from diloco_chaos.harness.rundir import CONFIG_FILE, write_json
-from diloco_chaos.harness.scenario import Scenario
+from diloco_chaos.harness.config.scenario import Scenario
+from diloco_chaos.harness.record.events import EVENTS_FILE, EventLog, EventTail, read_events
+from diloco_chaos.harness.report.run_report import build_report, longest_gap
+from diloco_chaos.harness.run.rundir import CONFIG_FILE, write_json
 
 # -- longest_gap --------------------------------------------------------------------------------
 
@@ -188,7 +188,7 @@ def test_event_tail_returns_only_new_lines(tmp_path: Path) -> None:
 
 
 def test_link_figures_measure_late_bytes_and_round_trips() -> None:
-    from diloco_chaos.harness.report import fault_timeline, link_figures
+    from diloco_chaos.harness.report.run_report import fault_timeline, link_figures
 
     evs = [
         {"ev": "link_up", "learner": 1, "t": 0.0}, {"ev": "link_down", "learner": 1, "t": 1.0},

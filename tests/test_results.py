@@ -1,6 +1,5 @@
-"""diloco_chaos.harness.results and the `--json` options of `diloco-chaos run` and `compare`: the schema, strict JSON,
-and
-both options on tiny real runs (1 learner x 1 chip, 20 steps: a few seconds each)."""
+"""diloco_chaos.harness.report.results and the `--json` options of `diloco-chaos run` and `compare`: the schema, strict
+JSON, and both options on tiny real runs (1 learner x 1 chip, 20 steps: a few seconds each)."""
 
 from __future__ import annotations
 
@@ -14,9 +13,9 @@ import pytest
 from conftest import tiny_table
 
 from diloco_chaos.harness.cli import main
-from diloco_chaos.harness.compare import loss_allowance
 from diloco_chaos.harness.invariants import InvariantResult
-from diloco_chaos.harness.results import (
+from diloco_chaos.harness.report.compare import loss_allowance
+from diloco_chaos.harness.report.results import (
     SCHEMA_VERSION,
     Claim,
     InvariantFigure,
@@ -42,7 +41,7 @@ def bound_free(algorithm: str) -> list[str]:
 
 
 PROTOCOL = ["rda_norms", "outer_lr", "token_weights", "pushes_received", "apply_schedule", "initial_pull"]
-"""diloco_chaos/harness/protocol_invariants.py: in the row of a decoupled run only."""
+"""diloco_chaos/harness/invariants/protocol.py: in the row of a decoupled run only."""
 
 
 def row(**kw: Any) -> RunRow:

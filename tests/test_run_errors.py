@@ -6,7 +6,7 @@ from diloco_chaos.harness.record import Event
 from diloco_chaos.harness.record.learner import ChipError
 from diloco_chaos.harness.record.run import FaultEnd, FaultStart
 from diloco_chaos.harness.record.syncer import SyncerError
-from diloco_chaos.harness.run_errors import classify_errors
+from diloco_chaos.harness.report.errors import classify_errors
 
 
 def base(t: float, kind: str, proc: str = "supervisor") -> dict:

@@ -6,9 +6,9 @@ import psutil
 import pytest
 from conftest import tiny
 
-from diloco_chaos.harness.events import read_events
-from diloco_chaos.harness.rundir import CHECKPOINT_FILE, CONFIG_FILE, REPORT_FILE, read_json
-from diloco_chaos.harness.supervisor import run_scenario
+from diloco_chaos.harness.record.events import read_events
+from diloco_chaos.harness.run.rundir import CHECKPOINT_FILE, CONFIG_FILE, REPORT_FILE, read_json
+from diloco_chaos.harness.run.supervisor import run_scenario
 
 
 def assert_no_survivors(pids: list[int]) -> None:
@@ -74,7 +74,7 @@ def test_baselines_2x1_converge(runs_dir, algorithm):
 
 def test_a_scheduled_fault_that_never_fires_fails_the_run(runs_dir):
     """A chaos test whose fault did not happen proves nothing: the run must say so loudly."""
-    from diloco_chaos.harness.supervisor import RunFailed
+    from diloco_chaos.harness.run.supervisor import RunFailed
 
     # merges are not known before the run (a step past train.steps is refused by validation instead)
     sc = tiny("decoupled", learners=2, chips=1, steps=30).replace(
@@ -84,7 +84,7 @@ def test_a_scheduled_fault_that_never_fires_fails_the_run(runs_dir):
 
 
 def test_a_fault_past_the_last_step_is_refused_before_the_run(runs_dir):
-    from diloco_chaos.harness.scenario import ScenarioError
+    from diloco_chaos.harness.config.scenario import ScenarioError
 
     with pytest.raises(ScenarioError, match=r"faults\[0\].at.step = 10000: never reached, train.steps = 30"):
         tiny("decoupled", learners=2, chips=1, steps=30).replace(
@@ -93,7 +93,7 @@ def test_a_fault_past_the_last_step_is_refused_before_the_run(runs_dir):
 
 def test_chip_failure_with_policy_fail_fails_the_run(runs_dir):
     """Without a restart policy a lost chip is an error, and the run says which learner and why."""
-    from diloco_chaos.harness.supervisor import RunFailed
+    from diloco_chaos.harness.run.supervisor import RunFailed
 
     sc = tiny("decoupled", learners=2, chips=2, steps=200).replace(
         recovery=type(tiny().recovery)(policy="restart", max_restarts=0),

@@ -9,8 +9,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from diloco_chaos.harness.scenario import Scenario, ScenarioError, from_dict, load
-from diloco_chaos.harness.scenario_check import MAX_REPORTED, check
+from diloco_chaos.harness.config.check import MAX_REPORTED, check
+from diloco_chaos.harness.config.scenario import Scenario, ScenarioError, from_dict, load
 from tests.scenario_strategies import documents
 
 

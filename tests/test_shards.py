@@ -1,6 +1,5 @@
 """The fragment-to-shard assignment (diloco_chaos/trainers/shards.py), its validation (syncer.shards) and the per-shard
-link
-chaos arithmetic; pure functions, no processes."""
+link chaos arithmetic; pure functions, no processes."""
 
 from __future__ import annotations
 
@@ -9,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from diloco_chaos.chaos.links import proxy_name, shard_rate
-from diloco_chaos.harness.scenario import ScenarioError, from_dict
-from diloco_chaos.harness.syncer_shards import (
+from diloco_chaos.harness.config.scenario import ScenarioError, from_dict
+from diloco_chaos.harness.syncer.shards import (
     assemble_final,
     checkpoint_name,
     fragment_owners,

@@ -1,5 +1,6 @@
-"""diloco_chaos/harness/shared_state.py: the snapshot the training process shares with its link process, the inbox of
-merged fragments going the other way, and the doorbell. Real shared mappings, a real fork and a real eventfd."""
+"""diloco_chaos/harness/learner/shared_state.py: the snapshot the training process shares with its link process, the
+inbox of merged fragments going the other way, and the doorbell. Real shared mappings, a real fork and a real
+eventfd."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import select
 import pytest
 import torch
 
-from diloco_chaos.harness.shared_state import Doorbell, SharedInbox, SharedSnapshot
+from diloco_chaos.harness.learner.shared_state import Doorbell, SharedInbox, SharedSnapshot
 from diloco_chaos.trainers.messages import MergedFragment, Snapshot
 
 SHAPES = {"a": torch.Size([2, 3]), "b": torch.Size([4])}

@@ -1,4 +1,4 @@
-"""Tests for diloco_chaos.harness.tolerance: the one rule every suite's convergence bound is derived with."""
+"""Tests for diloco_chaos.harness.report.tolerance: the one rule every suite's convergence bound is derived with."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from diloco_chaos.harness.tolerance import K_SIGMA, SEED_SD, Reference, loss_tolerance
+from diloco_chaos.harness.report.tolerance import K_SIGMA, SEED_SD, Reference, loss_tolerance
 
 
 def test_tolerance_is_the_allowed_cost_plus_k_sigma_of_a_two_run_difference() -> None:

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from diloco_chaos.harness.handshake import new_secret
-from diloco_chaos.harness.host_agent import (
+from diloco_chaos.harness.config.scenario import ScenarioError, from_dict
+from diloco_chaos.harness.hosts.agent import (
     LAUNCHER_MODULE,
     WORKER_MODULE,
     AgentClient,
@@ -23,8 +23,8 @@ from diloco_chaos.harness.host_agent import (
     AgentSpec,
     agent_main,
 )
-from diloco_chaos.harness.scenario import ScenarioError, from_dict
-from diloco_chaos.harness.torchrun_launch import torchrun_command
+from diloco_chaos.harness.hosts.torchrun import torchrun_command
+from diloco_chaos.harness.wire.handshake import new_secret
 
 pytestmark = pytest.mark.timeout(60)
 WAIT_S = 10.0

@@ -1,5 +1,5 @@
 """`diloco-chaos validate` reports every error of a document in one run, each naming its key, and none that
-only follows from another already reported (diloco_chaos/harness/scenario_check.py)."""
+only follows from another already reported (diloco_chaos/harness/config/check.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from diloco_chaos.harness import cli
-from diloco_chaos.harness.scenario import ScenarioError, from_dict
-from diloco_chaos.harness.scenario_check import MAX_REPORTED, check
+from diloco_chaos.harness.config.check import MAX_REPORTED, check
+from diloco_chaos.harness.config.scenario import ScenarioError, from_dict
 
 DEFAULT = str(Path(cli.__file__).parent / "scenarios" / "default.toml")
 

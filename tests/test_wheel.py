@@ -42,7 +42,8 @@ def test_wheel_installs_only_diloco_chaos(tmp_path: Path) -> None:
     pkg = site / "diloco_chaos"
     for sub in ("harness", "trainers", "chaos"):
         assert (pkg / sub / "__init__.py").is_file(), f"diloco_chaos.{sub} missing from the wheel"
-    assert (pkg / "harness" / "scenarios" / "default.toml").is_file(), "the built-in scenarios are package data"
+    scenarios = pkg / "harness" / "config" / "scenarios"
+    assert (scenarios / "default.toml").is_file(), "the built-in scenarios are package data"
     entry = (site / next(a for a in added if a.endswith(".dist-info")) / "entry_points.txt").read_text()
     assert "diloco-chaos = diloco_chaos.harness.cli:main" in entry
-    assert "diloco_chaos = diloco_chaos.harness.pytest_plugin" in entry
+    assert "diloco_chaos = diloco_chaos.harness.testing.pytest_plugin" in entry

@@ -1,4 +1,4 @@
-"""Tests for diloco_chaos.harness.wire: framing, rejection of damaged frames, deadlines, and the HMAC handshake.
+"""Tests for diloco_chaos.harness.wire.framing: framing, rejection of damaged frames, deadlines, and the HMAC handshake.
 
 Why: the wire module is what stands between the learners/synchronizer and a
 fault-injecting proxy, so every failure mode is exercised over real sockets
@@ -19,8 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from diloco_chaos.harness.handshake import new_nonce, new_secret, sign_challenge, verify_challenge
-from diloco_chaos.harness.wire import (
+from diloco_chaos.harness.wire.framing import (
     HEADER,
     MAGIC,
     VERSION,
@@ -41,6 +40,7 @@ from diloco_chaos.harness.wire import (
     recv_message,
     send_message,
 )
+from diloco_chaos.harness.wire.handshake import new_nonce, new_secret, sign_challenge, verify_challenge
 
 MAX = 64 << 20
 TIMEOUT = 10.0
@@ -545,7 +545,7 @@ def test_waiting_bytes_of_a_socket_closed_by_another_thread_is_zero() -> None:
     """The syncer's main loop closes a replaced connection while its reader may be between a frame's header and
     its payload, where recv_message asks how many bytes are waiting: that raised ValueError (fileno -1), which
     killed the reader thread. Now it reads 0, and the next read reports the close as an OSError."""
-    from diloco_chaos.harness.wire import _readable_bytes
+    from diloco_chaos.harness.wire.framing import _readable_bytes
 
     a, b = socket.socketpair()
     try:

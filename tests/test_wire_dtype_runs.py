@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from conftest import tiny
 
-from diloco_chaos.harness.supervisor import run_scenario
+from diloco_chaos.harness.run.supervisor import run_scenario
 
 RATIO = {"bf16": 0.60, "int8": 0.45, "int4": 0.30}
 """Upper bound of a run's data bytes vs fp32's. Above the format's own ratio (0.5, 0.26, 0.133) because the

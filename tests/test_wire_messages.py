@@ -1,6 +1,5 @@
-"""Tests for diloco_chaos/harness/wire_messages.py: every message the project sends fits its type's schema, every
-malformed
-one is refused on decode with the wire's BadMessage, and a live syncer that receives one closes only that
+"""Tests for diloco_chaos/harness/wire/messages.py: every message the project sends fits its type's schema, every
+malformed one is refused on decode with the wire's BadMessage, and a live syncer that receives one closes only that
 connection, logs why, and goes on serving the others.
 
 Why: a frame with intact framing but a missing or wrong-typed field (a HELLO whose learner id is a list, null
@@ -19,13 +18,12 @@ from typing import Any
 import pytest
 import torch
 
-from diloco_chaos.harness.codec import grads_request, merged_to_message, params_request, push_to_message
-from diloco_chaos.harness.events import EventLog
-from diloco_chaos.harness.fragment_checkpoint import state_to_message
-from diloco_chaos.harness.frame_auth import FrameAuth
-from diloco_chaos.harness.handshake import new_nonce, sign_challenge
-from diloco_chaos.harness.syncer_service import SyncerService
-from diloco_chaos.harness.wire import (
+from diloco_chaos.harness.record.events import EventLog
+from diloco_chaos.harness.syncer.fragment_checkpoint import state_to_message
+from diloco_chaos.harness.syncer.service import SyncerService
+from diloco_chaos.harness.wire.codec import grads_request, merged_to_message, params_request, push_to_message
+from diloco_chaos.harness.wire.frame_auth import FrameAuth
+from diloco_chaos.harness.wire.framing import (
     BadMessage,
     BadPayload,
     ConnectionClosed,
@@ -37,7 +35,8 @@ from diloco_chaos.harness.wire import (
     recv_message,
     send_message,
 )
-from diloco_chaos.harness.wire_messages import SCHEMAS
+from diloco_chaos.harness.wire.handshake import new_nonce, sign_challenge
+from diloco_chaos.harness.wire.messages import SCHEMAS
 from diloco_chaos.trainers.messages import FragmentPush
 from tests.conftest import tiny
 
@@ -199,7 +198,7 @@ _KEYS: dict[socket.socket, FrameAuth] = {}
 
 
 def _join(svc: SyncerService, learner: int) -> socket.socket:
-    """Connect and pass the handshake as learner `learner`, as diloco_chaos/harness/link.py does."""
+    """Connect and pass the handshake as learner `learner`, as diloco_chaos/harness/learner/syncer_link.py does."""
     sock = _connect(svc)
     send_message(sock, Message(MsgType.HELLO, {"learner": learner, "proto": 1}), WAIT_S)
     challenge = recv_message(sock, MAX, WAIT_S)

@@ -1,6 +1,5 @@
-"""The per-connection wire codec (diloco_chaos/harness/wire_precision.py): both ends agree bit for bit, deltas stay
-small,
-a frame that cannot be decoded is refused, and NaN pushes go out as they are for the merge guard to decline."""
+"""The per-connection wire codec (diloco_chaos/harness/wire/precision.py): both ends agree bit for bit, deltas stay
+small, a frame that cannot be decoded is refused, and NaN pushes go out as they are for the merge guard to decline."""
 
 from __future__ import annotations
 
@@ -9,8 +8,8 @@ import math
 import pytest
 import torch
 
-from diloco_chaos.harness.wire import Message, MsgType, decode_frame, encode
-from diloco_chaos.harness.wire_precision import WireCodec, WireDecodeError, wire_dtype_for
+from diloco_chaos.harness.wire.framing import Message, MsgType, decode_frame, encode
+from diloco_chaos.harness.wire.precision import WireCodec, WireDecodeError, wire_dtype_for
 from diloco_chaos.trainers.quantize import bytes_per_element
 
 

@@ -2,7 +2,7 @@
 
 With `[launch] hosts = "netns"` each learner host is a network namespace whose
 only way out is a veth pair to a bridge in the root namespace, where the
-syncer listens (diloco_chaos/harness/netns_hosts.py). `links.backend = "kernel"` then
+syncer listens (diloco_chaos/harness/hosts/netns.py). `links.backend = "kernel"` then
 carries link faults on that veth: diloco_chaos/chaos/links.py (`LinkChaos`) drives this
 object exactly as it drives a Toxiproxy client, because a fault there is a
 set of per-direction "toxics", and each toxic type this kernel can carry maps
@@ -112,8 +112,7 @@ class KernelToxics:
     """The part of the Toxiproxy client API that LinkChaos uses, carried by tc and nft on each host's veth.
 
     `links` maps a proxy name (diloco_chaos/chaos/links.py `proxy_name(m)`) to its host. `prepare()` makes each host's
-    empty
-    nft table; `close()` removes every qdisc and table this object made (never raises: it runs at teardown)."""
+    empty nft table; `close()` removes every qdisc and table this object made (never raises: it runs at teardown)."""
 
     def __init__(self, links: dict[str, HostLink], timeout_s: float = CMD_TIMEOUT_S) -> None:
         self.timeout_s = timeout_s

@@ -54,8 +54,7 @@ def _no_event(ev: str, /, **fields: Any) -> None:
 
 class ToxicApi(Protocol):
     """What LinkChaos needs of a link backend: a Toxiproxy client (diloco_chaos/chaos/toxiproxy_client.py), or tc and
-    nft
-    on a learner host's veth (diloco_chaos/chaos/kernel_links.py `KernelToxics`)."""
+    nft on a learner host's veth (diloco_chaos/chaos/kernel_links.py `KernelToxics`)."""
 
     timeout_s: float
 

@@ -63,9 +63,8 @@ def syncer_repair_key(shard: int) -> str:
 
 Signaller = Callable[[int, list[int], signal.Signals, bool], list[int]]
 """(learner, pids, signal, with their child processes) -> the pids signalled. Where the learner's processes
-live: this machine (`local_signaller`) or another host, through its agent (diloco_chaos/harness/host_agent.py), which
-alone
-can read that host's process tree."""
+live: this machine (`local_signaller`) or another host, through its agent (diloco_chaos/harness/hosts/agent.py), which
+alone can read that host's process tree."""
 
 
 def _no_event(ev: str, /, **fields: Any) -> None:
@@ -73,8 +72,8 @@ def _no_event(ev: str, /, **fields: Any) -> None:
 
 
 def _with_children(pids: list[int]) -> list[int]:
-    """The pids and their child processes: a host chip's link process (diloco_chaos/harness/link_process.py) stops and
-    continues with it, so a frozen or slowed host is silent on its link, as a stopped machine is."""
+    """The pids and their child processes: a host chip's link process (diloco_chaos/harness/learner/link_process.py)
+    stops and continues with it, so a frozen or slowed host is silent on its link, as a stopped machine is."""
     out = []
     for pid in pids:
         out.append(pid)

@@ -41,8 +41,7 @@ LINK_ACTIONS = _faults.names(lambda k: k.target == "link")
 
 PROCESS_ACTIONS = _faults.names(lambda k: k.target != "link")
 """Actions on a run's processes, by pid (diloco_chaos/chaos/processes.py). Kills are one shot; a freeze lasts to
-`until`.
-`kill_syncer` hits the synchronizer and is the only action without a `learner`."""
+`until`. `kill_syncer` hits the synchronizer and is the only action without a `learner`."""
 
 KILL_ACTIONS = _faults.names(lambda k: k.target != "link" and issubclass(k.params, RepairParams))
 """One-shot SIGKILLs; the supervisor restarts what they killed after `repair_s` (or recovery's default)."""

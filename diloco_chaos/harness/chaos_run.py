@@ -5,8 +5,8 @@ diloco_chaos.harness.invariants by name (`check`, `measure`, `check_all`) printi
 `summary` gives the lines of the plugin's failure report. `INVARIANTS` lists the names `check` accepts, read
 from the invariant registry.
 
-Why a module of its own: diloco_chaos/harness/pytest_plugin.py keeps the fixtures and hooks; this is the part a suite
-reads and calls, and it needs no pytest.
+Why a module of its own: diloco_chaos/harness/testing/pytest_plugin.py keeps the fixtures and hooks; this is the part a
+suite reads and calls, and it needs no pytest.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from diloco_chaos.harness.events import EVENTS_FILE, read_events
+from diloco_chaos.harness.config.scenario import Scenario
 from diloco_chaos.harness.invariants.registry import discover
-from diloco_chaos.harness.progress import error_lines
-from diloco_chaos.harness.rundir import REPORT_FILE, read_json
-from diloco_chaos.harness.scenario import Scenario
+from diloco_chaos.harness.record.events import EVENTS_FILE, read_events
+from diloco_chaos.harness.run.progress import error_lines
+from diloco_chaos.harness.run.rundir import REPORT_FILE, read_json
 
 _NEGATE = {"<=": ">", ">=": "<", "==": "!="}
 INVARIANTS: tuple[str, ...] = tuple(discover())
@@ -31,7 +31,7 @@ INVARIANTS: tuple[str, ...] = tuple(discover())
 
 class ChaosRunFailed(AssertionError):
     """A run did not complete (the harness raised). `.run` is the ChaosRun (its run_dir, partial report),
-    `.cause` the original exception (a diloco_chaos.harness.supervisor.RunFailed for a failed process or bound)."""
+    `.cause` the original exception (a diloco_chaos.harness.run.supervisor.RunFailed for a failed process or bound)."""
 
     def __init__(self, message: str, run: ChaosRun, cause: BaseException) -> None:
         super().__init__(message)
@@ -49,8 +49,8 @@ class HygieneError(AssertionError):
 class ChaosRun:
     """One run made through the plugin: the scenario, its directory and what it left there.
 
-    Behaves like diloco_chaos.harness.supervisor.RunResult (`run_dir`, `report`, `pids`), so
-    diloco_chaos.harness.hygiene.leftovers
+    Behaves like diloco_chaos.harness.run.supervisor.RunResult (`run_dir`, `report`, `pids`), so
+    diloco_chaos.harness.testing.hygiene.leftovers
     and diloco_chaos.harness.invariants accept it, plus lazy access to the event log and invariant helpers that print
     their figure into the test's output."""
 
@@ -77,7 +77,7 @@ class ChaosRun:
         if path.exists():
             return read_json(path)
         try:
-            from diloco_chaos.harness.report import build_report
+            from diloco_chaos.harness.report.run_report import build_report
 
             return build_report(self.run_dir)
         except Exception:  # noqa: BLE001 - a partial run's log may not support every figure
@@ -85,7 +85,7 @@ class ChaosRun:
 
     @cached_property
     def events(self) -> list[dict[str, Any]]:
-        """Every event of the run, in file order (diloco_chaos.harness.events.read_events)."""
+        """Every event of the run, in file order (diloco_chaos.harness.record.events.read_events)."""
         return read_events(self.run_dir / EVENTS_FILE)
 
     @cached_property
@@ -101,8 +101,9 @@ class ChaosRun:
         return sorted((e for e in self.events if e.get("ev") in kinds), key=lambda e: float(e.get("t", 0.0)))
 
     def leftovers(self) -> dict[str, list[int]]:
-        """diloco_chaos.harness.hygiene.leftovers: processes of the run still alive and its ports still listening."""
-        from diloco_chaos.harness.hygiene import leftovers
+        """diloco_chaos.harness.testing.hygiene.leftovers: processes of the run still alive and its ports still
+        listening."""
+        from diloco_chaos.harness.testing.hygiene import leftovers
 
         return leftovers(self)
 
@@ -120,8 +121,7 @@ class ChaosRun:
 
     def check(self, name: str, /, **bounds: Any) -> Any:
         """`measure`, then raise diloco_chaos.harness.invariants.InvariantViolation (an AssertionError naming the figure
-        and
-        the bound) unless it holds. Returns the InvariantResult."""
+        and the bound) unless it holds. Returns the InvariantResult."""
         return self.measure(name, **bounds).check()
 
     def check_all(self, **bounds: Any) -> list[Any]:
@@ -149,7 +149,7 @@ class ChaosRun:
     def _violated(self) -> list[str]:
         """The invariants the run recorded as violated (invariants.json), one line each; [] when all held or
         none were recorded (a run that did not finish)."""
-        from diloco_chaos.harness.results import recorded_invariants
+        from diloco_chaos.harness.report.results import recorded_invariants
 
         try:
             recorded = recorded_invariants(self.run_dir) or ()

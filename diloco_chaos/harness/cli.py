@@ -36,11 +36,11 @@ import logging
 import os
 import sys
 
-from diloco_chaos.harness import scenario as scenario_mod
-from diloco_chaos.harness import scenario_doc
-from diloco_chaos.harness.progress import Progress, error_lines, faults_table, summary_table, verdict_lines
+from diloco_chaos.harness.config import doc as scenario_doc
+from diloco_chaos.harness.config import scenario as scenario_mod
+from diloco_chaos.harness.run.progress import Progress, error_lines, faults_table, summary_table, verdict_lines
+from diloco_chaos.harness.run.supervisor import RunFailed, RunResult, run_scenario
 from diloco_chaos.harness.simulator import cli as simulate_cli
-from diloco_chaos.harness.supervisor import RunFailed, RunResult, run_scenario
 from diloco_chaos.trainers.config import ALGORITHMS
 
 EXIT_BAD_CONFIG = 2
@@ -70,7 +70,7 @@ def _port(value: str) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     """Check scenario files (and an incident file on top of each) without running anything: every error of
     every file, one line each, prefixed with the file; 0 if all are valid, else 2."""
-    from diloco_chaos.harness.scenario_check import check, incident_problems
+    from diloco_chaos.harness.config.check import check, incident_problems
 
     bad = 0
     for path in args.files:
@@ -105,7 +105,7 @@ def _load(args: argparse.Namespace) -> scenario_mod.Scenario:
     if args.seed is not None:
         sc = sc.replace(seed=args.seed)
     if getattr(args, "incident", None):
-        from diloco_chaos.harness.replay import load_incident
+        from diloco_chaos.harness.run.replay import load_incident
 
         sc = load_incident(args.incident, sc)
     return sc
@@ -126,7 +126,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(_faults_and_verdicts(res.run_dir))
     print(f"run directory: {res.run_dir}")
     if args.json:
-        from diloco_chaos.harness.results import ResultsFile, run_row, write_results
+        from diloco_chaos.harness.report.results import ResultsFile, run_row, write_results
 
         path = write_results(args.json, ResultsFile("run", (run_row(sc.algorithm, res),)))
         print(f"results: {path}")
@@ -141,11 +141,12 @@ def cmd_invariants(args: argparse.Namespace) -> int:
 
 def _faults_and_verdicts(run_dir: str | os.PathLike[str]) -> str:
     """What a person wants after a run besides the figures: the faults that fired, and the invariants'
-    verdicts (the bound-free ones, diloco_chaos.harness.results.invariant_figures), and the errors, expected or not."""
+    verdicts (the bound-free ones, diloco_chaos.harness.report.results.invariant_figures), and the errors, expected or
+    not."""
     from diloco_chaos.harness.record.run_record import RunLog
-    from diloco_chaos.harness.results import invariant_figures
-    from diloco_chaos.harness.run_timeline import fault_bands
-    from diloco_chaos.harness.rundir import REPORT_FILE, read_json
+    from diloco_chaos.harness.report.results import invariant_figures
+    from diloco_chaos.harness.report.timeline import fault_bands
+    from diloco_chaos.harness.run.rundir import REPORT_FILE, read_json
 
     bands = fault_bands(RunLog.load(run_dir).records)
     errors = read_json(os.path.join(run_dir, REPORT_FILE)).get("errors", [])
@@ -171,7 +172,7 @@ def _execute(sc: scenario_mod.Scenario, args: argparse.Namespace, verb: str) -> 
 def cmd_replay(args: argparse.Namespace) -> int:
     """Run a recorded run again (or, with --against, take a finished run as its replay), then print both runs'
     figures and verdicts side by side; exit 1 when the fault timeline or a verdict differs."""
-    from diloco_chaos.harness.replay import (
+    from diloco_chaos.harness.run.replay import (
         RunVerdicts,
         compare_timelines,
         fault_timeline,
@@ -215,9 +216,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from diloco_chaos.harness.events import EVENTS_FILE
-    from diloco_chaos.harness.html_report import write_report
-    from diloco_chaos.harness.rundir import REPORT_FILE, RunDirError, check_run_dir
+    from diloco_chaos.harness.record.events import EVENTS_FILE
+    from diloco_chaos.harness.report.html import write_report
+    from diloco_chaos.harness.run.rundir import REPORT_FILE, RunDirError, check_run_dir
 
     try:
         check_run_dir(args.run_dir, (REPORT_FILE,), EVENTS_FILE)
@@ -236,7 +237,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     import os
 
-    from diloco_chaos.harness.compare import compare, plot, table, verdict
+    from diloco_chaos.harness.report.compare import compare, plot, table, verdict
 
     try:
         sc = scenario_mod.load(args.scenario) if args.scenario else scenario_mod.builtin(args.builtin)
@@ -256,7 +257,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for c in claims:
         print(f"{'holds ' if c.holds else 'FAILS '} {c.claim}: {c.figures}")
     if args.json:
-        from diloco_chaos.harness.results import ResultsFile, write_results
+        from diloco_chaos.harness.report.results import ResultsFile, write_results
 
         print(f"results: {write_results(args.json, ResultsFile('compare', tuple(rows), tuple(claims)))}")
     os.makedirs(args.runs_dir, exist_ok=True)

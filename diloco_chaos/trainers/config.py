@@ -84,8 +84,7 @@ class DilocoConfig:
     embedding_tensors: tuple[str, ...] = ()
     """Tensors merged by a plain weighted mean (the paper: embeddings lack near-orthogonality). Empty (the
     default): the task's own list (diloco_chaos/trainers/task.py; the byte LM's: tok_emb.weight and pos_emb.weight,
-    other
-    built-in tasks: none). Names must be parameters of the task's model; an alias of a tied tensor counts."""
+    other built-in tasks: none). Names must be parameters of the task's model; an alias of a tied tensor counts."""
     outer_anchor: str = choice("current", ("current", "base"))
     """What a push's outer gradient is measured from. current: the syncer's current value, Δ_m = Θ_p(prev) − θ_m
     (the notes' reading of the paper's Appendix D.2); a push k versions stale then also carries
@@ -116,9 +115,8 @@ class DilocoConfig:
     """Precision of the outer traffic on the links (decoupled: pushes and merged fragments; diloco: its rounds'
     parameters, both ways). Each frame is a delta against a value both ends of the connection hold, quantised
     (diloco_chaos/trainers/quantize.py: int8/int4 with per-block scales); a frame without such a value carries the
-    values
-    themselves, int4's in int8 (diloco_chaos/harness/wire_precision.py; docs/wire-precision.md has the bytes and losses
-    measured). The paper sends bf16 and reports int4 nearly lossless. Ignored by ddp and elastic_ddp, whose
+    values themselves, int4's in int8 (diloco_chaos/harness/wire/precision.py; docs/wire-precision.md has the bytes and
+    losses measured). The paper sends bf16 and reports int4 nearly lossless. Ignored by ddp and elastic_ddp, whose
     per-step gradients stay fp32."""
 
 

@@ -78,8 +78,7 @@ class DecoupledSyncer:
         self.cfg = cfg
         self.owned = owned
         """A shard of a sharded synchronizer (diloco_chaos/trainers/shards.py): the fragments it owns, the only ones it
-        opens
-        rounds for, merges and accepts pushes of; the others keep their initial value here. None: all."""
+        opens rounds for, merges and accepts pushes of; the others keep their initial value here. None: all."""
         self.num_learners = num_learners
         self.seed = seed
         task = as_task(model_cfg, seed)

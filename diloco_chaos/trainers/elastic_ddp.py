@@ -11,8 +11,7 @@ moments and the step, and from that step on the barrier expects it again.
 
 Under the shrink policy (`recovery.policy = "shrink"` or `"elastic"`) a lost non-host chip does not reach
 this module: its learner re-forms a smaller group inside itself (`diloco_chaos.trainers.learner.run_ddp`, the same
-regroup
-as Decoupled DiLoCo's) and stays a member, with fewer tokens per gradient; the barrier simply waits for its
+regroup as Decoupled DiLoCo's) and stays a member, with fewer tokens per gradient; the barrier simply waits for its
 gradient while it re-forms. Only a learner-level loss (a lost host, a learner kill, a crashed host, a silent
 link) changes the membership here.
 
@@ -23,8 +22,7 @@ size rule would tie the schedule to the fault timeline). docs/algorithm.md says 
 
 `decide` is the membership decision: a pure function of (clock value, the open step's view, the change) that
 returns its reason, like `diloco_chaos.trainers.syncer_policy.decide`. `ElasticDdpSyncer` applies its decisions and
-keeps
-the records of every reconfiguration for the harness to log.
+keeps the records of every reconfiguration for the harness to log.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Why: the outer traffic (fragments up, merged fragments down) crossed the links as fp32, four times what the
 paper sends (bf16 by default, int4 reported nearly lossless), so link-chaos runs overstated what a slow link
 costs. This module is the numerical part only (pure torch, no harness imports); what is quantised (a delta
-against a reference both ends hold, diloco_chaos/harness/wire_precision.py) and why is decided there.
+against a reference both ends hold, diloco_chaos/harness/wire/precision.py) and why is decided there.
 
 Formats, per element (`bytes_per_element`):
 

@@ -1,5 +1,5 @@
 """The protocol every algorithm's syncer core implements for the syncer service
-(diloco_chaos/harness/syncer_service.py).
+(diloco_chaos/harness/syncer/service.py).
 
 `SyncerCore` is what the service needs of any core: the global model (for eval and the final checkpoint),
 the merge count, and the algorithm's own extra checkpoint fields. `BarrierCore` is the shared surface of the
@@ -7,7 +7,7 @@ three synchronous cores (`DdpSyncer`, `DilocoSyncer`, `ElasticDdpSyncer`): a lea
 state it resumes from), leaves, says BYE, or contributes (gradients or parameters) to the open round. With
 one interface the service's dispatch has no per-algorithm branch; the cores keep their decisions pure
 (`diloco_chaos.trainers.syncer_policy.decide`, `diloco_chaos.trainers.elastic_ddp.decide`). `DecoupledSyncer` implements
-`SyncerCore`; its pushes, pulls and merges are driven by diloco_chaos/harness/syncer_decoupled.py.
+`SyncerCore`; its pushes, pulls and merges are driven by diloco_chaos/harness/syncer/decoupled.py.
 """
 
 from __future__ import annotations

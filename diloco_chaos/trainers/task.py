@@ -10,8 +10,7 @@ harness started with is one task (diloco_chaos/trainers/tasks/byte_lm.py) among 
 
 Why here, beside the model and the loops: the learners, the syncer, the evaluator and the report all need the
 same model and loss, and diloco_chaos/trainers/ must not import the harness; `load_task` resolves a factory with
-importlib
-alone, so a child process imports it by the same path as the process that checked it.
+importlib alone, so a child process imports it by the same path as the process that checked it.
 
 Generic over the model: the parameters are `model.named_parameters()` (tied weights appear once, under their
 first name: `embedding_names` maps an alias the task names to it); buffers (batch-norm running statistics) are

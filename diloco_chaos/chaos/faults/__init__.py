@@ -3,8 +3,7 @@ defines).
 
 Importing this package registers every kind, in the order of the imports below: the order of ACTIONS in
 diloco_chaos/chaos/schedule.py and of the names listed in error messages. Adding a kind is one module and one import
-line
-here (docs/link-chaos.md, "Adding a fault kind").
+line here (docs/link-chaos.md, "Adding a fault kind").
 """
 # isort: skip_file
 

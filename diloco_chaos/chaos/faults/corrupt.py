@@ -1,8 +1,7 @@
 """`corrupt`: one random bit flipped in a `probability` fraction of the bytes of one learner's link, both ways.
 
 Carried out by the embedded server's `corrupt` toxic (diloco_chaos/chaos/toxiproxy_server/toxics/corrupt.py), an
-extension
-that upstream Toxiproxy does not have: validation refuses this kind, before any process starts, when the run
+extension that upstream Toxiproxy does not have: validation refuses this kind, before any process starts, when the run
 would use a real Toxiproxy server. Damaged frames must fail the wire's CRC (or MAC) and be rejected, so nothing
 corrupt is ever merged; the learner reconnects and training goes on.
 """

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from diloco_chaos.harness.events import EVENTS_FILE
 from diloco_chaos.harness.record import Event, RunLog
+from diloco_chaos.harness.record.events import EVENTS_FILE
 from diloco_chaos.harness.record.learner import Step
 from diloco_chaos.harness.record.run import RunStart
 from diloco_chaos.harness.record.syncer import SyncerStart
-from diloco_chaos.harness.rundir import CONFIG_FILE, REPORT_FILE, read_json
+from diloco_chaos.harness.run.rundir import CONFIG_FILE, REPORT_FILE, read_json
 
 R = TypeVar("R", bound=Event)
 _NEGATE = {"<=": ">", ">=": "<", "==": "!="}

@@ -1,9 +1,8 @@
 """Typed event records: the run directory's events.jsonl as one frozen dataclass per event kind.
 
-Every process of a run appends JSON lines through diloco_chaos/harness/events.py `EventLog.log(kind, **fields)`; this
-package
-is the schema of those lines. `parse(dict)` turns one decoded line into its record (checking that every required
-field is present and typed, rejecting unknown kinds and fields with `EventSchemaError`), `read_records(path)`
+Every process of a run appends JSON lines through diloco_chaos/harness/record/events.py `EventLog.log(kind, **fields)`;
+this package is the schema of those lines. `parse(dict)` turns one decoded line into its record (checking that every
+required field is present and typed, rejecting unknown kinds and fields with `EventSchemaError`), `read_records(path)`
 reads a whole log strictly, in file order. `RunLog.load(run_dir)`
 (run_record) is what the run's readers use: the log read and parsed once, records sorted by time. It is lenient
 by default so that run directories written by older versions still load: a missing nullable field is filled
@@ -11,8 +10,7 @@ with null, a missing optional one with its default, an unknown field is dropped,
 make its record (unknown kind, missing required field, mistyped value) is left out; each is listed in
 `RunLog.problems`. `RunLog.load(run_dir, strict=True)` raises EventSchemaError instead. docs/events.md, generated from
 these classes by `python -m diloco_chaos.harness.record.doc`, is the stable contract for users' own tools;
-SCHEMA_VERSION
-(carried by `run_start`) says which version of it a run directory was written with.
+SCHEMA_VERSION (carried by `run_start`) says which version of it a run directory was written with.
 
 Modules: base (the common fields, registry, parse), run (supervisor and fault events), learner (chip and link
 process events), syncer (syncer events), run_record (RunLog, parse_lenient).

@@ -45,7 +45,7 @@ class EventSchemaError(ValueError):
 
 @dataclass(frozen=True, kw_only=True)
 class Event:
-    """Fields every event carries (written by diloco_chaos/harness/events.py `EventLog.log`)."""
+    """Fields every event carries (written by diloco_chaos/harness/record/events.py `EventLog.log`)."""
 
     EV: ClassVar[str] = ""
     """The kind this class records (the `ev` field); set by `@event`."""

@@ -1,7 +1,6 @@
-"""Records of the events a learner writes: its chip processes (diloco_chaos/harness/chip.py, and diloco_chaos/trainers/
-through the
-callbacks chip.py passes in) and its link process (diloco_chaos/harness/link_process.py,
-diloco_chaos/harness/link.py)."""
+"""Records of the events a learner writes: its chip processes (diloco_chaos/harness/learner/chip.py, and
+diloco_chaos/trainers/ through the callbacks chip.py passes in) and its link process
+(diloco_chaos/harness/learner/link_process.py, diloco_chaos/harness/learner/syncer_link.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +9,9 @@ from typing import Any, Literal
 
 from diloco_chaos.harness.record.base import Event, event
 
-CHIP = "`learner<m>.chip<r>` (diloco_chaos/harness/chip.py)"
-LINK = "`learner<m>.link` (diloco_chaos/harness/link.py)"
-LINK_PROCESS = "`learner<m>.link` (diloco_chaos/harness/link_process.py)"
+CHIP = "`learner<m>.chip<r>` (diloco_chaos/harness/learner/chip.py)"
+LINK = "`learner<m>.link` (diloco_chaos/harness/learner/syncer_link.py)"
+LINK_PROCESS = "`learner<m>.link` (diloco_chaos/harness/learner/link_process.py)"
 
 
 @event("chip_start", CHIP)
@@ -271,7 +270,7 @@ class LinkCpu(Event):
     cpu_s: float
     """Process CPU seconds."""
     wire_bytes_up: int = 0
-    """Frame bytes the link sent to the syncer, over all its connections (diloco_chaos/harness/wire_precision.py)."""
+    """Frame bytes the link sent to the syncer, over all its connections (diloco_chaos/harness/wire/precision.py)."""
     wire_bytes_down: int = 0
     """Frame bytes the link received from the syncer, over all its connections."""
 
@@ -365,7 +364,7 @@ class LinkUp(Event):
     """Connections made so far (1: the first)."""
 
 
-@event("frame_rejected", LINK + ", syncer (diloco_chaos/harness/syncer_transport.py)")
+@event("frame_rejected", LINK + ", syncer (diloco_chaos/harness/syncer/transport.py)")
 @dataclass(frozen=True, kw_only=True)
 class FrameRejected(Event):
     """A received frame failed its checks (authentication, size, format); the connection is dropped."""
@@ -375,7 +374,7 @@ class FrameRejected(Event):
     side: Literal["learner", "syncer"]
     """Which end rejected it."""
     kind: str
-    """The FrameError kind (diloco_chaos/harness/wire.py)."""
+    """The FrameError kind (diloco_chaos/harness/wire/framing.py)."""
     error: str
     """The error."""
     peer: str | None = None

@@ -1,6 +1,6 @@
 """Records of the events the supervisor writes: the run's lifecycle, its processes' failures and repairs, and
-the faults it injects (diloco_chaos/harness/supervisor.py, diloco_chaos/harness/fault_runner.py,
-diloco_chaos/harness/link_proxies.py, and
+the faults it injects (diloco_chaos/harness/run/supervisor.py, diloco_chaos/harness/run/fault_runner.py,
+diloco_chaos/harness/hosts/link_proxies.py, and
 diloco_chaos/chaos/processes.py / diloco_chaos/chaos/links.py through the `on_event` callback they are given)."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from diloco_chaos.harness.config.scenario import LearnerPolicy
 from diloco_chaos.harness.record.base import Event, event
-from diloco_chaos.harness.scenario import LearnerPolicy
 
-SUPERVISOR = "supervisor (diloco_chaos/harness/supervisor.py)"
+SUPERVISOR = "supervisor (diloco_chaos/harness/run/supervisor.py)"
 
 
 @event("run_start", SUPERVISOR)
@@ -28,7 +28,7 @@ class RunStart(Event):
     seed: int
     """The scenario's seed."""
     learner_policy: LearnerPolicy
-    """The recovery policy a failed learner gets (diloco_chaos/harness/scenario.py learner_policy)."""
+    """The recovery policy a failed learner gets (diloco_chaos/harness/config/scenario.py learner_policy)."""
     learner_policy_why: str
     """Why that policy (the scenario's recovery.policy as resolved for the algorithm)."""
     schema_version: int | None = None
@@ -45,7 +45,7 @@ class StoreReady(Event):
     """Its TCP port on 127.0.0.1."""
 
 
-@event("process_start", SUPERVISOR + ", diloco_chaos/harness/link_proxies.py")
+@event("process_start", SUPERVISOR + ", diloco_chaos/harness/hosts/link_proxies.py")
 @dataclass(frozen=True, kw_only=True)
 class ProcessStart(Event):
     """A child process of the run started."""
@@ -86,7 +86,7 @@ class ErrorsLabelled(Event):
     unexpected: int
     """Errors none explains."""
     errors: list[dict[str, Any]]
-    """Each error (diloco_chaos/harness/run_errors.py RunError.as_dict): proc, ev, error, t_s, expected, cause."""
+    """Each error (diloco_chaos/harness/report/errors.py RunError.as_dict): proc, ev, error, t_s, expected, cause."""
 
 
 @event("syncer_down", SUPERVISOR)
@@ -209,7 +209,7 @@ class LearnerRestart(Event):
     """Its restarts so far."""
 
 
-FAULTS = "supervisor (diloco_chaos/harness/fault_runner.py)"
+FAULTS = "supervisor (diloco_chaos/harness/run/fault_runner.py)"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -312,7 +312,7 @@ class ProcessFaultOff(Event):
 LINKS = "supervisor (diloco_chaos/chaos/links.py)"
 
 
-@event("links_ready", "supervisor (diloco_chaos/harness/link_proxies.py, diloco_chaos/harness/netns_hosts.py)")
+@event("links_ready", "supervisor (diloco_chaos/harness/hosts/link_proxies.py, diloco_chaos/harness/hosts/netns.py)")
 @dataclass(frozen=True, kw_only=True)
 class LinksReady(Event):
     """The learners' links are ready for faults: through Toxiproxy proxies, or (backend "kernel") through tc and
@@ -368,8 +368,7 @@ class LinkFaultOn(Event):
     """limit_data: connections are closed after this many bytes."""
     params: dict[str, float | int | str] | None = None
     """Kinds made of plain toxics (diloco_chaos/chaos/links.py add_toxics, e.g. corrupt): their set parameters by name,
-    so
-    a fault kind added as one module needs no field here."""
+    so a fault kind added as one module needs no field here."""
 
 
 @event("link_fault_off", LINKS)
@@ -405,7 +404,7 @@ class LinkConnectionsDropped(Event):
     """True when a refuse partition already held the link down (nothing to drop)."""
 
 
-HOSTS = "supervisor (diloco_chaos/harness/netns_hosts.py)"
+HOSTS = "supervisor (diloco_chaos/harness/hosts/netns.py)"
 
 
 @event("hosts_swept", HOSTS)
@@ -443,7 +442,7 @@ class HostsRemoved(Event):
     """What could not be removed, one line each (empty: nothing left)."""
 
 
-@event("agent_connected", "supervisor (diloco_chaos/harness/remote_hosts.py)")
+@event("agent_connected", "supervisor (diloco_chaos/harness/hosts/remote.py)")
 @dataclass(frozen=True, kw_only=True)
 class AgentConnected(Event):
     """`[launch] hosts = "remote"`: the supervisor reached learner `learner`'s host agent and proved the agents'

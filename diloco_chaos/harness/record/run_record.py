@@ -34,7 +34,7 @@ from diloco_chaos.harness.record.base import (
 from diloco_chaos.harness.record.run import RunStart
 
 EVENTS_FILE = "events.jsonl"
-"""The event log's name inside a run directory (diloco_chaos/harness/events.py writes it)."""
+"""The event log's name inside a run directory (diloco_chaos/harness/record/events.py writes it)."""
 
 R = TypeVar("R", bound=Event)
 

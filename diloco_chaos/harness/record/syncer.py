@@ -1,9 +1,8 @@
-"""Records of the events the syncer writes: its service loop and transport (diloco_chaos/harness/syncer_service.py,
-diloco_chaos/harness/syncer_transport.py), the decoupled merge protocol (diloco_chaos/harness/syncer_decoupled.py), the
-synchronous
-barrier algorithms (diloco_chaos/harness/syncer_barrier.py) and evaluation (diloco_chaos/harness/syncer_evaluator.py;
-the supervisor's
-final eval, diloco_chaos/harness/report.py, shares the `eval` kind)."""
+"""Records of the events the syncer writes: its service loop and transport (diloco_chaos/harness/syncer/service.py,
+diloco_chaos/harness/syncer/transport.py), the decoupled merge protocol (diloco_chaos/harness/syncer/decoupled.py), the
+synchronous barrier algorithms (diloco_chaos/harness/syncer/barrier.py) and evaluation
+(diloco_chaos/harness/syncer/evaluator.py; the supervisor's
+final eval, diloco_chaos/harness/report/run_report.py, shares the `eval` kind)."""
 
 from __future__ import annotations
 
@@ -24,10 +23,10 @@ def shard_of(proc: str) -> int:
     return int(m.group(1)) if m else 0
 
 
-SERVICE = "syncer (diloco_chaos/harness/syncer_service.py)"
-TRANSPORT = "syncer (diloco_chaos/harness/syncer_transport.py)"
-DECOUPLED = "syncer (diloco_chaos/harness/syncer_decoupled.py)"
-BARRIER = "syncer (diloco_chaos/harness/syncer_barrier.py)"
+SERVICE = "syncer (diloco_chaos/harness/syncer/service.py)"
+TRANSPORT = "syncer (diloco_chaos/harness/syncer/transport.py)"
+DECOUPLED = "syncer (diloco_chaos/harness/syncer/decoupled.py)"
+BARRIER = "syncer (diloco_chaos/harness/syncer/barrier.py)"
 
 
 @event("syncer_start", SERVICE)
@@ -319,7 +318,7 @@ class Merge(Event):
     outer_grad_norm: float | None = None
     """decoupled: norm of the merged outer gradient."""
     digest: str | None = None
-    """decoupled: hash of the merged fragment (diloco_chaos/harness/fragment_checkpoint.py fragment_digest)."""
+    """decoupled: hash of the merged fragment (diloco_chaos/harness/syncer/fragment_checkpoint.py fragment_digest)."""
     norms: dict[str, float] | None = None
     """decoupled: norms of the merge (diloco_chaos/trainers/merge.py MergeNorms)."""
     outer_lr: float | None = None
@@ -420,9 +419,8 @@ class Push(Event):
     """The fragment version it was based on."""
     outcome: PushOutcome | Literal["late"]
     """What the syncer did with it (diloco_chaos/trainers/decoupled_syncer.py PushOutcome). "late": only in run
-    directories
-    written before answers that arrived after their round merged were carried (such an answer is now `carried`);
-    no current emitter writes it."""
+    directories written before answers that arrived after their round merged were carried (such an answer is now
+    `carried`); no current emitter writes it."""
     final: bool
     """The learner's last push of the fragment."""
     joined: int | None
@@ -472,8 +470,8 @@ class FragmentResent(Event):
     """The push outcome that caused it (unanchored, lagging, stale, before_rejoin)."""
 
 
-@event("eval", "syncer (diloco_chaos/harness/syncer_evaluator.py); "
-                "supervisor (diloco_chaos/harness/report.py) for the final one")
+@event("eval", "syncer (diloco_chaos/harness/syncer/evaluator.py); "
+                "supervisor (diloco_chaos/harness/report/run_report.py) for the final one")
 @dataclass(frozen=True, kw_only=True)
 class Eval(Event):
     """Held-out loss of the global model."""
@@ -494,7 +492,6 @@ class Eval(Event):
     """final: whether the global model is all finite."""
     metrics: dict[str, float] | None = None
     """final: the task's extra held-out figures beside the loss, e.g. accuracy (diloco_chaos/trainers/task.py
-    `metrics`);
-    absent for a task without any."""
+    `metrics`); absent for a task without any."""
 
 

@@ -42,8 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from diloco_chaos.harness.events import EVENTS_FILE, read_events
-from diloco_chaos.harness.rundir import read_json
+from diloco_chaos.harness.record.events import EVENTS_FILE, read_events
+from diloco_chaos.harness.run.rundir import read_json
 
 
 class CalibrationError(ValueError):
@@ -115,9 +115,9 @@ class Prediction:
 
 def read_run(run_dir: str | Path, recompute: bool = False) -> RunFacts:
     """The calibration facts of one run directory; with `recompute`, the measured goodput is computed again from
-    its event log by the harness's current report code (diloco_chaos/harness/report.py `build_report`) instead of read
-    from
-    the report.json written when the run finished, so a changed goodput definition applies to old runs."""
+    its event log by the harness's current report code (diloco_chaos/harness/report/run_report.py `build_report`)
+    instead of read from the report.json written when the run finished, so a changed goodput definition applies to old
+    runs."""
     d = Path(run_dir)
     for name in ("config.json", EVENTS_FILE, "report.json"):
         if not (d / name).is_file():
@@ -167,7 +167,7 @@ def _stalls_all(algorithm: str, budget: str) -> bool:
 
 def _measured(d: Path, recompute: bool, report: dict[str, Any]) -> float:
     if recompute:
-        from diloco_chaos.harness.report import build_report
+        from diloco_chaos.harness.report.run_report import build_report
 
         report = build_report(d)
     g = report.get("goodput", {}).get("goodput")

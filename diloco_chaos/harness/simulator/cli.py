@@ -18,7 +18,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from diloco_chaos.harness.scenario import learner_policy
+from diloco_chaos.harness.config.scenario import learner_policy
 from diloco_chaos.harness.simulator.model import (
     METHODS,
     REPAIRS,
@@ -179,7 +179,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     for c in cals:
         print(f"  {c.algorithm}: step_s {c.step_s:.4f}, start_skew_s {c.start_skew_s:.2f}, "
               f"restart_s {c.restart_s:.3f}, efficiency {c.efficiency:.3f} ({len(c.runs)} runs)")
-    source = ("recomputed from events.jsonl by diloco_chaos/harness/report.py" if args.recompute
+    source = ("recomputed from events.jsonl by diloco_chaos/harness/report/run_report.py" if args.recompute
               else "the run's report.json")
     print(f"held-out: predicted / measured goodput.goodput ({source}) / error; and predicted given the run's own "
           "step time and start skew / error")

@@ -1,6 +1,6 @@
 """The report's two goodput figures from simulated grids: goodput against chips per method, goodput against M.
 
-Drawn with matplotlib's object API on an Agg canvas (as diloco_chaos/harness/html_report.py
+Drawn with matplotlib's object API on an Agg canvas (as diloco_chaos/harness/report/html.py
 does), simulated means as solid lines with the seeds' spread as a band, the
 paper's values as dashed lines with open markers, so a reader sees both views
 on one axis.

@@ -5,8 +5,7 @@ a horizontal bar, a vertical bar, a filled square or a diagonal. The classes are
 a convolutional model learns them in a few hundred examples. Every image is a pure function of (seed, split,
 learner, chip, step, index): learner m's shard is the images drawn under its own index, disjoint from the others'
 and from the held-out ones. The model has batch-norm buffers (diloco_chaos/trainers/task.py re-estimates the global
-model's)
-and no embeddings.
+model's) and no embeddings.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Invariant `availability`: Uptime over the training span (diloco_chaos/harness/metrics.py's definition) is at least a
-bound.
+"""Invariant `availability`: Uptime over the training span (diloco_chaos/harness/report/metrics.py's definition) is at
+least a bound.
 
 One module per invariant (a run invariant): it registers itself with
 `diloco_chaos.harness.invariants.registry.register`, so check_all, the pytest plugin and `diloco-chaos invariants` list
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from diloco_chaos.harness.invariants.base import InvariantResult, Run, _run
 from diloco_chaos.harness.invariants.registry import REQUIRED, Bound, register
-from diloco_chaos.harness.metrics import DOWNTIME_WINDOW_S, downtime
 from diloco_chaos.harness.record.syncer import Merge
+from diloco_chaos.harness.report.metrics import DOWNTIME_WINDOW_S, downtime
 
 
 @register(order=30, mode="when_bound", bounds=(
@@ -19,8 +19,9 @@ from diloco_chaos.harness.record.syncer import Merge
           triggers=True),
     Bound("window_s", "merge gap allowed before it counts as downtime (s)", DOWNTIME_WINDOW_S, low=0.0)))
 def availability(run: Run, *, min_uptime: float, window_s: float = DOWNTIME_WINDOW_S) -> InvariantResult:
-    """Uptime, diloco_chaos/harness/metrics.py's `downtime` over the training span (report.json's availability.uptime):
-    1 - (time in merge gaps longer than window_s, beyond their first window_s) / span, is >= `min_uptime`."""
+    """Uptime, diloco_chaos/harness/report/metrics.py's `downtime` over the training span (report.json's
+    availability.uptime): 1 - (time in merge gaps longer than window_s, beyond their first window_s) / span, is >=
+    `min_uptime`."""
     r = _run(run)
     span = r.train_span()
     d = downtime([e.t for e in r.records(Merge)], *span, window_s=window_s) if span else None

@@ -12,7 +12,7 @@ import math
 from diloco_chaos.harness.invariants.base import InvariantResult, Run, _run
 from diloco_chaos.harness.invariants.registry import register
 from diloco_chaos.harness.record.syncer import Eval
-from diloco_chaos.harness.rundir import CHECKPOINT_FILE
+from diloco_chaos.harness.run.rundir import CHECKPOINT_FILE
 
 
 @register(order=80)

@@ -20,9 +20,8 @@ from diloco_chaos.trainers.config import DilocoConfig
     Bound("show", "problems listed in the detail", 3, low=0)))
 def rda_norms(run: Run, *, rel_tol: float = 1e-3, show: int = 3) -> InvariantResult:
     """Per merge, from the `norms` it logged (measured in diloco_chaos.trainers.merge.outer_gradient on the outer
-    gradients it
-    used): with diloco.merge_rule rda, the non-embedding tensors' merged norm equals the weighted mean of the
-    participants' norms within `rel_tol`; with any rule, no merged norm (embeddings included) exceeds it.
+    gradients it used): with diloco.merge_rule rda, the non-embedding tensors' merged norm equals the weighted mean of
+    the participants' norms within `rel_tol`; with any rule, no merged norm (embeddings included) exceeds it.
     Figure: the largest relative deviation. A merge of one participant satisfies both trivially; merges of two or
     more are the ones that can tell RDA from a mean (counted in the detail)."""
     r = _run(run)

@@ -12,11 +12,11 @@ from typing import Any, NamedTuple
 
 from diloco_chaos.harness.invariants.base import InvariantResult, Run, _run
 from diloco_chaos.harness.invariants.registry import Bound, register
-from diloco_chaos.harness.metrics import DATA_PARALLEL
 from diloco_chaos.harness.record.learner import Apply
 from diloco_chaos.harness.record.run import SyncerDown
 from diloco_chaos.harness.record.syncer import LearnerJoin, Merge, Push, PushRejected, PushSuperseded, SyncerRestore
-from diloco_chaos.harness.syncer_shards import shard_of
+from diloco_chaos.harness.report.metrics import DATA_PARALLEL
+from diloco_chaos.harness.syncer.shards import shard_of
 from diloco_chaos.trainers.decoupled_records import SupersededCause
 from diloco_chaos.trainers.decoupled_syncer import PushOutcome
 
@@ -68,8 +68,7 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
     (no `syncer_down` of its shard in between: open rounds die with the syncer and a restored one may reuse
     their ids). With a sharded synchronizer (syncer.shards > 1) every crash below is the push's own shard's
     (the shard is the `proc` that logged the push; `syncer_down.shard`): another shard going down changes
-    nothing for it.
-    Each push must end in exactly one of:
+    nothing for it. Each push must end in exactly one of:
     * outcome accepted or carried: taken in by a merge with the same identity; or superseded by a newer push of the
       same learner in the same round (`push_superseded` without a reason, same learner, fragment and step
       range); or, if the syncer went down (`syncer_down`) while the push's round was open, re-pushed: a later

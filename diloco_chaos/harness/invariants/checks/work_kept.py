@@ -3,9 +3,8 @@ injected fault or an algorithm rule, never silently.
 
 One module per invariant (a run invariant of Decoupled DiLoCo): it registers itself with
 `diloco_chaos.harness.invariants.registry.register`, so check_all, the pytest plugin and `diloco-chaos invariants` list
-it.
-The discarded steps are goodput's (`diloco_chaos.harness.metrics.goodput_and_discards`: a step no merge covers and whose
-work no overlap overwrite explains), never recounted here; this module only says why each was discarded
+it. The discarded steps are goodput's (`diloco_chaos.harness.report.metrics.goodput_and_discards`: a step no merge
+covers and whose work no overlap overwrite explains), never recounted here; this module only says why each was discarded
 (docs/metrics.md, "Which work can be discarded, and why").
 """
 
@@ -19,10 +18,10 @@ from dataclasses import dataclass
 from diloco_chaos.harness.invariants.base import InvariantResult, Run, RunRecord, _run
 from diloco_chaos.harness.invariants.checks._common import _listing
 from diloco_chaos.harness.invariants.registry import Bound, register
-from diloco_chaos.harness.metrics import DiscardedStep, goodput_and_discards
 from diloco_chaos.harness.record.learner import Apply, FinalPushesGivenUp
 from diloco_chaos.harness.record.run import FaultEnd, FaultStart, LearnerDown, LearnerRestart, SyncerDown
 from diloco_chaos.harness.record.syncer import LearnerJoin, Merge, Push, PushRejected, PushSuperseded, shard_of
+from diloco_chaos.harness.report.metrics import DiscardedStep, goodput_and_discards
 from diloco_chaos.trainers.decoupled_records import PushOutcome, SupersededCause
 
 

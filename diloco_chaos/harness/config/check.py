@@ -1,0 +1,487 @@
+"""Every error of a scenario document at once: what `diloco-chaos validate` prints and `from_dict` raises.
+
+A person fixing a scenario file should see all its mistakes in one run, not one per run. `check(table)` walks
+the whole parsed document and collects each error as a `ScenarioError` naming its key: every unknown key or
+table, every bad value of every table (each table checked on its own), every `[[faults]]` entry on its own,
+then the rules that tie fields together (K <= M, the timeout hierarchy, faults that can fire, ...). A rule runs
+only when all of its inputs were valid, so an error that merely follows from one already reported (a fault's
+learner out of range when topology.learners itself was refused) is not reported again.
+
+What the size of the work depends on is checked before the work is done: a `[random_faults]` table is drawn
+only once topology and train.steps have passed their range checks, so no input can make validation allocate
+more than the caps allow. The errors of faults the draw made are the table's, reported once per kind with a
+count; at most MAX_REPORTED errors are kept per document.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from diloco_chaos.chaos import faults
+from diloco_chaos.chaos.schedule import (
+    KILL_ACTIONS,
+    FaultSpec,
+    ScheduleError,
+    missing_reaction,
+    never_fires,
+    parse_fault,
+)
+from diloco_chaos.chaos.toxiproxy_backend import resolve_backend
+from diloco_chaos.harness.config.scenario import (
+    _DATA_RANGES,
+    _MODEL_RANGES,
+    ELASTIC_ALGORITHMS,
+    NAME_PATTERN,
+    RecoveryConfig,
+    Scenario,
+    ScenarioError,
+    Topology,
+    learner_policy,
+    read_toml,
+)
+from diloco_chaos.harness.config.task_check import task_rules
+from diloco_chaos.trainers.config import TrainConfig, did_you_mean
+from diloco_chaos.trainers.data import CORPUS_NAMES
+
+MAX_REPORTED = 50
+"""Most errors reported for one document; past it one more line says how many were left out."""
+
+_SECTION_RANGES: dict[str, dict[str, tuple[float, float]]] = {"model": _MODEL_RANGES, "data": _DATA_RANGES}
+_MAX_LEARNERS = int(next(f for f in dataclasses.fields(Topology) if f.name == "learners").metadata["range"][1])
+
+
+class Found:
+    """The errors found so far, and the keys whose values were refused (rules reading them are skipped)."""
+
+    def __init__(self) -> None:
+        self.errors: list[ScenarioError] = []
+        """Each error, in the order found."""
+        self.bad: set[str] = set()
+        """Keys (`topology.learners`, `topology`, `faults[2]`) whose value was reported as wrong."""
+        self.keys: list[str] = []
+        """The key of each error in `errors`."""
+
+    def add(self, key: str, message: str) -> None:
+        self.errors.append(ScenarioError(message))
+        self.keys.append(key)
+        self.bad.add(key)
+
+    def fold_drawn(self, first: int) -> None:
+        """Report the errors of faults drawn by `[random_faults]` (faults[first] on) as the table's: one line
+        per kind of error with how many draws it hit, not one per draw (a draw can hold 10,000 faults)."""
+        kept: list[tuple[str, ScenarioError | str]] = []  # a str: what a drawn fault's error says after its key
+        seen: dict[str, tuple[str, int]] = {}  # that text -> the first drawn key, and how many draws said it
+        for key, e in zip(self.keys, self.errors, strict=True):
+            m = re.fullmatch(r"faults\[(\d+)\]", key)
+            if m is None or int(m.group(1)) < first or not str(e).startswith(key):
+                kept.append((key, e))
+                continue
+            what = str(e)[len(key):]
+            if what not in seen:
+                kept.append(("random_faults", what))
+            first_key, n = seen.get(what, (key, 0))
+            seen[what] = (first_key, n + 1)
+        self.keys = [k for k, _ in kept]
+        self.errors = [e if isinstance(e, ScenarioError) else ScenarioError(
+            f"random_faults: the draw's {seen[e][0]}{e}"
+            + (f" (and {seen[e][1] - 1} more drawn faults alike)" if seen[e][1] > 1 else "")) for _, e in kept]
+
+    def ok(self, *keys: str) -> bool:
+        """Whether none of `keys`, nor a table holding one, was reported: a rule on them may run."""
+        return not any(k == b or k.startswith(b + ".") or k.startswith(b + "[") for k in keys for b in self.bad)
+
+    def capped(self) -> list[ScenarioError]:
+        if len(self.errors) <= MAX_REPORTED:
+            return list(self.errors)
+        left = len(self.errors) - MAX_REPORTED
+        return [*self.errors[:MAX_REPORTED], ScenarioError(f"... and {left} more errors (first {MAX_REPORTED} shown)")]
+
+
+def _value(key: str, f: dataclasses.Field, value: Any, ranges: dict[str, tuple[float, float]]) -> Any:
+    """One entry's value, type-checked and range-checked; raises ScenarioError naming `key`."""
+    default = f.default
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ScenarioError(f"{key} = {value!r}: must be true or false")
+    elif isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ScenarioError(f"{key} = {value!r}: must be an integer")
+    elif isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ScenarioError(f"{key} = {value!r}: must be a number")
+        value = float(value)
+    elif isinstance(default, str):
+        if not isinstance(value, str):
+            raise ScenarioError(f"{key} = {value!r}: must be a string")
+    elif isinstance(default, tuple):
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise ScenarioError(f"{key} = {value!r}: must be a list of strings")
+        value = tuple(value)
+    _range(key, f, value, ranges)
+    return value
+
+
+def _range(key: str, f: dataclasses.Field, value: Any, ranges: dict[str, tuple[float, float]]) -> None:
+    lo_hi = f.metadata.get("range") or ranges.get(f.name)
+    if lo_hi is not None and not (lo_hi[0] <= value <= lo_hi[1]):
+        raise ScenarioError(f"{key} = {value!r}: must be in [{lo_hi[0]}, {lo_hi[1]}]")
+    choices = f.metadata.get("choices")
+    if choices is not None and value not in choices:
+        raise ScenarioError(f"{key} = {value!r}: must be one of {', '.join(choices)}")
+
+
+def _section(cls: type, table: Any, prefix: str, found: Found) -> Any:
+    """`cls` from the valid entries of `table`, defaults for the rest; every bad entry reported."""
+    if not isinstance(table, dict):
+        found.add(prefix, f"{prefix}: must be a table")
+        return cls()
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for name in sorted(set(table) - set(fields), key=str):
+        found.add(f"{prefix}.{name}", f"unknown key {prefix}.{name}{did_you_mean(name, fields)} in [{prefix}]; "
+                                      f"allowed: {', '.join(fields)}")
+    kwargs: dict[str, Any] = {}
+    for name, value in table.items():
+        if name in fields:
+            try:
+                kwargs[name] = _value(f"{prefix}.{name}", fields[name], value, _SECTION_RANGES.get(prefix, {}))
+            except ScenarioError as e:
+                found.add(f"{prefix}.{name}", str(e))
+    return cls(**kwargs)
+
+
+def _name(value: Any, found: Found) -> None:
+    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
+        found.add("name", f"name = {value!r}: must be a letter or digit, then letters, digits, '.', '_' or '-', "
+                          "at most 64 characters (it names the run directory)")
+
+
+def check(table: Any) -> tuple[Scenario | None, list[ScenarioError]]:
+    """The Scenario a parsed document describes and every error in it: (scenario, []) or (None, errors)."""
+    found = Found()
+    if not isinstance(table, dict):
+        found.add("scenario", "scenario: must be a table")
+        return None, found.capped()
+    fields = {f.name: f for f in dataclasses.fields(Scenario)}
+    allowed = [*fields, "random_faults"]
+    for name in sorted(set(table) - set(allowed), key=str):
+        found.add(name, f"unknown key {name}{did_you_mean(name, allowed)} in the top level; "
+                        f"allowed: {', '.join(allowed)}")
+    kwargs: dict[str, Any] = {}
+    for name, value in table.items():
+        f = fields.get(name)
+        if f is None or name == "faults":
+            continue
+        if f.default_factory is not dataclasses.MISSING:  # a nested table
+            kwargs[name] = _section(type(f.default_factory()), value, name, found)  # type: ignore[misc]
+            continue
+        try:
+            kwargs[name] = _value(name, f, value, {})
+        except ScenarioError as e:
+            found.add(name, str(e))
+    if found.ok("name"):
+        _name(kwargs.get("name", Scenario.name), found)
+    raw_faults = table.get("faults", [])
+    if not isinstance(raw_faults, (list, tuple)):
+        found.add("faults", f"faults = {raw_faults!r}: must be an array of tables ([[faults]])")
+        raw_faults = []
+    raw_faults = list(raw_faults)
+    written = len(raw_faults)
+    if "random_faults" in table:
+        drawn = _draw(table, kwargs, found)
+        if drawn is not None:
+            raw_faults += drawn
+            rf = table["random_faults"]
+            kwargs["random_faults_source"] = json.dumps(rf if isinstance(rf, dict) else str(rf), sort_keys=True,
+                                                        default=str)
+    topology = kwargs.get("topology", Topology())
+    learners = topology.learners if found.ok("topology.learners") else _MAX_LEARNERS
+    specs: list[tuple[str, FaultSpec]] = []
+    for i, raw in enumerate(raw_faults):
+        try:
+            specs.append((f"faults[{i}]", parse_fault(raw, f"faults[{i}]", learners)))
+        except ScheduleError as e:
+            found.add(f"faults[{i}]", str(e))
+    sc = Scenario(**kwargs, faults=tuple(s for _, s in specs))
+    rules(sc, [k for k, _ in specs], found)
+    found.fold_drawn(written)
+    return (None, found.capped()) if found.errors else (sc, [])
+
+
+def _draw(table: dict[str, Any], kwargs: dict[str, Any], found: Found) -> list[dict[str, Any]] | None:
+    """The `[[faults]]` entries a `[random_faults]` table draws, or None when it is refused or cannot be drawn
+    yet (what the draw's size depends on, topology and train.steps, was refused: it is not expanded)."""
+    from diloco_chaos.chaos.fault_generator import expand
+    from diloco_chaos.chaos.fault_generator import validate as validate_random
+
+    if not found.ok("topology.learners", "topology.chips_per_learner", "train.steps"):
+        return None
+    topology, train = kwargs.get("topology", Topology()), kwargs.get("train", TrainConfig())
+    learners, chips, steps = topology.learners, topology.chips_per_learner, train.steps
+    seed = kwargs.get("seed", 0) if found.ok("seed") else 0
+    try:
+        cfg = validate_random(table["random_faults"], "random_faults", learners, chips, steps)
+    except ValueError as e:
+        found.add("random_faults", str(e))
+        return None
+    drawn = expand(cfg, learners=learners, chips_per_learner=chips, steps=steps, seed=seed)
+    if not found.ok("recovery.max_restarts"):
+        return drawn
+    restarts = kwargs.get("recovery", RecoveryConfig()).max_restarts
+    kills: dict[int, int] = {}
+    for f in drawn:
+        if f["action"] in ("kill_chip", "kill_learner", "crash_host"):
+            kills[f["learner"]] = kills.get(f["learner"], 0) + 1
+    worst = max(kills.items(), key=lambda kv: kv[1], default=None)
+    if worst is not None and worst[1] > restarts:
+        found.add("random_faults", f"random_faults: the draw kills learner {worst[0]} {worst[1]} times, but "
+                                   f"recovery.max_restarts = {restarts}; raise it to at least {worst[1]}, "
+                                   "or raise random_faults.mtbf_steps")
+        return None
+    return drawn
+
+
+def scenario_problems(sc: Scenario) -> list[ScenarioError]:
+    """Every error of an already built Scenario (e.g. one `Scenario.replace` made): ranges, faults, rules."""
+    found = Found()
+    _name(sc.name, found)
+    for f in dataclasses.fields(sc):
+        value = getattr(sc, f.name)
+        if dataclasses.is_dataclass(value):
+            ranges = _SECTION_RANGES.get(f.name, {})
+            for g in dataclasses.fields(value):
+                try:
+                    _range(f"{f.name}.{g.name}", g, getattr(value, g.name), ranges)
+                except ScenarioError as e:
+                    found.add(f"{f.name}.{g.name}", str(e))
+        elif f.name != "name":
+            try:
+                _range(f.name, f, value, {})
+            except ScenarioError as e:
+                found.add(f.name, str(e))
+    learners = sc.topology.learners if found.ok("topology.learners") else _MAX_LEARNERS
+    specs: list[tuple[str, FaultSpec]] = []
+    for i, spec in enumerate(sc.faults):
+        try:
+            specs.append((f"faults[{i}]", parse_fault(spec, f"faults[{i}]", learners)))
+        except ScheduleError as e:
+            found.add(f"faults[{i}]", str(e))
+    rules(dataclasses.replace(sc, faults=tuple(s for _, s in specs)), [k for k, _ in specs], found)
+    return found.capped()
+
+
+def rules(sc: Scenario, keys: Sequence[str], found: Found) -> None:
+    """The rules that tie fields together, each run only when its inputs were not refused. `keys[i]` is how
+    `sc.faults[i]` is named in errors (`faults[3]`)."""
+    steps = sc.train.steps if found.ok("train.steps") else sys.maxsize
+    run_s = sc.timeouts.run_s if found.ok("timeouts.run_s") else math.inf
+    for n, (key, f) in enumerate(zip(keys, sc.faults, strict=True)):
+        why = never_fires(f, steps, run_s) or missing_reaction(n, sc.faults)
+        if why is not None:
+            found.add(key, f"{key}.{why} (the fault could never fire)")
+        if (any(t is not None and t.after == "rejoin" for t in (f.at, f.until)) and sc.recovery.policy == "fail"
+                and found.ok("recovery.policy")):
+            found.add(key, f"{key}: after = 'rejoin' needs a recovery.policy that brings a learner back, not "
+                           "'fail' (the first failure ends the run)")
+        chips = sc.topology.chips_per_learner
+        if f.chip is not None and f.chip >= chips and found.ok("topology.chips_per_learner"):
+            found.add(key, f"{key}.chip = {f.chip}: must be in [0, {chips - 1}] (topology.chips_per_learner)")
+        kind = faults.get(f.action)
+        if (kind.target == "process" and f.action in KILL_ACTIONS and sc.recovery.policy == "fail"
+                and found.ok("recovery.policy")):
+            found.add(key, f"{key}.action = {f.action!r}: needs recovery.policy = 'restart' "
+                           "(with 'fail' the first lost chip ends the run)")
+        if kind.target == "syncer":
+            if sc.algorithm != "decoupled" and found.ok("algorithm"):
+                found.add(key, f"{key}.action = {f.action!r}: supported for algorithm = 'decoupled' "
+                               f"only, not {sc.algorithm!r} (its syncer keeps no checkpoint to restore)")
+            if ((sc.recovery.syncer_policy != "restart" or sc.recovery.syncer_checkpoint != "every_merge")
+                    and found.ok("recovery.syncer_policy", "recovery.syncer_checkpoint")):
+                found.add(key, f"{key}.action = {f.action!r}: needs recovery.syncer_policy = 'restart' "
+                               "and recovery.syncer_checkpoint = 'every_merge'")
+        shard = getattr(f.options, "shard", None)
+        if kind.target == "syncer" and shard is not None and shard >= sc.syncer.shards and found.ok("syncer.shards"):
+            found.add(key, f"{key}.shard = {shard}: must be in [0, {sc.syncer.shards - 1}] (syncer.shards)")
+    _shards(sc, found)
+    if sc.recovery.policy == "shrink" and sc.algorithm not in ELASTIC_ALGORITHMS and found.ok("recovery.policy",
+                                                                                               "algorithm"):
+        found.add("recovery.policy", f"recovery.policy = 'shrink': supported for algorithm in {ELASTIC_ALGORITHMS} "
+                                     f"only, not {sc.algorithm!r}; use 'restart', or 'elastic' (shrink where the "
+                                     "algorithm has it, restart elsewhere)")
+    _launch(sc, found)
+    _remote(sc, found)
+    if found.ok("links.proxy", "links.backend", "launch.hosts"):
+        _link_backend(sc, keys, found)
+    m = sc.topology.learners
+    if sc.diloco.min_quorum > m and found.ok("diloco.min_quorum", "topology.learners"):
+        found.add("diloco.min_quorum",
+                  f"diloco.min_quorum = {sc.diloco.min_quorum}: must be in [1, topology.learners = {m}]")
+    if sc.model.d_model % sc.model.n_heads and found.ok("model.d_model", "model.n_heads"):
+        found.add("model.n_heads", f"model.n_heads = {sc.model.n_heads}: must divide model.d_model = "
+                                   f"{sc.model.d_model}")
+    if (found.ok("data.corpus") and sc.data.corpus not in CORPUS_NAMES
+            and not os.path.isfile(sc.data.corpus)):
+        found.add("data.corpus", f"data.corpus = {sc.data.corpus!r}: no such file; use one of "
+                                 f"{', '.join(CORPUS_NAMES)} or a text file path")
+    task_rules(sc, found)  # the model's tensors bound diloco.fragments; a bad factory exits 2 here
+    _timeouts(sc, found)
+
+
+def _shards(sc: Scenario, found: Found) -> None:
+    """syncer.shards > 1: what a sharded synchronizer needs (docs/sharded-syncer.md)."""
+    s = sc.syncer.shards
+    if s == 1 or not found.ok("syncer.shards"):
+        return
+    if sc.algorithm != "decoupled" and found.ok("algorithm"):
+        found.add("syncer.shards", f"syncer.shards = {s}: supported for algorithm = 'decoupled' only, not "
+                                   f"{sc.algorithm!r} (the synchronous baselines' barrier needs every tensor in "
+                                   "one process)")
+    elif s > sc.diloco.fragments and found.ok("diloco.fragments"):
+        found.add("syncer.shards", f"syncer.shards = {s}: must be in [1, diloco.fragments = "
+                                   f"{sc.diloco.fragments}] (a shard would own no fragment)")
+    if sc.recovery.syncer_checkpoint != "every_merge" and found.ok("recovery.syncer_checkpoint"):
+        found.add("syncer.shards", f"syncer.shards = {s}: needs recovery.syncer_checkpoint = 'every_merge' "
+                                   "(shard 0's evaluations read the other shards' fragments from their slots)")
+    if sc.links.backend == "kernel" and found.ok("links.backend"):
+        found.add("syncer.shards", f"syncer.shards = {s}: not with links.backend = 'kernel' (its nft rules match "
+                                   "one syncer port; docs/multi-host.md)")
+
+
+def _timeouts(sc: Scenario, found: Found) -> None:
+    t = sc.timeouts
+    chain = [("timeouts.socket_op_s", t.socket_op_s), ("timeouts.liveness_s", t.liveness_s),
+             ("timeouts.gloo_s", t.gloo_s), ("timeouts.barrier_s", t.barrier_s), ("timeouts.run_s", t.run_s)]
+    for (lo_key, lo), (hi_key, hi) in zip(chain, chain[1:], strict=False):
+        if not lo < hi and found.ok(lo_key, hi_key):
+            found.add(lo_key, f"{lo_key} = {lo}: must be below {hi_key} = {hi} (timeout hierarchy)")
+    if t.barrier_s + t.gloo_s >= t.run_s and found.ok("timeouts.barrier_s", "timeouts.gloo_s", "timeouts.run_s"):
+        found.add("timeouts.barrier_s", f"timeouts.barrier_s = {t.barrier_s}: barrier_s + gloo_s must be below "
+                                        f"timeouts.run_s = {t.run_s} (baseline chips wait up to barrier_s + gloo_s)")
+    if not t.socket_op_s < t.final_flush_s and found.ok("timeouts.socket_op_s", "timeouts.final_flush_s"):
+        found.add("timeouts.final_flush_s", f"timeouts.final_flush_s = {t.final_flush_s}: must be above "
+                                            f"timeouts.socket_op_s = {t.socket_op_s} (timeout hierarchy)")
+    if t.heartbeat_s * 3 > t.liveness_s and found.ok("timeouts.heartbeat_s", "timeouts.liveness_s"):
+        found.add("timeouts.heartbeat_s", f"timeouts.heartbeat_s = {t.heartbeat_s}: must be at most "
+                                          f"timeouts.liveness_s / 3 = {t.liveness_s / 3:g}")
+
+
+def _launch(sc: Scenario, found: Found) -> None:
+    """The kernel link backend acts on netns hosts' veths, and proxies on loopback cannot reach netns hosts."""
+    if sc.links.backend == "kernel" and sc.launch.hosts != "netns" and found.ok("links.backend", "launch.hosts"):
+        found.add("links.backend", "links.backend = 'kernel': needs launch.hosts = 'netns' (the faults are made on "
+                                   "each learner host's veth)")
+    if sc.launch.hosts != "local" and sc.links.proxy != "off" and found.ok("launch.hosts", "links.proxy"):
+        found.add("links.proxy", f"links.proxy = {sc.links.proxy!r}: {sc.launch.hosts} hosts reach the syncer "
+                                 "directly (the proxies listen on this machine's loopback); set links.proxy = 'off'"
+                                 + (" (and links.backend = 'kernel' for link faults)" if sc.launch.hosts == "netns"
+                                    else ""))
+    if sc.launch.backend == "torchrun":
+        if sc.launch.hosts == "local" and found.ok("launch.backend", "launch.hosts"):
+            found.add("launch.backend", "launch.backend = 'torchrun': needs launch.hosts = 'netns' or 'remote' "
+                                        "(each learner's torchrun and host agent run on its own host)")
+        policy, _ = learner_policy(sc.recovery.policy, sc.algorithm)
+        if policy == "shrink" and found.ok("launch.backend", "recovery.policy"):
+            found.add("recovery.policy", f"recovery.policy = {sc.recovery.policy!r} resolves to 'shrink' for "
+                                         f"{sc.algorithm}: launch.backend = 'torchrun' restarts a failed learner as "
+                                         "a whole (a new torchrun), it cannot regrow one chip; use 'restart' or "
+                                         "'fail'")
+
+
+def _remote(sc: Scenario, found: Found) -> None:
+    """`[launch] hosts = "remote"`: torchrun, one agent address per learner, the agents' secret file."""
+    la, m = sc.launch, sc.topology.learners
+    if la.hosts != "remote":
+        if la.agents and found.ok("launch.agents", "launch.hosts"):
+            found.add("launch.agents", "launch.agents: only with launch.hosts = 'remote'")
+        return
+    if la.backend != "torchrun" and found.ok("launch.backend", "launch.hosts"):
+        found.add("launch.hosts", "launch.hosts = 'remote': needs launch.backend = 'torchrun' (a remote host's "
+                                  "agent starts the learner's chips with torchrun)")
+    if found.ok("launch.agents", "topology.learners"):
+        from diloco_chaos.harness.hosts.agent_wire import parse_agent
+
+        if len(la.agents) != m:
+            found.add("launch.agents", f"launch.agents: {len(la.agents)} given, needs one per learner "
+                                       f"(topology.learners = {m})")
+        for i, address in enumerate(la.agents):
+            try:
+                parse_agent(address)
+            except ValueError as e:
+                found.add("launch.agents", f"launch.agents[{i}] = {e}")
+        dup = sorted({a for a in la.agents if la.agents.count(a) > 1})
+        if dup:
+            found.add("launch.agents", f"launch.agents: {', '.join(dup)} given more than once (one host per learner)")
+    if not la.agent_secret_file and found.ok("launch.agent_secret_file"):
+        found.add("launch.agent_secret_file", "launch.agent_secret_file: needed with launch.hosts = 'remote' (the "
+                                              "secret the agents were started with)")
+    elif not os.path.isfile(la.agent_secret_file) and found.ok("launch.agent_secret_file"):
+        found.add("launch.agent_secret_file", f"launch.agent_secret_file = {la.agent_secret_file!r}: no such file")
+
+
+def _link_backend(sc: Scenario, keys: Sequence[str], found: Found) -> None:
+    """Every link fault must be one the run's Toxiproxy server implements (e.g. corrupt is an extension of the
+    embedded server): decided from links.proxy and the environment (TOXIPROXY_URL, toxiproxy-server on PATH)
+    the way the supervisor will decide it, before any process starts."""
+    link_faults = [(k, f) for k, f in zip(keys, sc.faults, strict=True) if faults.get(f.action).target == "link"]
+    if not link_faults:
+        return
+    if sc.links.backend == "kernel":
+        for key, f in link_faults:
+            why = faults.get(f.action).backend_problem("kernel", f)
+            if why is not None:
+                found.add(key, f"{key}.action = {f.action!r}: not supported by the kernel backend (links.backend = "
+                               f"'kernel'): {why}")
+        return
+    backend = resolve_backend(sc.links.proxy)
+    if backend.family is None:
+        found.add("links.proxy", "links.proxy = 'off': link faults need proxies; use auto or embedded "
+                                 "(or links.backend = 'kernel' with launch.hosts = 'netns')")
+        return
+    for key, f in link_faults:
+        kind = faults.get(f.action)
+        if backend.family not in kind.backends:
+            found.add(key, f"{key}.action = {f.action!r}: not supported by the {backend.family} backend "
+                           f"({backend.why}); {f.action} runs on: {', '.join(sorted(kind.backends))}"
+                           + (" (links.proxy = 'embedded' picks the embedded server)"
+                              if "embedded" in kind.backends else ""))
+
+
+def incident_problems(path: str | os.PathLike[str], sc: Scenario | None) -> list[ScenarioError]:
+    """Every error of an incident file whose `[[faults]]` go on top of scenario `sc` (None: the scenario has
+    errors of its own; the incident's entries are then checked alone, without the rules that read the
+    scenario). Each error names the incident file and the incident's own faults[i] (diloco_chaos/harness/run/replay.py
+    `load_incident` applies the same checks, stopping at the first)."""
+    where = f"incident file {str(path)!r}"
+    try:
+        table = read_toml(path, "incident file")
+    except ScenarioError as e:
+        return [e]
+    found = Found()
+    for name in sorted(set(table) - {"faults", "description"}, key=str):
+        found.add(name, f"{where}: unknown key {name!r}; allowed: faults, description")
+    raw = table.get("faults", [])
+    if not isinstance(raw, list) or not raw:
+        found.add("faults", f"{where}: needs at least one [[faults]] table")
+        raw = []
+    if not isinstance(table.get("description", ""), str):
+        found.add("description", f"{where}: description must be a string")
+    learners = sc.topology.learners if sc is not None else _MAX_LEARNERS
+    specs: list[tuple[str, FaultSpec]] = []
+    for i, f in enumerate(raw):
+        try:
+            specs.append((f"faults[{i}]", parse_fault(f, f"faults[{i}]", learners)))
+        except ScheduleError as e:
+            found.add(f"faults[{i}]", f"{where}: {e}")
+    if sc is not None:
+        on_top = Found()
+        own = [(f"scenario's faults[{i}]", f) for i, f in enumerate(sc.faults)]  # an incident's `after` may
+        both = own + specs  # wait on a reaction to one of the scenario's faults
+        rules(dataclasses.replace(sc, faults=tuple(s for _, s in both)), [k for k, _ in both], on_top)
+        found.errors += [ScenarioError(f"{where} on top of scenario {sc.name!r}: {e}") for e in on_top.errors]
+    return found.capped()

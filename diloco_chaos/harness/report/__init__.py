@@ -1,0 +1,1 @@
+"""What a finished run says: report.json, metrics, timeline, errors, HTML, results JSON, compare, tolerances."""

@@ -1,0 +1,184 @@
+"""One scenario and fault schedule under every algorithm, side by side (`diloco-chaos compare`).
+
+Each algorithm runs the same scenario (same seed, data, topology and `[[faults]]`) on real processes; a
+fault-free ddp run of the same seed is the quality reference. The table holds what the paper compares:
+goodput and uptime (diloco_chaos/harness/report/metrics.py), tokens merged per second of training, the longest time the
+global model stood still, and final eval loss, with its distance to fault-free ddp. Rows are
+diloco_chaos.harness.report.results.RunRow records, which `--json` writes as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from diloco_chaos.harness.config.scenario import Scenario
+from diloco_chaos.harness.report.results import Claim, RunRow, run_row
+from diloco_chaos.harness.report.tolerance import K_SIGMA
+from diloco_chaos.harness.run.supervisor import run_scenario
+
+log = logging.getLogger(__name__)
+
+ALGORITHMS = ("ddp", "elastic_ddp", "diloco", "decoupled")
+"""Every algorithm compare runs, in this order, and the only list of them here: the verdict judges whichever
+of them have rows."""
+
+GOODPUT_ORDER = ("decoupled", "elastic_ddp", "ddp")
+"""The paper's ranking of goodput under failures (its Table 1): each is above the next one that has a row."""
+
+PARITY_CURVE: tuple[tuple[int, float], ...] = ((120, 0.106), (240, 0.223), (480, 0.189))
+"""(train.steps, fault-free decoupled's final eval minus fault-free ddp's, mean over seeds 0-2) at equal tokens,
+measured by `bench/parity.py --suite test_compare:compare_scenario` (docs/metrics.md, "Loss tolerances"): the
+distance this miniature leaves between the two. It is the gap the verdict expects; GAP_SD is what it allows
+on top."""
+
+GAP_SD = 0.036
+"""Standard deviation of one run's gap about PARITY_CURVE: the paired per-seed gaps of the same bench (seeds 0-2
+at each step count, pooled over the three step counts). It holds both the seed's effect and the run-to-run
+spread of an asynchronous run, so the bound holds for any seed, not only the one measured."""
+
+
+def parity_gap(steps: int | None) -> float:
+    """The gap to fault-free ddp expected at `steps` from PARITY_CURVE: interpolated linearly in log-log
+    between measured points, extrapolated with the nearest segment's power law outside them (the gap shrinks
+    as a power of the steps: measured exponents in docs/metrics.md). None (steps unknown): the first point's."""
+    if steps is None:
+        return PARITY_CURVE[0][1]
+    if steps <= 0:
+        raise ValueError(f"parity_gap needs steps > 0, got {steps}")
+    pts = PARITY_CURVE
+    i = next((k for k in range(1, len(pts) - 1) if steps < pts[k][0]), len(pts) - 1)
+    (s0, g0), (s1, g1) = pts[i - 1], pts[i]
+    slope = math.log(g1 / g0) / math.log(s1 / s0)
+    return g0 * (steps / s0) ** slope
+
+
+def loss_allowance(steps: int | None) -> float:
+    """How far (nats per byte) decoupled's final eval with the faults may be above fault-free ddp's for the
+    verdict's quality claim to hold: the parity gap at `steps` plus K_SIGMA x GAP_SD (the gap is already a
+    two-run difference, so no further sqrt(2))."""
+    return parity_gap(steps) + K_SIGMA * GAP_SD
+
+
+FAULT_FREE_DDP = "ddp, fault-free"
+"""The label of the reference run."""
+
+
+def row(label: str, res: Any, baseline_loss: float | None = None, steps: int | None = None) -> RunRow:
+    """The comparison figures of one finished run (a RunResult, or anything with `report` and `run_dir`, such
+    as the pytest plugin's ChaosRun), with its invariants; `converged` against `baseline_loss` when given,
+    within loss_allowance(steps)."""
+    return run_row(label, res, baseline_loss, loss_allowance(steps) if baseline_loss is not None else None)
+
+
+def compare(sc: Scenario, runs_dir: str | os.PathLike[str] | None = None,
+            algorithms: tuple[str, ...] | None = None, baseline: bool = True,
+            on_run: Callable[[RunRow], None] | None = None,
+            runner: Callable[[Scenario], Any] | None = None) -> list[RunRow]:
+    """Run `sc` under each algorithm (default: ALGORITHMS; with `baseline`, fault-free ddp first); returns one
+    row per run, each with `vs_fault_free_ddp` (its final eval loss minus the reference's) when there is a
+    reference.
+
+    `runner(scenario)` makes each run and returns something with `report` and `run_dir` (default:
+    diloco_chaos.harness.run.supervisor.run_scenario into `runs_dir`; a suite passes the pytest plugin's `run_scenario`
+    fixture, so its runs get the plugin's deadlines and hygiene checks)."""
+    if runner is None:
+        if runs_dir is None:
+            raise ValueError("compare needs runs_dir or a runner")
+        runner = lambda s: run_scenario(s, runs_dir)  # noqa: E731
+    rows: list[RunRow] = []
+    ref: float | None = None
+    if baseline:
+        rows.append(row(FAULT_FREE_DDP, runner(sc.replace(algorithm="ddp", faults=()))))
+        ref = rows[-1].final_eval_loss
+        if on_run is not None:
+            on_run(rows[-1])
+    for alg in ALGORITHMS if algorithms is None else algorithms:
+        rows.append(row(f"{alg}, with faults", runner(sc.replace(algorithm=alg)), ref, sc.train.steps))
+        if on_run is not None:
+            on_run(rows[-1])
+    return [dataclasses.replace(r, vs_fault_free_ddp=round(r.final_eval_loss - ref, 4)
+                                if ref is not None and r.final_eval_loss is not None else None) for r in rows]
+
+
+def verdict(rows: list[RunRow], tolerance: float | None = None) -> list[Claim]:
+    """The paper's claim, checked on compare's rows (runs with faults, and the fault-free reference):
+    decoupled's goodput above every other algorithm's and its uptime at least theirs; goodput in the paper's
+    order (GOODPUT_ORDER: decoupled > elastic_ddp > ddp, a missing row skipped); decoupled's final eval loss
+    within `tolerance` of fault-free ddp (default: loss_allowance at the decoupled run's train.steps, the
+    parity curve plus the measured spread). Nothing to judge without a decoupled row."""
+    by = {r.algorithm: r for r in rows if r.label.endswith("with faults")}
+    dec = by.get("decoupled")
+    if dec is None:
+        return []
+    out: list[Claim] = []
+
+    def above(key: str, a: RunRow, b: RunRow, strict: bool = True) -> None:
+        x, y = getattr(a, key), getattr(b, key)
+        if x is not None and y is not None:
+            out.append(Claim(f"{a.algorithm} {key} {'above' if strict else 'at least'} {b.algorithm}",
+                             x > y if strict else x >= y, f"{x:.3f} vs {y:.3f}"))
+
+    others = [by[a] for a in ALGORITHMS if a in by and a != "decoupled"]
+    for r in others:
+        above("goodput", dec, r)
+    ranked = [by[a] for a in GOODPUT_ORDER if a in by]
+    for a, b in zip(ranked, ranked[1:], strict=False):
+        if a is not dec:  # decoupled's own comparisons are above
+            above("goodput", a, b)
+    for r in others:
+        above("uptime", dec, r, strict=False)
+    gap = dec.vs_fault_free_ddp
+    if gap is not None:
+        bound = loss_allowance(dec.train_steps) if tolerance is None else tolerance
+        out.append(Claim(f"decoupled final eval within {bound:.3f} of fault-free ddp", gap <= bound,
+                         f"{gap:+.3f}" + (f" (parity gap at {dec.train_steps} steps {parity_gap(dec.train_steps):.3f})"
+                                          if tolerance is None else "")))
+    return out
+
+
+COLUMNS = [("label", "run", "{}"), ("final_eval_loss", "final eval", "{:.3f}"),
+           ("vs_fault_free_ddp", "vs ddp ff", "{:+.3f}"), ("goodput", "goodput", "{:.3f}"),
+           ("uptime", "uptime", "{:.3f}"), ("tokens_merged_per_s", "tok/s merged", "{:.0f}"),
+           ("longest_gap_s", "longest gap s", "{:.2f}"), ("wall_s", "wall s", "{:.1f}")]
+
+
+def table(rows: list[RunRow]) -> str:
+    """A plain-text table of the rows (what `compare` prints)."""
+    cells = [[label for _, label, _ in COLUMNS]]
+    for r in rows:
+        cells.append(["-" if getattr(r, k) is None else fmt.format(getattr(r, k)) for k, _, fmt in COLUMNS])
+    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(c[i].ljust(widths[i]) if i == 0 else c[i].rjust(widths[i])
+                               for i in range(len(COLUMNS))) for c in cells)
+
+
+def plot(rows: list[RunRow], path: str | os.PathLike[str]) -> Path | None:
+    """Bar charts of goodput, uptime, tokens/s and final eval per run, as a PNG (None without matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.warning("matplotlib is not installed: no comparison plot")
+        return None
+    keys = [("goodput", "goodput"), ("uptime", "uptime"), ("tokens_merged_per_s", "tokens merged / s"),
+            ("final_eval_loss", "final eval loss")]
+    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2))
+    labels = [r.label.replace(", ", "\n") for r in rows]
+    colours = ["#888", "#c44", "#a6c", "#c84", "#48c"]
+    for ax, (k, title) in zip(axes, keys, strict=True):
+        ax.bar(labels, [getattr(r, k) or 0.0 for r in rows], color=colours[: len(rows)])
+        ax.set_title(title)
+        ax.tick_params(axis="x", labelsize=7)
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

@@ -1,0 +1,126 @@
+"""Run directories: one folder per run holding everything needed to understand or replay it.
+
+Layout:
+    config.json   the resolved, validated scenario (replay starts from it)
+    events.jsonl  the append-only event log of every process
+    global.pt     the global model checkpoint (written atomically)
+    report.json   the summary computed from the event log
+    invariants.json each bound-free invariant's verdict, figure and bound, checked once as the run ended
+    processes.json pids of every process the run started (so tests can prove none survives)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CONFIG_FILE = "config.json"
+REPORT_FILE = "report.json"
+INVARIANTS_FILE = "invariants.json"
+CHECKPOINT_FILE = "global.pt"
+PROCESSES_FILE = "processes.json"
+LOGS_DIR = "logs"
+"""Where each child process of a run (chip, link, syncer, host agent) writes its stderr: tracebacks, warnings and
+what Gloo and torch print, one file per process (diloco_chaos/harness/run/procutil.py `stderr_to_file`)."""
+
+
+def stderr_file(run_dir: str | os.PathLike[str], proc: str) -> Path:
+    """The stderr file of process `proc` (as events name it: learner1.chip0, learner1.link, syncer, ...)."""
+    return Path(run_dir) / LOGS_DIR / f"{proc}.stderr"
+
+
+def make_run_dir(root: str | os.PathLike[str], name: str, algorithm: str) -> Path:
+    """A fresh, uniquely named directory under `root`."""
+    Path(root).mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path(tempfile.mkdtemp(prefix=f"{stamp}-{name}-{algorithm}-", dir=root))
+
+
+def _atomic_write(path: str | os.PathLike[str], write: Any, durable: bool = True) -> None:
+    """Write to a temp file in the same directory, fsync it, rename over `path`, fsync the directory.
+
+    The rename makes it atomic: a reader sees the old file or the new one, never a torn one, whoever dies.
+    `durable=False` skips the two fsyncs: still atomic against a process crash (the page cache outlives the
+    process), not against the machine losing power."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    if not durable:
+        return
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike[str], durable: bool = True) -> None:
+    _atomic_write(path, lambda f: torch.save(obj, f), durable)
+
+
+def write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    _atomic_write(path, lambda f: f.write((json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()))
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    with open(path) as f:
+        return json.load(f)
+
+
+class RunDirError(ValueError):
+    """A run directory that is missing a file a command needs, or holds one that is damaged."""
+
+
+def check_run_dir(run_dir: str | os.PathLike[str], json_files: tuple[str, ...], events_file: str | None) -> None:
+    """Raise RunDirError, naming the file, unless `run_dir` holds each of `json_files` as a JSON object and
+    `events_file` (if given) as an event log with at least one event, each with its kind and time. A torn last
+    line of the log is not damage (a killed writer leaves one); a line that is not an event is."""
+    root = Path(run_dir)
+    if not root.is_dir():
+        raise RunDirError(f"{str(run_dir)!r} is not a folder")
+    for name in json_files:
+        path = root / name
+        if not path.is_file():
+            raise RunDirError(f"{str(run_dir)!r} has no {name} (not a finished run directory)")
+        try:
+            obj = read_json(path)
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise RunDirError(f"{str(path)!r} is damaged: {e}") from None
+        if not isinstance(obj, dict):
+            raise RunDirError(f"{str(path)!r} is damaged: a JSON {type(obj).__name__}, not an object")
+    if events_file is None:
+        return
+    path = root / events_file
+    if not path.is_file():
+        raise RunDirError(f"{str(run_dir)!r} has no {events_file} (not a run directory)")
+    count = 0
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            if not raw.endswith(b"\n"):
+                break
+            try:
+                event = json.loads(raw)
+            except ValueError:
+                raise RunDirError(f"{str(path)!r} is damaged: line {n} is not JSON") from None
+            if not (isinstance(event, dict) and isinstance(event.get("ev"), str)
+                    and isinstance(event.get("t"), (int, float))):
+                raise RunDirError(f"{str(path)!r} is damaged: line {n} is not an event (needs 'ev' and 't')")
+            count += 1
+    if count == 0:
+        raise RunDirError(f"{str(path)!r} holds no event")

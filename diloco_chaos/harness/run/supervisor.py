@@ -1,0 +1,497 @@
+"""Launching and supervising one run: the syncer (S shard processes with syncer.shards = S) and M x C chip
+processes.
+
+Processes start from a forkserver that has torch and the training code
+preloaded (a fork costs ~0.1 s instead of ~0.5 s for a fresh interpreter
+importing torch). The supervisor owns every process of the run: it records
+their pids in the run directory, watches them, and whatever happens (normal
+end, a failed chip, an exception, Ctrl-C, SIGTERM, the run deadline) stops
+them all, SIGTERM then SIGKILL after `timeouts.shutdown_s`. If the supervisor
+itself is killed, the forkserver exits and the kernel kills the run's
+processes (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import multiprocessing as mp
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+
+from diloco_chaos.chaos.processes import ProcessChaos, local_signaller, syncer_repair_key
+from diloco_chaos.harness.config.scenario import Scenario, learner_policy, validate
+from diloco_chaos.harness.config.task_check import fragment_bytes
+from diloco_chaos.harness.learner.chip import ChipSpec, chip_main, members_key
+from diloco_chaos.harness.record.base import SCHEMA_VERSION
+from diloco_chaos.harness.record.events import EVENTS_FILE, EventLog, EventTail
+from diloco_chaos.harness.report.errors import label_errors
+from diloco_chaos.harness.run.fault_runner import FaultRunner
+from diloco_chaos.harness.run.procutil import main_thread, signal_proc, wait_any
+from diloco_chaos.harness.run.rundir import CONFIG_FILE, PROCESSES_FILE, REPORT_FILE, make_run_dir, write_json
+from diloco_chaos.harness.syncer.service import SyncerSpec, syncer_main
+from diloco_chaos.harness.syncer.shards import proc_name
+from diloco_chaos.harness.wire.handshake import new_secret
+from diloco_chaos.trainers import mutations
+
+if TYPE_CHECKING:
+    from diloco_chaos.harness.hosts.netns_run import NetnsRun
+    from diloco_chaos.harness.hosts.remote import RemoteHosts
+    from diloco_chaos.harness.hosts.torchrun import TorchrunHosts
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.25
+"""How often the supervisor reads new events and checks its processes."""
+GROW_MARGIN = 0.1
+"""A repaired chip is not started when its learner is in this last fraction of its steps (it could not join
+before the learner finishes)."""
+FAULT_POLL_S = 0.05
+"""The same while a scheduled fault waits for its trigger: a fault fires within this of its step."""
+SLOW_POLL_S = 0.02
+"""The same while a `slow` fault holds a learner to a speed: its controller (diloco_chaos/chaos/processes.py) sees the
+learners' steps this late at most, so a learner overshoots its step budget by about this much time."""
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "diloco_chaos.harness.learner.chip",
+           "diloco_chaos.harness.syncer.service"]
+"""Imported once in the forkserver. torch._dynamo is what the first AdamW construction imports (1.6 s of CPU
+per chip process on this machine, measured with -X importtime); preloaded, a chip is ready in ~0.1 s."""
+_ctx: Any = None
+
+
+def context() -> Any:
+    """The forkserver context, with the heavy imports preloaded once per supervisor process."""
+    global _ctx
+    if _ctx is None:
+        _ctx = mp.get_context("forkserver")
+        _ctx.set_forkserver_preload(PRELOAD)
+    return _ctx
+
+
+class RunFailed(RuntimeError):
+    """The run did not complete; the message says which process or bound failed."""
+
+
+@dataclass
+class RunResult:
+    """What a finished run left behind."""
+
+    run_dir: Path
+    report: dict[str, Any]
+    pids: list[int] = field(default_factory=list)
+
+
+class _Terminate(Exception):
+    pass
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise _Terminate(f"signal {signum}")
+
+
+class Supervisor:
+    """Starts, watches and always stops the processes of one run."""
+
+    def __init__(self, sc: Scenario, run_root: str | os.PathLike[str],
+                 on_events: Callable[[list[dict[str, Any]]], None] | None = None) -> None:
+        validate(sc)
+        mutations.current()  # an unknown DILOCO_CHAOS_MUTATION fails here, before any process starts
+        from diloco_chaos.harness.config.task_check import check_memory, with_task_path
+
+        sc = with_task_path(sc)  # children import the task's module from the directory found here
+        check_memory(sc)  # a run that cannot fit in RAM is refused (ScenarioError, exit 2) before it starts
+        self.sc = sc
+        self.run_dir = make_run_dir(run_root, sc.name, sc.algorithm)
+        self.on_events = on_events
+        self.procs: dict[str, Any] = {}
+        self.events = EventLog(self.run_dir / EVENTS_FILE, "supervisor")
+        self.secret = new_secret()
+        self.store: Any = None
+        self.links: Any = None
+        self.faults: FaultRunner | None = None
+        self._tail: EventTail | None = None
+        self.ports: dict[int, int] = {}
+        self.retired: list[Any] = []  # processes of earlier generations of restarted learners
+        self.learner_state: dict[int, str] = {}  # up, down (waiting for its repair delay) or done
+        self.generation: dict[int, int] = {}
+        self.restart_at: dict[int, float] = {}
+        self.restarts: dict[int, int] = {}
+        self.members: dict[int, list[int]] = {}  # chip ids in the learner's current group (shrink policy)
+        self.joining: dict[int, set[int]] = {}  # repaired chips started but not yet in the group
+        self.chip_repair_at: dict[tuple[int, int], float] = {}  # (learner, chip) -> when the lost chip returns
+        self.procs_chaos: ProcessChaos | None = None
+        self.shards = sc.syncer.shards
+        self.syncer_ports = [0] * self.shards  # per shard: its port (kept across its restarts)
+        self.syncer_restart_at: dict[int, float] = {}  # shard -> when it restarts, while it is down for repair
+        self.syncer_restarts: dict[int, int] = {}  # shard -> restarts so far
+        self.shard_ports: dict[int, tuple[int, ...]] = {}  # learner -> where it reaches shards 1..S-1
+        self._syncer_stop: Any = None
+        self.netns: NetnsRun | None = None  # with [launch] hosts = "netns"
+        self.torchrun: TorchrunHosts | RemoteHosts | None = None  # with [launch] backend = "torchrun"
+        self.listen = "127.0.0.1"  # where the syncer and the store listen
+
+    def _start(self, name: str, target: Any, args: tuple) -> Any:
+        p = context().Process(target=target, args=args, name=name, daemon=False)
+        p.start()
+        self._register(name, p)
+        return p
+
+    def _register(self, name: str, p: Any) -> None:
+        self.procs[name] = p
+        self.events.log("process_start", name=name, child_pid=p.pid)
+        write_json(self.run_dir / PROCESSES_FILE, {n: q.pid for n, q in self.procs.items()})
+
+    def run(self) -> RunResult:
+        sc, t = self.sc, self.sc.timeouts
+        write_json(self.run_dir / CONFIG_FILE, sc.to_dict())
+        old_term = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread() else None
+        t0 = time.monotonic()
+        policy, why = learner_policy(sc.recovery.policy, sc.algorithm)
+        self.events.log("run_start", algorithm=sc.algorithm, learners=sc.topology.learners,
+                        chips_per_learner=sc.topology.chips_per_learner, seed=sc.seed, learner_policy=policy,
+                        learner_policy_why=why, schema_version=SCHEMA_VERSION)
+        try:
+            if sc.launch.hosts == "netns":
+                from diloco_chaos.harness.hosts.netns_run import HostsUnavailable, NetnsRun
+
+                try:
+                    self.netns = NetnsRun.open(sc, self.events)
+                except HostsUnavailable as e:
+                    raise RunFailed(str(e)) from e
+                self.listen = self.netns.syncer_address
+            elif sc.launch.hosts == "remote":  # the agents operators started (diloco_chaos/harness/hosts/remote.py)
+                from diloco_chaos.harness.hosts.remote import RemoteHosts, RemoteUnavailable
+
+                try:
+                    self.torchrun = RemoteHosts.connect(sc, self.run_dir, self.secret, self.events)
+                except RemoteUnavailable as e:
+                    raise RunFailed(str(e)) from e
+                self.listen = self.torchrun.syncer_address
+            self.store = dist.TCPStore(self._syncer_host(), 0, is_master=True, wait_for_workers=False,
+                                       timeout=datetime.timedelta(seconds=t.startup_s))
+            self.events.log("store_ready", port=self.store.port)
+            stop = context().Event()
+            self._syncer_stop = stop
+            sports = [self._start_syncer(k, restore=False) for k in range(self.shards)]
+            ports = {m: sports[0] for m in range(sc.topology.learners)}
+            self.shard_ports = {m: tuple(sports[1:]) for m in range(sc.topology.learners)}
+            if self.netns is not None and sc.links.backend == "kernel":  # validated: one shard
+                self.links = self.netns.open_links(sc, sports[0], self.events, fragment_bytes(sc))
+            elif sc.links.proxy != "off":
+                from diloco_chaos.harness.hosts.link_proxies import RunLinks
+
+                self.links = RunLinks.open(sc, sports, self.events, fragment_bytes(sc))
+                ports = self.links.ports
+                self.shard_ports = {m: tuple(self.links.shard_ports.get(m, [])) for m in ports}
+            self.ports = ports
+            if sc.launch.backend == "torchrun" and self.torchrun is None:  # netns: each host's agent, before torchrun
+                from diloco_chaos.harness.hosts.torchrun import TorchrunHosts
+
+                self.torchrun = TorchrunHosts(self.run_dir, self.secret, t.startup_s)
+                if failed := self.torchrun.open(self.netns, self._start, context()):
+                    raise RunFailed(f"launch.backend = 'torchrun': {failed}")
+            procs = ProcessChaos(self._chip_pids, sc.topology.learners, on_event=self.events.log,
+                                 syncer_pids=self._syncer_pids, progress=self._progress, seed=sc.seed,
+                                 send=self.torchrun.send if self.torchrun is not None else local_signaller)
+            self.procs_chaos = procs
+            self.faults = FaultRunner(sc.faults, self.links.chaos if self.links else None, self.events, procs)
+            for m in range(sc.topology.learners):
+                self._start_learner(m, generation=0, start_step=0)
+            self._watch(stop, t0)
+            never = self.faults.never_fired()
+            if never:
+                raise RunFailed("scheduled fault(s) never fired: " + "; ".join(never))
+        except (KeyboardInterrupt, _Terminate) as e:
+            self.events.log("run_interrupted", reason=type(e).__name__)
+            raise
+        finally:
+            if self.faults is not None:
+                self.faults.stop_all(time.monotonic() - t0)
+                if self.on_events is not None and self._tail is not None:  # the faults ended just now, on screen
+                    self.on_events(self._tail.poll())
+            self._stop_all()
+            if self.torchrun is not None:
+                self.torchrun.close()
+            if self.links is not None:
+                self.links.close(t.shutdown_s)
+            if self.netns is not None:
+                self.netns.close(self.events)
+            if old_term is not None:
+                signal.signal(signal.SIGTERM, old_term)
+            self.events.log("run_end", wall_s=time.monotonic() - t0)
+        from diloco_chaos.harness.report.results import record_invariants
+        from diloco_chaos.harness.report.run_report import build_report, final_eval
+        from diloco_chaos.harness.syncer.shards import assemble_final
+
+        label_errors(self.run_dir, sc, self.events, t0)
+        assemble_final(str(self.run_dir), sc)  # sharded: global.pt from the shards' final checkpoints
+        final_eval(self.run_dir, sc, self.events)
+        report = build_report(self.run_dir)
+        write_json(self.run_dir / REPORT_FILE, report)
+        record_invariants(self.run_dir)  # once, after report.json (some invariants read it)
+        self.events.close()
+        return RunResult(self.run_dir, report, [p.pid for p in [*self.procs.values(), *self.retired]])
+
+    def _start_syncer(self, shard: int, restore: bool) -> int:
+        """Start syncer shard `shard` (or, with `restore`, its replacement on the same port); returns its port."""
+        t = self.sc.timeouts
+        parent, child = context().Pipe(duplex=False)
+        name = proc_name(shard, self.shards)
+        if name in self.procs:
+            self.retired.append(self.procs[name])
+        spec = SyncerSpec(str(self.run_dir), self.sc, self.secret.hex(), os.getpid(),
+                          port=self.syncer_ports[shard], restore=restore, shard=shard,
+                          host=self._syncer_host())
+        self._start(name, syncer_main, (spec, child, self._syncer_stop))
+        child.close()
+        if not parent.poll(t.startup_s):
+            raise RunFailed(f"{name} did not report its port within timeouts.startup_s = {t.startup_s}s")
+        self.syncer_ports[shard] = parent.recv()
+        parent.close()
+        return self.syncer_ports[shard]
+
+    def _netns_of(self, m: int) -> str:
+        """Learner m's host namespace ("": this machine's network)."""
+        return self.netns.netns_of(m) if self.netns is not None else ""
+
+    def _syncer_host(self) -> str:
+        """Where the syncer and the store listen: the netns hosts' bridge, the address on the route to remote
+        hosts, or loopback."""
+        return self.listen
+
+    def _syncer(self, shard: int) -> Any:
+        return self.procs[proc_name(shard, self.shards)]
+
+    def _syncer_pids(self) -> dict[int, int]:
+        """Shard -> pid of each syncer shard running now (what `kill_syncer` may hit)."""
+        out = {}
+        for k in range(self.shards):
+            p = self.procs.get(proc_name(k, self.shards))
+            if p is not None and p.exitcode is None and k not in self.syncer_restart_at:
+                out[k] = p.pid
+        return out
+
+    def _progress(self) -> dict[int, int]:
+        return dict(self.faults.schedule.progress.steps) if self.faults is not None else {}
+
+    def _syncer_failed(self, shard: int, code: int, now: float) -> None:
+        rec = self.sc.recovery
+        if rec.syncer_policy != "restart" or self.syncer_restarts.get(shard, 0) >= rec.max_restarts:
+            why = ("recovery.syncer_policy = 'fail'" if rec.syncer_policy != "restart"
+                   else f"max_restarts = {rec.max_restarts} used")
+            raise RunFailed(f"{proc_name(shard, self.shards)} exited with code {code} ({why})")
+        repair = rec.syncer_repair_s
+        if self.procs_chaos is not None:
+            repair = self.procs_chaos.repair_s.pop(syncer_repair_key(shard), repair)
+        self.syncer_restart_at[shard] = now + repair
+        self.events.log("syncer_down", exitcode=code, repair_s=repair, shard=shard)
+
+    def _check_syncers(self, now: float) -> None:
+        """Each shard: seen dead (its repair delay starts), or repaired (restarted, restoring its checkpoint)."""
+        for k in range(self.shards):
+            p = self._syncer(k)
+            if k not in self.syncer_restart_at and p.exitcode is not None and p.exitcode != 0:
+                self._syncer_failed(k, p.exitcode, now)
+            elif k in self.syncer_restart_at and now >= self.syncer_restart_at[k]:
+                self.syncer_restarts[k] = self.syncer_restarts.get(k, 0) + 1
+                self._start_syncer(k, restore=True)
+                del self.syncer_restart_at[k]
+                self.events.log("syncer_restart", restarts=sum(self.syncer_restarts.values()),
+                                port=self.syncer_ports[k], child_pid=self._syncer(k).pid, shard=k)
+
+    def _chips_of(self, m: int) -> list[Any]:
+        """The processes of learner m's current members, in rank order."""
+        return [self.procs[f"learner{m}.chip{r}"] for r in self.members[m]]
+
+    def _chip_pids(self, m: int) -> list[int]:
+        """Live chip pids of learner m by rank: the registry process faults act on."""
+        if self.learner_state.get(m) != "up":
+            return []
+        if self.torchrun is not None:  # torchrun's workers, as the learner host's agent sees them
+            return self.torchrun.pids(m)
+        return [p.pid for p in self._chips_of(m) if p.exitcode is None]
+
+    def _start_learner(self, m: int, generation: int, start_step: int) -> None:
+        sc = self.sc
+        if self.torchrun is not None:  # one torchrun per learner host: the supervisor sees each of its chips as it
+            self.retired += [p for n, p in self.procs.items() if n.startswith(f"learner{m}.chip")]
+            self._register(f"learner{m}.torchrun", self.torchrun.start_learner(m, self._netns_of(m), ChipSpec(
+                str(self.run_dir), sc, m, 0, sc.topology.chips_per_learner, generation, self.store.port,
+                self.ports[m], self.secret.hex(), os.getpid(), start_step, syncer_host=self._syncer_host(),
+                shard_ports=self.shard_ports.get(m, ()))))
+            self.procs.update({f"learner{m}.chip{r}": self.procs[f"learner{m}.torchrun"]
+                               for r in range(sc.topology.chips_per_learner)})
+        for r in range(0 if self.torchrun is not None else sc.topology.chips_per_learner):
+            name = f"learner{m}.chip{r}"
+            if name in self.procs:
+                self.retired.append(self.procs[name])
+            cs = ChipSpec(str(self.run_dir), sc, m, r, sc.topology.chips_per_learner, generation,
+                          self.store.port, self.ports[m], self.secret.hex(), os.getpid(), start_step,
+                          netns=self._netns_of(m), syncer_host=self._syncer_host(),
+                          shard_ports=self.shard_ports.get(m, ()))
+            self._start(name, chip_main, (cs,))
+        self.generation[m] = generation
+        self.learner_state[m] = "up"
+        self.members[m] = list(range(sc.topology.chips_per_learner))
+        self.joining[m] = set()
+        for key in [k for k in self.chip_repair_at if k[0] == m]:
+            del self.chip_repair_at[key]
+
+    def _shrink(self, m: int, lost: list[int], now: float, step: int) -> None:
+        """Shrink policy: the surviving chips re-form a smaller group; the lost ones come back after repair."""
+        rec = self.sc.recovery
+        self.restarts[m] = self.restarts.get(m, 0) + 1
+        self.generation[m] += 1
+        self.members[m] = [r for r in self.members[m] if r not in lost]
+        repair = rec.repair_s
+        if self.procs_chaos is not None:
+            repair = self.procs_chaos.repair_s.pop(m, repair)
+        for r in lost:
+            self.chip_repair_at[(m, r)] = now + repair
+        # logged before the membership is published: the survivors re-form (and log their regroup) once it is
+        self.events.log("learner_shrink", learner=m, lost=lost, members=self.members[m],
+                        generation=self.generation[m], step=step, repair_s=repair)
+        self.store.set(members_key(m, self.generation[m]), ",".join(map(str, self.members[m])))
+
+    def _grow(self, m: int, r: int, step: int) -> None:
+        """A repaired chip starts and joins its learner's group at the host's next step boundary."""
+        sc = self.sc
+        self.generation[m] += 1
+        members = sorted([*self.members[m], r])
+        name = f"learner{m}.chip{r}"
+        self.retired.append(self.procs[name])
+        cs = ChipSpec(str(self.run_dir), sc, m, r, sc.topology.chips_per_learner, self.generation[m],
+                      self.store.port, self.ports[m], self.secret.hex(), os.getpid(), members=tuple(members),
+                      joining=True, netns=self._netns_of(m), syncer_host=self._syncer_host(),
+                      shard_ports=self.shard_ports.get(m, ()))
+        self._start(name, chip_main, (cs,))
+        self.members[m] = members
+        self.joining[m].add(r)  # it publishes the membership itself once its replica is built
+        self.events.log("learner_grow", learner=m, chip=r, members=members, generation=self.generation[m],
+                        step=step)
+
+    def _check_learner(self, m: int, now: float, step: int) -> None:
+        """An up learner: done, failed (restart, or shrink when only non-host chips died), or a chip to rejoin."""
+        rec = self.sc.recovery
+        codes = {r: p.exitcode for r, p in zip(self.members[m], self._chips_of(m), strict=True)}
+        settled = {r: c for r, c in codes.items() if r not in self.joining[m]}
+        lost = [r for r, c in codes.items() if c not in (None, 0)]
+        if lost:
+            policy, _ = learner_policy(rec.policy, self.sc.algorithm)
+            shrinkable = (policy == "shrink" and 0 not in lost and not set(lost) & self.joining[m]
+                          and self.restarts.get(m, 0) < rec.max_restarts)
+            if shrinkable:
+                self._shrink(m, lost, now, step)
+            else:
+                self._learner_failed(m, {f"learner{m}.chip{r}": c for r, c in codes.items()}, now, step)
+            return
+        if all(c == 0 for c in settled.values()):
+            for r in self.joining[m]:  # the learner finished before a repaired chip could join
+                signal_proc(self.procs[f"learner{m}.chip{r}"], signal.SIGKILL)
+                self.events.log("chip_join_abandoned", learner=m, chip=r)
+            self.members[m] = [r for r in self.members[m] if r not in self.joining[m]]
+            self.joining[m] = set()
+            self.learner_state[m] = "done"
+            return
+        for (lm, r), at in sorted(self.chip_repair_at.items()):
+            if lm == m and now >= at:
+                del self.chip_repair_at[(lm, r)]
+                if step < self.sc.train.steps * (1 - GROW_MARGIN):
+                    self._grow(m, r, step)
+                else:
+                    self.events.log("chip_repair_skipped", learner=m, chip=r, step=step,
+                                    reason=f"the learner is in its last {GROW_MARGIN:.0%} of steps")
+
+    def _learner_failed(self, m: int, exitcodes: dict[str, int | None], now: float, step: int) -> None:
+        """Apply the recovery policy to a learner one of whose chips died."""
+        rec = self.sc.recovery
+        if rec.policy == "fail" or self.restarts.get(m, 0) >= rec.max_restarts:
+            why = "recovery.policy = 'fail'" if rec.policy == "fail" else f"max_restarts = {rec.max_restarts} used"
+            raise RunFailed(f"chip process(es) of learner {m} failed ({why}): {exitcodes}")
+        for p in self._chips_of(m):  # the group is broken: stop the survivors now, they cannot step alone
+            if p.exitcode is None:
+                signal_proc(p, signal.SIGKILL)
+        for p in self._chips_of(m):
+            p.join(timeout=self.sc.timeouts.shutdown_s)
+        repair = rec.repair_s
+        if self.procs_chaos is not None:
+            repair = self.procs_chaos.repair_s.pop(m, repair)
+        self.learner_state[m] = "down"
+        self.restart_at[m] = time.monotonic() + repair  # from when it is down (its survivors stopped), as logged
+        self.events.log("learner_down", learner=m, exitcodes=exitcodes, step=step, repair_s=repair)
+
+    def _watch(self, stop: Any, t0: float) -> None:
+        t = self.sc.timeouts
+        tail = self._tail = EventTail(self.run_dir / EVENTS_FILE)
+        faults = self.faults
+        assert faults is not None
+        m_all = range(self.sc.topology.learners)
+        while True:
+            new = tail.poll()
+            if self.on_events is not None:
+                self.on_events(new)
+            for e in new:
+                if e.get("ev") == "chip_joined":
+                    self.joining.get(e["learner"], set()).discard(e["chip"])
+            faults.tick(new, time.monotonic() - t0)
+            now = time.monotonic()
+            if now - t0 > t.run_s:
+                raise RunFailed(f"run exceeded timeouts.run_s = {t.run_s}s")
+            for m in m_all:
+                state = self.learner_state[m]
+                if state == "up":
+                    self._check_learner(m, now, faults.schedule.progress.steps.get(m, 0))
+                elif state == "down" and now >= self.restart_at[m]:
+                    self.restarts[m] = self.restarts.get(m, 0) + 1
+                    step = faults.schedule.progress.steps.get(m, 0)
+                    self._start_learner(m, self.generation[m] + 1, step)
+                    self.events.log("learner_restart", learner=m, generation=self.generation[m], start_step=step,
+                                    restarts=self.restarts[m])
+            self._check_syncers(now)
+            if not self.syncer_restart_at and all(self.learner_state[m] == "done" for m in m_all):
+                stop.set()
+                deadline = time.monotonic() + t.shutdown_s + 30
+                for k in range(self.shards):
+                    syncer = self._syncer(k)
+                    syncer.join(timeout=max(0.0, deadline - time.monotonic()))
+                    if syncer.exitcode != 0:
+                        raise RunFailed(f"{proc_name(k, self.shards)} did not finish cleanly "
+                                        f"(exit code {syncer.exitcode})")
+                if self.on_events is not None:
+                    self.on_events(tail.poll())
+                return
+            down = [self.restart_at[m] - now for m in m_all if self.learner_state[m] == "down"]
+            down += [at - now for at in self.chip_repair_at.values()]
+            down += [at - now for at in self.syncer_restart_at.values()]
+            slowing = self.procs_chaos is not None and self.procs_chaos.slowed()
+            base = SLOW_POLL_S if slowing else FAULT_POLL_S if faults.pending() else POLL_S
+            poll_s = min([base, *[max(0.0, d) for d in down]])
+            live = [p for p in self.procs.values() if p.exitcode is None]
+            wait_any(live, poll_s)
+
+    def _stop_all(self) -> None:
+        """SIGTERM every live process of the run, then SIGKILL what remains after shutdown_s."""
+        every = [*self.procs.values(), *self.retired]
+        live = [p for p in every if p.is_alive()]
+        for p in live:
+            signal_proc(p, signal.SIGTERM)
+        deadline = time.monotonic() + self.sc.timeouts.shutdown_s
+        for p in live:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+        for p in every:
+            if p.is_alive():
+                signal_proc(p, signal.SIGKILL)
+                p.join(timeout=5)
+        self.store = None
+
+
+def run_scenario(sc: Scenario, run_root: str | os.PathLike[str] = "runs",
+                 on_events: Callable[[list[dict[str, Any]]], None] | None = None) -> RunResult:
+    """Run `sc` with real processes; returns when every process of the run has exited."""
+    return Supervisor(sc, run_root, on_events).run()

@@ -1,0 +1,1 @@
+"""The synchronizer process: service, transport, per-algorithm handlers, accounting, checkpoints, evaluator, shards."""

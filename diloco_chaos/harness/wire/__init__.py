@@ -1,0 +1,1 @@
+"""What travels between processes: framing, typed messages, precision, authentication, handshake."""
