@@ -457,10 +457,10 @@ def _pixels_near(img: Image.Image, rgb: tuple[int, int, int], tol: int = 12) -> 
 @needs_chromium
 def test_chromium_renders_the_page(tmp_path: Path, page: Path) -> None:
     shot = tmp_path / "shot.png"
-    res = _browse(tmp_path, f"--screenshot={shot}", "--window-size=1200,1600", page.as_uri())
+    res = _browse(tmp_path, f"--screenshot={shot}", "--window-size=1200,2400", page.as_uri())
     assert res.returncode == 0 and shot.is_file(), res.stderr[-2000:]
     img = Image.open(shot).convert("RGB")
-    assert img.size == (1200, 1600)
+    assert img.size == (1200, 2400)  # the verdicts come first: the timeline is further down
     assert len(img.getcolors(maxcolors=1 << 24) or []) > 200  # not blank: text, plots
     # the plots were decoded and painted, not just their boxes: the timeline's colors are on screen
     for state in ("training", "down", "frozen"):
