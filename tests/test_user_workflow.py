@@ -131,4 +131,5 @@ def test_the_junit_report_can_write_its_check_and_reads_the_file_pytest_writes()
     assert report["with"]["report_paths"] == junit and report["if"] == "always()", report
     assert cmd[:4] == [".venv/bin/python", "-m", "pytest", "$SUITES"], cmd
     keep = next(a for a in cmd if a.startswith("--chaos-keep-failed="))
-    assert "--chaos-keep-failed" in (ROOT / "diloco_chaos" / "harness" / "pytest_plugin.py").read_text(), keep
+    plugin = ROOT / "diloco_chaos" / "harness" / "testing" / "pytest_plugin.py"
+    assert "--chaos-keep-failed" in plugin.read_text(), keep
