@@ -11,7 +11,7 @@ suite measures the harness rather than the algorithm.
 
 How: public API only: the diloco-chaos pytest plugin (the run_scenario fixture, which also checks after the
 test that no process of the run is alive and no port bound), diloco_chaos.harness.config.scenario.builtin and the
-invariants of diloco_chaos/harness/invariants.py through `ChaosRun.check`, whose figures each test prints: convergence
+invariants of diloco_chaos/harness/invariants/ through `ChaosRun.check`, whose figures each test prints: convergence
 (converged, model_finite), availability (no_global_downtime, availability) and accounting (updates_accounted,
 token_accounting).
 

@@ -7,7 +7,7 @@ triggered by training progress wherever behaviour is the point, and asserts on t
 Public API only: the diloco-chaos pytest plugin (the run_scenario fixture, which also checks after every test
 that no process of its run is alive and no port bound) and diloco_chaos.harness.config.scenario.from_dict. Each test
 checks a convergence invariant (converged, model_finite) and an availability invariant (no_global_downtime,
-availability) of diloco_chaos/harness/invariants.py, whose figures it prints: a link fault on one learner must neither
+availability) of diloco_chaos/harness/invariants/, whose figures it prints: a link fault on one learner must neither
 stop the decoupled global model nor spoil it; ddp, which needs every learner every step, must stall for exactly the
 partition and then resume.
 

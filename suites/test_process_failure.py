@@ -6,7 +6,7 @@ progress (another learner's step), with `recovery.policy = "restart"`: the super
 waits its repair delay, starts it as a new Gloo group; it pulls the global model and resumes its steps.
 Public API only: the diloco-chaos pytest plugin (the run_scenario and cluster fixtures, which also check after
 every test that no process of its runs is alive and no port bound) and diloco_chaos.harness.config.scenario.from_dict.
-Each test checks a convergence and an availability invariant (diloco_chaos/harness/invariants.py), whose figures it
+Each test checks a convergence and an availability invariant (diloco_chaos/harness/invariants/), whose figures it
 prints.
 
 Scaling to a real cluster: the same schedule entries apply; a chip is a host process there, and the repair delay

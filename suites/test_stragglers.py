@@ -7,7 +7,7 @@ achieved ratio (report.json `speed_profiles`) is the profile within +-15%, that 
 speed they have when nobody is slow, and that a transient straggler is released after its window (no longer
 held to its profile). Each test also checks a convergence invariant (converged: the final eval loss well below the
 initial one; model_finite) and availability invariants (no_global_downtime with a learner alive, uptime) of
-diloco_chaos/harness/invariants.py, whose figures it prints: a slow learner must neither stall nor spoil the global
+diloco_chaos/harness/invariants/, whose figures it prints: a slow learner must neither stall nor spoil the global
 model. Public API only: the diloco-chaos pytest plugin (the run_scenario and cluster fixtures, which also check after
 every test that no process of its runs is alive and no port bound) and diloco_chaos.harness.config.scenario.from_dict.
 

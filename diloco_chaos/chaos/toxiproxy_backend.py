@@ -3,7 +3,7 @@
 Real server first: `TOXIPROXY_URL` (a server someone else runs; we only add
 and remove our own proxies on it), else a `toxiproxy-server` executable on
 PATH (started on a free loopback port, stopped at the end of the run), else
-our embedded Toxiproxy-compatible server (diloco_chaos/chaos/toxiproxy_server.py) as its
+our embedded Toxiproxy-compatible server (diloco_chaos/chaos/toxiproxy_server/) as its
 own process, so that proxying never competes with the supervisor for a GIL.
 
 A server we start is in its own session (a terminal's Ctrl-C goes to the

@@ -1,6 +1,6 @@
 """The run's Toxiproxy side: the server, one proxy per learner link, and the chaos API on top.
 
-`RunLinks.open` finds or starts the Toxiproxy server (diloco_chaos/chaos/toxiproxy_backend),
+`RunLinks.open` finds or starts the Toxiproxy server (diloco_chaos/chaos/toxiproxy_backend.py),
 creates proxy `learner-<i>` for every learner (listening on a free
 127.0.0.1 port, upstream the syncer; with syncer.shards = S > 1 also
 `learner-<i>-shard<k>` upstream shard k) and returns the ports each learner

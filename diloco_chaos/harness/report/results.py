@@ -4,7 +4,7 @@
 compare's verdict. The file is `{"schema_version": N, "command": ..., "runs": [...], "claims": [...]}`; every
 field is documented in docs/metrics.md ("Results JSON"). The schema is stable: a field is only ever added
 (with a default, so older readers keep working); renaming or removing one, or changing its meaning, bumps
-SCHEMA_VERSION. A row's invariants are those of diloco_chaos/harness/invariants.py that apply to it without a bound
+SCHEMA_VERSION. A row's invariants are those of diloco_chaos/harness/invariants/ that apply to it without a bound
 chosen by the user: the bound-free ones, and `converged` against fault-free ddp for compare's runs with faults.
 
 The bound-free verdicts are checked once per run, as it ends, and written to its run directory as
