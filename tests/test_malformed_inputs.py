@@ -14,7 +14,7 @@ from diloco_chaos.harness import cli
 
 CORPUS = Path(__file__).parent / "malformed"
 FILES = sorted(CORPUS.glob("*.toml"))
-DEFAULT = str(Path(cli.__file__).parent / "scenarios" / "default.toml")
+DEFAULT = str(Path(cli.__file__).parent / "config" / "scenarios" / "default.toml")
 
 
 def expected(path: Path) -> str:

@@ -90,7 +90,7 @@ def test_mutations_are_unreachable_from_scenario_files() -> None:
                 from_dict(table)
     names = [f.name for _, obj in tables for f in dataclasses.fields(obj)]
     assert not [n for n in names if "mutation" in n], names
-    scenario_src = (ROOT / "diloco_chaos" / "harness" / "scenario.py").read_text()
+    scenario_src = (ROOT / "diloco_chaos" / "harness" / "config" / "scenario.py").read_text()
     assert "mutations" not in scenario_src and mutations.ENV_VAR not in scenario_src
 
 

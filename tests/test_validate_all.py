@@ -13,7 +13,7 @@ from diloco_chaos.harness import cli
 from diloco_chaos.harness.config.check import MAX_REPORTED, check
 from diloco_chaos.harness.config.scenario import ScenarioError, from_dict
 
-DEFAULT = str(Path(cli.__file__).parent / "scenarios" / "default.toml")
+DEFAULT = str(Path(cli.__file__).parent / "config" / "scenarios" / "default.toml")
 
 SEVERAL = """\
 name = "several"
