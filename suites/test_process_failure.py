@@ -365,10 +365,10 @@ at = { step = 1, learner = 0 }
 until = { step = 100, learner = 0 }
 
 [[faults]]
-action = "degrade"                      # learner 0's slow WAN (the incident's): it rejoins the restored syncer
-learner = 0                             # seconds after learner 1, whose merges meanwhile move every fragment past
-latency_ms = 1000                       # the versions learner 0's final pushes are based on
-at = { step = 60, learner = 0 }
+action = "degrade"                      # learner 0's slow WAN from the syncer's crash on: it rejoins the restored
+learner = 0                             # syncer seconds after learner 1, whose merges meanwhile move every fragment
+latency_ms = 1000                       # past the versions learner 0's final pushes are based on
+at = { step = DEGRADE_AT, learner = 0 }
 
 [[faults]]
 action = "kill_syncer"                  # 10 steps before learner 0's last: it finishes while the syncer is down
@@ -380,9 +380,14 @@ merged every fragment again. max_staleness 32: its final pushes, based on versio
 judged by the rejoin rule here, not by lagging. connect_s 10: its hand-shake crosses the 1 s latency twice."""
 
 
-def _finish_in_outage(tmp_path: Any) -> Any:
+def _finish_in_outage(tmp_path: Any, degrade_at: int) -> Any:
+    """The scenario with learner 0's slow WAN from its step `degrade_at`: 110 (the syncer's crash) lets the merges
+    of learner 0's earlier pushes reach it before the crash, so each final push holds only unmerged steps; 60 leaves
+    learner 0 behind on merges for the last 50 steps, so its final pushes are based on versions the restored syncer
+    has moved past, which is what the old before_rejoin rule dropped (and where a final push can be a stale copy:
+    docs/metrics.md)."""
     path = tmp_path / "finish-in-outage.toml"
-    path.write_text(FINISH_IN_OUTAGE)
+    path.write_text(FINISH_IN_OUTAGE.replace("DEGRADE_AT", str(degrade_at)))
     return path
 
 
@@ -390,7 +395,7 @@ def test_syncer_crash_failure_keeps_the_final_pushes_of_a_learner_that_finished_
     """Learner 0 finishes its steps while the syncer is down; its link keeps the final pushes (timeouts.
     final_flush_s) and delivers them to the restored syncer, which merges every one of them (a finished learner
     applies nothing, so the before_rejoin rule must not drop them): no discarded work lacks a cause."""
-    res = run_scenario(_finish_in_outage(tmp_path))
+    res = run_scenario(_finish_in_outage(tmp_path, degrade_at=110))
     evs = res.events
     down = next(e for e in evs if e["ev"] == "syncer_down")
     restore = next(e for e in evs if e["ev"] == "syncer_restore")
@@ -400,9 +405,12 @@ def test_syncer_crash_failure_keeps_the_final_pushes_of_a_learner_that_finished_
     merged = {(m, e["fragment"], a, b) for e in evs if e["ev"] == "merge"
               for m, (a, b) in zip(e["participants"], e["step_ranges"], strict=True)}
     missing = [e for e in finals if (0, e["fragment"], e["first_step"], e["last_step"]) not in merged]
+    stale = [e for e in missing if e["outcome"] == "stale"]
     discarded = {m: g["discarded_chip_s"] for m, g in res.report["goodput"]["per_learner"].items()}
-    res.figures({"final_pushes": len(finals), "not_merged": len(missing), "discarded_chip_s": discarded})
-    assert finals and not missing, f"final pushes of learner 0 not merged: {missing}"
+    res.figures({"final_pushes": len(finals), "not_merged": len(missing), "stale": len(stale),
+                 "discarded_chip_s": discarded})
+    assert finals and len(finals) == 4, f"learner 0's four final pushes reach the restored syncer: {finals}"
+    assert not missing, f"final pushes of learner 0 not merged: {missing}"
     assert not [e for e in evs if e["ev"] == "final_pushes_given_up"]
     res.check("work_kept")
     res.check("updates_accounted")
@@ -410,14 +418,15 @@ def test_syncer_crash_failure_keeps_the_final_pushes_of_a_learner_that_finished_
 
 
 def test_syncer_crash_failure_work_kept_catches_final_pushes_dropped_on_rejoin(tmp_path):
-    """The same run with the old rule back (mutation final_before_rejoin, set in the environment of a CLI run, as
-    the mutation switch requires: run processes inherit the environment their forkserver started with): the
-    restored syncer declines learner 0's final pushes as before_rejoin, its last steps reach no merge, and
-    work_kept fails naming them."""
+    """The same run, learner 0 behind on merges (degrade_at 60), with the old rule back (mutation
+    final_before_rejoin, set in the environment of a CLI run, as the mutation switch requires: run processes
+    inherit the environment their forkserver started with): the restored syncer declines learner 0's final
+    pushes as before_rejoin, its last steps reach no merge, and work_kept fails naming them."""
     runs = tmp_path / "runs"
     env = dict(os.environ, **{ENV_VAR: "final_before_rejoin"})
-    out = subprocess.run([sys.executable, "-m", "diloco_chaos.harness.cli", "run", str(_finish_in_outage(tmp_path)),
-                          "--runs-dir", str(runs)], env=env, capture_output=True, text=True, timeout=300)
+    scenario = _finish_in_outage(tmp_path, degrade_at=60)
+    out = subprocess.run([sys.executable, "-m", "diloco_chaos.harness.cli", "run", str(scenario), "--runs-dir",
+                          str(runs)], env=env, capture_output=True, text=True, timeout=300)
     (run_dir,) = [d for d in runs.iterdir() if d.is_dir()]
     result = spec("work_kept")(run_dir)
     assert not result.ok and result.figure > 0, (result, out.stdout[-3000:])
