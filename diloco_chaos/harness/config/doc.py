@@ -15,7 +15,6 @@ ranges for [model] and [data], diloco_chaos/chaos/fault_generator.py's LIMITS fo
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import math
@@ -36,7 +35,6 @@ from diloco_chaos.trainers.config import did_you_mean
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "scenario.md"
 REGENERATE = "python -m diloco_chaos.harness.config.doc"
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -284,18 +282,9 @@ def add_parser(sub: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--check", action="store_true", help="exit 1 if the committed doc differs, write nothing")
-    args = ap.parse_args(argv)
-    text = render()
-    if args.check:
-        same = DOC.exists() and DOC.read_text() == text
-        if not same:
-            log.error("%s is out of date: run %s", DOC, REGENERATE)
-        return 0 if same else 1
-    DOC.write_text(text)
-    log.info("wrote %s", DOC)
-    return 0
+    from diloco_chaos.harness.record.doc import write_or_check
+
+    return write_or_check(DOC, render(), REGENERATE, (__doc__ or "").split("\n")[0], argv)
 
 
 if __name__ == "__main__":

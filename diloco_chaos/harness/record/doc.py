@@ -97,19 +97,24 @@ def render() -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
+def write_or_check(doc: Path, text: str, regenerate: str, description: str, argv: list[str] | None) -> int:
+    """The command line of a generated doc (this one, docs/scenario.md's): write `text` to `doc`, or with
+    --check exit 1 naming `regenerate` when the committed doc differs, writing nothing."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--check", action="store_true", help="exit 1 if the committed doc differs, write nothing")
     args = ap.parse_args(argv)
-    text = render()
     if args.check:
-        same = DOC.exists() and DOC.read_text() == text
+        same = doc.exists() and doc.read_text() == text
         if not same:
-            log.error("%s is out of date: run python -m diloco_chaos.harness.record.doc", DOC)
+            log.error("%s is out of date: run %s", doc, regenerate)
         return 0 if same else 1
-    DOC.write_text(text)
-    log.info("wrote %s", DOC)
+    doc.write_text(text)
+    log.info("wrote %s", doc)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return write_or_check(DOC, render(), "python -m diloco_chaos.harness.record.doc", __doc__ or "", argv)
 
 
 if __name__ == "__main__":
