@@ -16,8 +16,9 @@ import torch
 from diloco_chaos.harness.config.scenario import ScenarioError, from_dict
 from diloco_chaos.trainers import mutations
 from diloco_chaos.trainers.config import DilocoConfig, TrainConfig
-from diloco_chaos.trainers.learner import LearnerCore, MergedFragment
+from diloco_chaos.trainers.learner_core import LearnerCore
 from diloco_chaos.trainers.merge import MergeNorms, outer_gradient, token_weights
+from diloco_chaos.trainers.messages import MergedFragment
 from diloco_chaos.trainers.model import ModelConfig
 from diloco_chaos.trainers.outer_optimizer import NesterovOuterOptimizer, OuterOptConfig
 

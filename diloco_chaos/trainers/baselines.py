@@ -18,8 +18,6 @@ present.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from torch import Tensor
 
@@ -28,39 +26,9 @@ from diloco_chaos.trainers.learner_core import InnerOptimizer
 from diloco_chaos.trainers.merge import all_finite, weighted_mean
 from diloco_chaos.trainers.model import ModelConfig
 from diloco_chaos.trainers.outer_optimizer import NesterovOuterOptimizer, OuterOptConfig
-from diloco_chaos.trainers.syncer_core import Contribution
+from diloco_chaos.trainers.syncer_core import Contribution, Reconfiguration, SyncResult, SyncRound
 from diloco_chaos.trainers.task import Task, parameters
 from diloco_chaos.trainers.tasks import as_task
-
-if TYPE_CHECKING:
-    from diloco_chaos.trainers.elastic_ddp import Reconfiguration
-
-
-@dataclass
-class SyncRound:
-    """Result of a completed synchronous round."""
-
-    key: int
-    participants: list[int]
-    tokens: list[int]
-    step: int
-    tensors: dict[str, Tensor]
-    replay_to: int | None = None
-    """Set when this is an already-sent result asked for again by one learner (its reply was lost)."""
-
-
-@dataclass(frozen=True)
-class SyncRejected:
-    """A contribution refused for a reason other than its content (which `False` stands for: non-finite or
-    malformed); `reason` goes into the `sync_rejected` event."""
-
-    reason: str
-
-
-SyncResult = SyncRound | None | bool | SyncRejected
-"""What a synchronous core answers a contribution with: the completed round (or a replay to one learner),
-None while waiting, True when there is nothing to send, False when non-finite or malformed, `SyncRejected`
-otherwise."""
 
 
 class _Barrier:
@@ -209,7 +177,4 @@ class DilocoSyncer(_FixedGroup):
                                       step=step, tensors={n: t.clone() for n, t in self.params.items()})
         return self.barrier.last
 
-
-def named_clone(params: dict[str, Tensor]) -> dict[str, Tensor]:
-    return {n: t.detach().clone() for n, t in params.items()}
 

@@ -10,7 +10,7 @@ partitioned one whose link is back) is admitted at the next step boundary: it is
 moments and the step, and from that step on the barrier expects it again.
 
 Under the shrink policy (`recovery.policy = "shrink"` or `"elastic"`) a lost non-host chip does not reach
-this module: its learner re-forms a smaller group inside itself (`diloco_chaos.trainers.learner.run_ddp`, the same
+this module: its learner re-forms a smaller group inside itself (`diloco_chaos.trainers.learner_loops.run_ddp`, the same
 regroup as Decoupled DiLoCo's) and stays a member, with fewer tokens per gradient; the barrier simply waits for its
 gradient while it re-forms. Only a learner-level loss (a lost host, a learner kill, a crashed host, a silent
 link) changes the membership here.
@@ -34,11 +34,12 @@ from typing import Literal
 
 from torch import Tensor
 
-from diloco_chaos.trainers.baselines import DdpSyncer, SyncRejected, SyncResult, SyncRound
+from diloco_chaos.trainers.baselines import DdpSyncer
 from diloco_chaos.trainers.config import TrainConfig
 from diloco_chaos.trainers.merge import all_finite
 from diloco_chaos.trainers.messages import STATE_STEP_KEY
 from diloco_chaos.trainers.model import ModelConfig
+from diloco_chaos.trainers.syncer_core import Reconfiguration, SyncRejected, SyncResult, SyncRound
 from diloco_chaos.trainers.task import Task
 
 
@@ -129,26 +130,6 @@ def decide(now: float, view: OpenStep, change: Change) -> Decision:
     return Decision(Action.SHRINK, after, False, now,
                     f"learner {m} lost ({change.why}) before every survivor's step {view.step} gradient was in; "
                     "the barrier waits for the survivors only")
-
-
-@dataclass(frozen=True)
-class Reconfiguration:
-    """One change of the global group, logged as an `elastic_reconfigure` event."""
-
-    kind: Literal["shrink", "grow"]
-    learner: int
-    members_before: list[int]
-    members_after: list[int]
-    step: int
-    """The first step the new membership holds for."""
-    started_at: float
-    """Shrink: when the survivors began waiting on the lost learner alone. Grow: when it was admitted."""
-    ended_at: float
-    """Shrink: when the group stopped waiting for it. Grow: when the first step with it completed."""
-    stall_s: float
-    """Time the other members waited at the barrier because of the change (shrink: on the lost learner until its
-    loss was known; grow: on the newcomer's first gradient after the others' were in)."""
-    reason: str
 
 
 @dataclass

@@ -2,8 +2,7 @@
 
 Each drives a `LearnerCore` (diloco_chaos/trainers/learner_core.py) with a `Collective` for the learner's chips and, on
 the host only, a link to the syncer. Every chip makes the same decisions because rank 0 decides and
-broadcasts them inside the learner. Split from the core so each module stays small; `diloco_chaos.trainers.learner`
-re-exports every public name.
+broadcasts them inside the learner. Split from the core so each module stays small.
 """
 
 from __future__ import annotations

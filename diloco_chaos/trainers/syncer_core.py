@@ -13,13 +13,58 @@ one interface the service's dispatch has no per-algorithm branch; the cores keep
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Literal, Protocol
+from dataclasses import dataclass
+from typing import Literal, Protocol
 
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from diloco_chaos.trainers.baselines import SyncResult
-    from diloco_chaos.trainers.elastic_ddp import Reconfiguration
+
+@dataclass
+class SyncRound:
+    """Result of a completed synchronous round."""
+
+    key: int
+    participants: list[int]
+    tokens: list[int]
+    step: int
+    tensors: dict[str, Tensor]
+    replay_to: int | None = None
+    """Set when this is an already-sent result asked for again by one learner (its reply was lost)."""
+
+
+@dataclass(frozen=True)
+class SyncRejected:
+    """A contribution refused for a reason other than its content (which `False` stands for: non-finite or
+    malformed); `reason` goes into the `sync_rejected` event."""
+
+    reason: str
+
+
+SyncResult = SyncRound | None | bool | SyncRejected
+"""What a synchronous core answers a contribution with: the completed round (or a replay to one learner),
+None while waiting, True when there is nothing to send, False when non-finite or malformed, `SyncRejected`
+otherwise."""
+
+
+@dataclass(frozen=True)
+class Reconfiguration:
+    """One change of the global group, logged as an `elastic_reconfigure` event."""
+
+    kind: Literal["shrink", "grow"]
+    learner: int
+    members_before: list[int]
+    members_after: list[int]
+    step: int
+    """The first step the new membership holds for."""
+    started_at: float
+    """Shrink: when the survivors began waiting on the lost learner alone. Grow: when it was admitted."""
+    ended_at: float
+    """Shrink: when the group stopped waiting for it. Grow: when the first step with it completed."""
+    stall_s: float
+    """Time the other members waited at the barrier because of the change (shrink: on the lost learner until its
+    loss was known; grow: on the newcomer's first gradient after the others' were in)."""
+    reason: str
+
 
 Contribution = Literal["grads", "params"]
 """What a synchronous core's learners send each round: gradients every step (ddp, elastic_ddp) or full

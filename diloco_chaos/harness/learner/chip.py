@@ -24,9 +24,8 @@ from diloco_chaos.harness.record.events import EVENTS_FILE, EventLog
 from diloco_chaos.harness.run.procutil import become_run_process, cpu_seconds, print_error, stderr_to_file
 from diloco_chaos.harness.syncer.service import max_frame_bytes
 from diloco_chaos.harness.wire.precision import wire_dtype_for
-from diloco_chaos.trainers.learner import (
-    CollectiveFailed,
-    LearnerCore,
+from diloco_chaos.trainers.learner_core import CollectiveFailed, LearnerCore
+from diloco_chaos.trainers.learner_loops import (
     initial_pull,
     resume_sync,
     run_ddp,

@@ -41,7 +41,7 @@ SNAPSHOT_RETRIES = 1000
 class SharedSnapshot:
     """The host's latest snapshot in shared memory: written by the training process, read by the link process.
 
-    Duck-types `diloco_chaos.trainers.learner.Snapshot` for `SyncerLink` (`learner`, `step`, `step_time_s`,
+    Duck-types `diloco_chaos.trainers.messages.Snapshot` for `SyncerLink` (`learner`, `step`, `step_time_s`,
     `push_for`)."""
 
     def __init__(self, learner: int, shapes: dict[str, torch.Size], fragments: int) -> None:

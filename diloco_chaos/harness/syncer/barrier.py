@@ -20,9 +20,8 @@ from diloco_chaos.harness.syncer.accounting import Accounting
 from diloco_chaos.harness.syncer.eval_schedule import planned_tokens
 from diloco_chaos.harness.syncer.transport import Conn, Transport
 from diloco_chaos.harness.wire.framing import Message, MsgType
-from diloco_chaos.trainers.baselines import SyncRejected, SyncResult, SyncRound
 from diloco_chaos.trainers.merge import all_finite
-from diloco_chaos.trainers.syncer_core import BarrierCore, Contribution
+from diloco_chaos.trainers.syncer_core import BarrierCore, Contribution, SyncRejected, SyncResult, SyncRound
 
 
 @dataclass(frozen=True)
