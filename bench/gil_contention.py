@@ -25,7 +25,7 @@ def loop(switch_s: float, bg_ms: float, out: mp.Queue) -> None:
 
     from diloco_chaos.harness.config.scenario import builtin
     from diloco_chaos.trainers.data import make_splits, train_batch
-    from diloco_chaos.trainers.learner_core import LearnerCore
+    from diloco_chaos.trainers.learner.core import LearnerCore
 
     torch.set_num_threads(1)
     sys.setswitchinterval(switch_s)

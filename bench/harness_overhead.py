@@ -44,7 +44,7 @@ from diloco_chaos.harness.record.events import EVENTS_FILE, read_events
 from diloco_chaos.harness.run.procutil import FLUSH_DENORMAL, keep_heap
 from diloco_chaos.harness.run.supervisor import run_scenario
 from diloco_chaos.trainers.data import make_splits, train_batch
-from diloco_chaos.trainers.learner_core import LearnerCore
+from diloco_chaos.trainers.learner.core import LearnerCore
 
 WARMUP_STEPS = 50
 """Steps before the timed window, in both setups: connection, first pulls, allocator warm-up."""

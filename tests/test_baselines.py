@@ -1,4 +1,5 @@
-"""Tests for diloco_chaos.trainers.baselines and diloco_chaos.trainers.elastic_ddp: the ddp, elastic_ddp and synchronous
+"""Tests for diloco_chaos.trainers.syncers.synchronous and diloco_chaos.trainers.syncers.elastic_ddp: the ddp,
+elastic_ddp and synchronous
 DiLoCo syncers."""
 
 from __future__ import annotations
@@ -9,14 +10,14 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from diloco_chaos.trainers.baselines import DdpSyncer, DilocoSyncer
 from diloco_chaos.trainers.config import DilocoConfig, TrainConfig
-from diloco_chaos.trainers.elastic_ddp import Action, Change, ElasticDdpSyncer, OpenStep, decide
-from diloco_chaos.trainers.learner_core import InnerOptimizer, LearnerCore
-from diloco_chaos.trainers.learner_loops import run_ddp
+from diloco_chaos.trainers.learner.core import InnerOptimizer, LearnerCore
+from diloco_chaos.trainers.learner.loops import run_ddp
 from diloco_chaos.trainers.messages import STATE_STEP_KEY
 from diloco_chaos.trainers.model import ModelConfig, build_model
-from diloco_chaos.trainers.syncer_core import SyncRejected, SyncRound
+from diloco_chaos.trainers.syncers.core import SyncRejected, SyncRound
+from diloco_chaos.trainers.syncers.elastic_ddp import Action, Change, ElasticDdpSyncer, OpenStep, decide
+from diloco_chaos.trainers.syncers.synchronous import DdpSyncer, DilocoSyncer
 
 MODEL = ModelConfig(seq_len=8, d_model=16, n_layers=1, n_heads=2, d_ff=32)
 TRAIN = TrainConfig(steps=10, lr=1e-2, warmup_steps=0)
@@ -162,9 +163,9 @@ def test_diloco_rejects_nonfinite_and_never_completes_that_round() -> None:
 
 def test_a_contribution_to_a_completed_round_gets_the_stored_result_not_a_new_round() -> None:
     """A learner whose reply was lost (link outage) sends its request again after reconnecting."""
-    from diloco_chaos.trainers.baselines import DdpSyncer, DilocoSyncer
     from diloco_chaos.trainers.config import DilocoConfig, TrainConfig
     from diloco_chaos.trainers.model import ModelConfig
+    from diloco_chaos.trainers.syncers.synchronous import DdpSyncer, DilocoSyncer
 
     cfg = ModelConfig()
     ddp = DdpSyncer(cfg, TrainConfig(), 0, 2)
@@ -360,7 +361,7 @@ class _ScriptedGroup:
     def broadcast_(self, flat: torch.Tensor, src: int = 0) -> None:
         self.broadcasts += 1
         if self.broadcasts == self.fail_at:
-            from diloco_chaos.trainers.learner_core import CollectiveFailed
+            from diloco_chaos.trainers.learner.core import CollectiveFailed
 
             raise CollectiveFailed("connection closed by peer")
 
@@ -410,7 +411,7 @@ def test_run_ddp_shrinkable_regroups_after_a_failed_collective_and_grows_at_a_st
 
 
 def test_run_ddp_not_shrinkable_fails_the_learner_on_a_failed_collective() -> None:
-    from diloco_chaos.trainers.learner_core import CollectiveFailed
+    from diloco_chaos.trainers.learner.core import CollectiveFailed
 
     core = LearnerCore(0, MODEL, TrainConfig(steps=4, lr=1e-2, warmup_steps=0),
                        DilocoConfig(fragments=1, sync_every=1), SEED)

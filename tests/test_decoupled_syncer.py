@@ -1,4 +1,4 @@
-"""Tests for diloco_chaos.trainers.decoupled_syncer: the fragment clock, push validation, quorum/grace polling and
+"""Tests for diloco_chaos.trainers.syncers.decoupled: the fragment clock, push validation, quorum/grace polling and
 merges.
 
 Everything runs on plain float clocks; no sockets, threads or sleeps.
@@ -14,9 +14,9 @@ import torch
 from torch.testing import assert_close
 
 from diloco_chaos.trainers.config import DilocoConfig
-from diloco_chaos.trainers.decoupled_syncer import DecoupledSyncer, PushOutcome
 from diloco_chaos.trainers.messages import FragmentPush
 from diloco_chaos.trainers.model import ModelConfig
+from diloco_chaos.trainers.syncers.decoupled import DecoupledSyncer, PushOutcome
 
 MODEL = ModelConfig(seq_len=8, d_model=16, n_layers=1, n_heads=2, d_ff=32)
 P = 4  # fragments; with H = 4, fragment s % 4 is due after step s

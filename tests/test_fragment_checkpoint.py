@@ -16,9 +16,9 @@ from torch.testing import assert_close
 
 from diloco_chaos.harness.syncer.fragment_checkpoint import FragmentCheckpoints, slot_path
 from diloco_chaos.trainers.config import DilocoConfig
-from diloco_chaos.trainers.decoupled_syncer import DecoupledSyncer
 from diloco_chaos.trainers.messages import FragmentPush
 from diloco_chaos.trainers.model import ModelConfig
+from diloco_chaos.trainers.syncers.decoupled import DecoupledSyncer
 
 MODEL = ModelConfig(seq_len=8, d_model=16, n_layers=1, n_heads=2, d_ff=32)
 MAX_FRAME = 1 << 24

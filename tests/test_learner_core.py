@@ -1,4 +1,4 @@
-"""Tests for the learner side (diloco_chaos/trainers/learner_core.py, learner_loops.py): LearnerCore's fragment
+"""Tests for the learner side (diloco_chaos/trainers/learner/core.py, learner_loops.py): LearnerCore's fragment
 bookkeeping and the three learner loops with fake links."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from diloco_chaos.trainers.config import DilocoConfig, TrainConfig
-from diloco_chaos.trainers.learner_core import LearnerCore
-from diloco_chaos.trainers.learner_loops import run_ddp, run_decoupled, run_diloco
-from diloco_chaos.trainers.lockstep import await_round, due_here
+from diloco_chaos.trainers.learner.core import LearnerCore
+from diloco_chaos.trainers.learner.lockstep import await_round, due_here
+from diloco_chaos.trainers.learner.loops import run_ddp, run_decoupled, run_diloco
 from diloco_chaos.trainers.messages import FragmentPush, MergedFragment, Snapshot, flatten
 from diloco_chaos.trainers.model import ModelConfig
 
@@ -359,7 +359,7 @@ def test_run_ddp_uses_the_returned_gradient() -> None:
 
 def test_cosine_schedule_warms_up_then_anneals_to_the_floor() -> None:
     from diloco_chaos.harness.config.scenario import from_dict
-    from diloco_chaos.trainers.learner_core import inner_lr
+    from diloco_chaos.trainers.learner.core import inner_lr
 
     cfg = from_dict({"train": {"lr_schedule": "cosine", "steps": 300, "warmup_steps": 20, "lr": 3e-3,
                                "min_lr_ratio": 0.1}}).train

@@ -1,4 +1,5 @@
-"""Tests for diloco_chaos.trainers.merge: token weights, weighted mean, RDA and the per-tensor outer gradient."""
+"""Tests for diloco_chaos.trainers.merge.outer_gradient: token weights, weighted mean, RDA and the per-tensor outer
+gradient."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from diloco_chaos.trainers.merge import all_finite, outer_gradient, rda, token_weights, weighted_mean
+from diloco_chaos.trainers.merge.outer_gradient import all_finite, outer_gradient, rda, token_weights, weighted_mean
 
 
 def test_token_weights_normalise_and_follow_quality_factor() -> None:

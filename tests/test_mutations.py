@@ -16,11 +16,11 @@ import torch
 from diloco_chaos.harness.config.scenario import ScenarioError, from_dict
 from diloco_chaos.trainers import mutations
 from diloco_chaos.trainers.config import DilocoConfig, TrainConfig
-from diloco_chaos.trainers.learner_core import LearnerCore
-from diloco_chaos.trainers.merge import MergeNorms, outer_gradient, token_weights
+from diloco_chaos.trainers.learner.core import LearnerCore
+from diloco_chaos.trainers.merge.outer_gradient import MergeNorms, outer_gradient, token_weights
+from diloco_chaos.trainers.merge.outer_optimizer import NesterovOuterOptimizer, OuterOptConfig
 from diloco_chaos.trainers.messages import MergedFragment
 from diloco_chaos.trainers.model import ModelConfig
-from diloco_chaos.trainers.outer_optimizer import NesterovOuterOptimizer, OuterOptConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Tests for diloco_chaos.trainers.outer_optimizer: Nesterov outer SGD against hand-computed numbers."""
+"""Tests for diloco_chaos.trainers.merge.outer_optimizer: Nesterov outer SGD against hand-computed numbers."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from diloco_chaos.trainers.outer_optimizer import NesterovOuterOptimizer, OuterOptConfig
+from diloco_chaos.trainers.merge.outer_optimizer import NesterovOuterOptimizer, OuterOptConfig
 
 F64 = torch.float64
 

@@ -1,4 +1,5 @@
-"""The fragment-to-shard assignment (diloco_chaos/trainers/shards.py), its validation (syncer.shards) and the per-shard
+"""The fragment-to-shard assignment (diloco_chaos/trainers/syncers/shards.py), its validation (syncer.shards) and the
+per-shard
 link chaos arithmetic; pure functions, no processes."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from diloco_chaos.harness.syncer.shards import (
     shard_of,
     state_dir,
 )
-from diloco_chaos.trainers.shards import assign_shards, owned
+from diloco_chaos.trainers.syncers.shards import assign_shards, owned
 
 sizes_and_shards = st.lists(st.integers(0, 10_000), min_size=1, max_size=40).flatmap(
     lambda sizes: st.tuples(st.just(sizes), st.integers(1, len(sizes))))
@@ -98,9 +99,9 @@ def test_assemble_final_is_a_no_op_without_sharding(tmp_path):
 def test_a_shard_core_runs_only_its_own_fragments():
     """DecoupledSyncer(owned=...): rounds, pulls and pushes of the fragments it owns; others' pushes rejected."""
     from diloco_chaos.trainers.config import DilocoConfig
-    from diloco_chaos.trainers.decoupled_syncer import DecoupledSyncer, PushOutcome
     from diloco_chaos.trainers.messages import FragmentPush
     from diloco_chaos.trainers.model import ModelConfig
+    from diloco_chaos.trainers.syncers.decoupled import DecoupledSyncer, PushOutcome
 
     cfg = DilocoConfig(fragments=4, sync_every=4, overlap=2, min_quorum=1)
     s = DecoupledSyncer(ModelConfig(seq_len=8, d_model=16, n_layers=1, n_heads=2, d_ff=32), cfg, seed=3,

@@ -1,10 +1,10 @@
-"""Tests for diloco_chaos.trainers.syncer_policy: every branch of decide() with plain float clocks."""
+"""Tests for diloco_chaos.trainers.merge.quorum: every branch of decide() with plain float clocks."""
 
 from __future__ import annotations
 
 import pytest
 
-from diloco_chaos.trainers.syncer_policy import (
+from diloco_chaos.trainers.merge.quorum import (
     Action,
     Decision,
     EwmaEstimator,

@@ -15,9 +15,9 @@ from diloco_chaos.harness import cli
 from diloco_chaos.harness.config.scenario import ScenarioError, from_dict
 from diloco_chaos.harness.config.task_check import check_memory, memory_estimate, scenario_task, with_task_path
 from diloco_chaos.trainers.config import DilocoConfig, TrainConfig
-from diloco_chaos.trainers.decoupled_syncer import DecoupledSyncer
-from diloco_chaos.trainers.learner_core import LearnerCore
-from diloco_chaos.trainers.merge import outer_gradient
+from diloco_chaos.trainers.learner.core import LearnerCore
+from diloco_chaos.trainers.merge.outer_gradient import outer_gradient
+from diloco_chaos.trainers.syncers.decoupled import DecoupledSyncer
 from diloco_chaos.trainers.task import (
     BUILTIN_TASKS,
     Batch,

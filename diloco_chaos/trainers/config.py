@@ -97,7 +97,8 @@ class DilocoConfig:
     deterministic: bool = False
     """Lockstep mode for bisecting a regression: each learner waits at every sync point for that round's merge
     and the syncer merges a round only once every alive learner is in, so merges happen in a fixed order at
-    fixed steps and a fault-free run repeats exactly (diloco_chaos/trainers/lockstep.py). Learners then wait for each
+    fixed steps and a fault-free run repeats exactly (diloco_chaos/trainers/learner/lockstep.py). Learners then wait
+    for each
     other:
     not for measuring availability."""
     max_staleness: int = bounded(4, 0, 100_000)

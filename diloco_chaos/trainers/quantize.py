@@ -21,7 +21,8 @@ bytes per element at int4 and double that reach). Rounding is to nearest, not st
 compute the receiver's value from what was sent without sharing a random stream, and the wire codec sends
 deltas against the receiver's own reconstruction (closed loop), so a rounding error is not carried forward
 or summed: the next transfer's delta includes it. NaN or Inf in the input raise `NonFiniteError` before
-anything is encoded: a NaN must never reach a merge (diloco_chaos/trainers/merge.py), and a scale taken from an Inf
+anything is encoded: a NaN must never reach a merge (diloco_chaos/trainers/merge/outer_gradient.py), and a scale taken
+from an Inf
 would turn a whole block into NaN.
 """
 

@@ -208,7 +208,8 @@ class SyncerConfig:
 
     shards: int = bounded(1, 1, MAX_SHARDS)
     """S: synchronizer shards, each its own process with its own port, checkpoint and restore, owning the
-    fragments diloco_chaos/trainers/shards.py assigns it (balanced by size). Every learner reaches every shard, through
+    fragments diloco_chaos/trainers/syncers/shards.py assigns it (balanced by size). Every learner reaches every
+    shard, through
     one proxy per shard. S > 1: algorithm = "decoupled" only, S <= diloco.fragments, and
     recovery.syncer_checkpoint = "every_merge" (shard 0's evaluations read the other shards' fragments from
     their checkpoint slots). 1: one syncer, as before."""

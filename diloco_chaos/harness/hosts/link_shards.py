@@ -6,7 +6,7 @@ learner's connection to it fails, reconnects and is restored with it alone, whil
 shards go on; each has its own proxy (`learner-<i>-shard<k>`, diloco_chaos/chaos/links.py), and a link fault on the
 learner applies to all of them. Every shard gets each step's META (each runs the rounds of its own fragments and pulls
 from this learner's snapshot); a final push of fragment p goes to the shard that owns p
-(diloco_chaos/trainers/shards.py).
+(diloco_chaos/trainers/syncers/shards.py).
 The synchronous baselines never shard (validated), so `exchange` goes to shard 0.
 """
 

@@ -24,8 +24,9 @@ from diloco_chaos.harness.record.events import EVENTS_FILE, EventLog
 from diloco_chaos.harness.run.procutil import become_run_process, cpu_seconds, print_error, stderr_to_file
 from diloco_chaos.harness.syncer.service import max_frame_bytes
 from diloco_chaos.harness.wire.precision import wire_dtype_for
-from diloco_chaos.trainers.learner_core import CollectiveFailed, LearnerCore
-from diloco_chaos.trainers.learner_loops import (
+from diloco_chaos.trainers.learner.core import CollectiveFailed, LearnerCore
+from diloco_chaos.trainers.learner.lockstep import await_round, due_here
+from diloco_chaos.trainers.learner.loops import (
     initial_pull,
     resume_sync,
     run_ddp,
@@ -33,8 +34,7 @@ from diloco_chaos.trainers.learner_loops import (
     run_diloco,
     sync_replicas,
 )
-from diloco_chaos.trainers.lockstep import await_round, due_here
-from diloco_chaos.trainers.shards import assign_shards, fragment_sizes
+from diloco_chaos.trainers.syncers.shards import assign_shards, fragment_sizes
 
 CPU_MARK_EVERY = 50
 """Every this many steps, the host's step event carries the process's CPU seconds so far (cost accounting)."""

@@ -188,7 +188,7 @@ class LearnerDone(Event):
     finite: bool
     """Whether its parameters are all finite."""
     timing: dict[str, float]
-    """Seconds spent per phase (diloco_chaos/trainers/learner_core.py LearnerCore.timing)."""
+    """Seconds spent per phase (diloco_chaos/trainers/learner/core.py LearnerCore.timing)."""
     cpu_s: float
     """Process CPU seconds."""
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from diloco_chaos.harness.record.base import Event, event
-from diloco_chaos.trainers.decoupled_syncer import PushOutcome, SupersededCause
+from diloco_chaos.trainers.syncers.decoupled import PushOutcome, SupersededCause
 
 _SHARD_PROC = re.compile(r"syncer\.s(\d+)$")
 
@@ -43,7 +43,7 @@ class SyncerStart(Event):
     shard: int | None = None
     """syncer.shards > 1: which shard of the synchronizer this is (absent: one syncer)."""
     owned: list[int] | None = None
-    """syncer.shards > 1: the fragments this shard owns (diloco_chaos/trainers/shards.py)."""
+    """syncer.shards > 1: the fragments this shard owns (diloco_chaos/trainers/syncers/shards.py)."""
 
 
 @event("learner_join", SERVICE)
@@ -212,7 +212,7 @@ class SendDropped(Event):
 @event("elastic_reconfigure", BARRIER)
 @dataclass(frozen=True, kw_only=True)
 class ElasticReconfigure(Event):
-    """elastic_ddp: the global group changed (diloco_chaos/trainers/elastic_ddp.py Reconfiguration)."""
+    """elastic_ddp: the global group changed (diloco_chaos/trainers/syncers/elastic_ddp.py Reconfiguration)."""
 
     kind: Literal["shrink", "grow"]
     """A learner left (shrink) or was admitted (grow)."""
@@ -320,7 +320,7 @@ class Merge(Event):
     digest: str | None = None
     """decoupled: hash of the merged fragment (diloco_chaos/harness/syncer/fragment_checkpoint.py fragment_digest)."""
     norms: dict[str, float] | None = None
-    """decoupled: norms of the merge (diloco_chaos/trainers/merge.py MergeNorms)."""
+    """decoupled: norms of the merge (diloco_chaos/trainers/merge/outer_gradient.py MergeNorms)."""
     outer_lr: float | None = None
     """decoupled: the outer learning rate used (NaN: not recorded)."""
 
@@ -367,7 +367,8 @@ class PushSuperseded(Event):
     reason: str
     """Human-readable reason (readers match on `cause`)."""
     cause: SupersededCause | None = None
-    """Why, as a closed set (diloco_chaos/trainers/decoupled_syncer.py SupersededCause). None: absent in run directories
+    """Why, as a closed set (diloco_chaos/trainers/syncers/decoupled.py SupersededCause). None: absent in run
+    directories
     written before this field existed; every current emitter writes it (readers then fall back to `reason`)."""
     first_step: int
     """First learner step of its work."""
@@ -418,7 +419,7 @@ class Push(Event):
     base_version: int
     """The fragment version it was based on."""
     outcome: PushOutcome | Literal["late"]
-    """What the syncer did with it (diloco_chaos/trainers/decoupled_syncer.py PushOutcome). "late": only in run
+    """What the syncer did with it (diloco_chaos/trainers/syncers/decoupled.py PushOutcome). "late": only in run
     directories written before answers that arrived after their round merged were carried (such an answer is now
     `carried`); no current emitter writes it."""
     final: bool

@@ -18,8 +18,8 @@ import torch
 
 from diloco_chaos.harness.run.rundir import atomic_torch_save
 from diloco_chaos.harness.syncer.fragment_checkpoint import FragmentCheckpoints
-from diloco_chaos.trainers.decoupled_records import MergeRecord
-from diloco_chaos.trainers.syncer_core import SyncerCore
+from diloco_chaos.trainers.syncers.core import SyncerCore
+from diloco_chaos.trainers.syncers.decoupled_records import MergeRecord
 
 STATE_DIR = "syncer_state"
 """Under the run directory: one checkpoint file per fragment (Decoupled DiLoCo)."""

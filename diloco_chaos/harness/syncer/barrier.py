@@ -1,6 +1,6 @@
 """The synchronous baselines' side of the syncer service (ddp, diloco, elastic_ddp): one barrier round at a time.
 
-`BarrierHandler` drives any `diloco_chaos.trainers.syncer_core.BarrierCore`: a (re)joining learner is sent the state it
+`BarrierHandler` drives any `diloco_chaos.trainers.syncers.core.BarrierCore`: a (re)joining learner is sent the state it
 resumes from (RESUME), a contribution (GRADS every step, PARAMS every H steps) goes to the core, and a
 completed round is sent back to its participants (GRADS_AVG / PARAMS_MERGED) and logged as a `merge`; a
 round asked for again by one learner is answered to it alone. elastic_ddp's group changes come back from the
@@ -20,8 +20,8 @@ from diloco_chaos.harness.syncer.accounting import Accounting
 from diloco_chaos.harness.syncer.eval_schedule import planned_tokens
 from diloco_chaos.harness.syncer.transport import Conn, Transport
 from diloco_chaos.harness.wire.framing import Message, MsgType
-from diloco_chaos.trainers.merge import all_finite
-from diloco_chaos.trainers.syncer_core import BarrierCore, Contribution, SyncRejected, SyncResult, SyncRound
+from diloco_chaos.trainers.merge.outer_gradient import all_finite
+from diloco_chaos.trainers.syncers.core import BarrierCore, Contribution, SyncRejected, SyncResult, SyncRound
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Decoupled DiLoCo's side of the syncer service: pushes in, pulls and merged fragments out.
 
-`DecoupledHandler` drives `diloco_chaos.trainers.decoupled_syncer.DecoupledSyncer` from the typed frames the transport
+`DecoupledHandler` drives `diloco_chaos.trainers.syncers.decoupled.DecoupledSyncer` from the typed frames the transport
 hands the main loop (META, PUSH), logs every outcome (push, push_superseded, push_rejected, pull, merge,
 fragment_resent, budget_reached), counts and persists merges before broadcasting them (diloco_chaos/harness/
 syncer_accounting.py), and restores the core from its slots after a syncer crash: what a crash loses is only
@@ -21,9 +21,9 @@ from diloco_chaos.harness.syncer.shards import fragment_owners, state_dir
 from diloco_chaos.harness.syncer.transport import Conn, Transport
 from diloco_chaos.harness.wire.codec import merged_to_message, message_to_push, push_round
 from diloco_chaos.harness.wire.framing import Message, MsgType
-from diloco_chaos.trainers.decoupled_records import MergeRecord, Pull, PushOutcome, SupersededCause
-from diloco_chaos.trainers.decoupled_syncer import DecoupledSyncer
-from diloco_chaos.trainers.shards import owned as owned_by
+from diloco_chaos.trainers.syncers.decoupled import DecoupledSyncer
+from diloco_chaos.trainers.syncers.decoupled_records import MergeRecord, Pull, PushOutcome, SupersededCause
+from diloco_chaos.trainers.syncers.shards import owned as owned_by
 
 REJOIN_DROP = ("dropped on rejoin: carried from before it rejoined, where it is sent the current value (its "
                "counters reset)")

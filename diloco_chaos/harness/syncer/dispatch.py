@@ -4,7 +4,7 @@ The service (diloco_chaos/harness/syncer/service.py) owns the transport, the eva
 that depends on the algorithm sits behind `AlgorithmHandler`, chosen once from `HANDLERS`, so the service
 has no per-algorithm branch: diloco_chaos/harness/syncer/decoupled.py for Decoupled DiLoCo,
 diloco_chaos/harness/syncer/barrier.py
-with the matching `BarrierCore` (diloco_chaos/trainers/syncer_core.py) for ddp, diloco and elastic_ddp.
+with the matching `BarrierCore` (diloco_chaos/trainers/syncers/core.py) for ddp, diloco and elastic_ddp.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from diloco_chaos.harness.syncer.barrier import BarrierHandler
 from diloco_chaos.harness.syncer.decoupled import DecoupledHandler
 from diloco_chaos.harness.syncer.transport import Conn, Transport
 from diloco_chaos.harness.wire.framing import Message
-from diloco_chaos.trainers.baselines import DdpSyncer, DilocoSyncer
-from diloco_chaos.trainers.elastic_ddp import ElasticDdpSyncer
-from diloco_chaos.trainers.syncer_core import SyncerCore
+from diloco_chaos.trainers.syncers.core import SyncerCore
+from diloco_chaos.trainers.syncers.elastic_ddp import ElasticDdpSyncer
+from diloco_chaos.trainers.syncers.synchronous import DdpSyncer, DilocoSyncer
 
 
 class AlgorithmHandler(Protocol):

@@ -2,7 +2,8 @@
 
 With `syncer.shards = S` > 1 each shard k is a syncer process of its own (`syncer.s<k>`, its own port, its own
 per-fragment checkpoint slots under `syncer_state.s<k>/` and final checkpoint `global.s<k>.pt`) that merges only
-the fragments diloco_chaos/trainers/shards.py assigns it. S = 1 keeps the names of the unsharded syncer (`syncer`,
+the fragments diloco_chaos/trainers/syncers/shards.py assigns it. S = 1 keeps the names of the unsharded syncer
+(`syncer`,
 `syncer_state/`, `global.pt`), so runs and tests written before sharding read as they did.
 
 Two things need every fragment at once, and read the other shards' files:
@@ -27,7 +28,7 @@ from diloco_chaos.harness.run.rundir import CHECKPOINT_FILE, atomic_torch_save
 from diloco_chaos.harness.syncer.accounting import STATE_DIR
 from diloco_chaos.harness.syncer.fragment_checkpoint import FragmentCheckpoints
 from diloco_chaos.trainers.fragments import partition_tensors
-from diloco_chaos.trainers.shards import assign_shards, fragment_sizes
+from diloco_chaos.trainers.syncers.shards import assign_shards, fragment_sizes
 from diloco_chaos.trainers.task import parameters
 
 __all__ = ["assemble_final", "assembled_params", "checkpoint_name", "fragment_owners", "proc_name", "shard_of",

@@ -27,7 +27,8 @@ than a bias that accumulates (round to nearest on a delta much larger than the g
 
 A tensor with NaN or Inf is refused by the quantiser before anything is encoded; the frame then goes as it is
 (fp32, meta ``wire`` absent), so the syncer's merge guard declines it and counts it exactly as before
-(diloco_chaos/trainers/merge.py: a NaN update is never merged). ddp and elastic_ddp (gradients and optimizer state each
+(diloco_chaos/trainers/merge/outer_gradient.py: a NaN update is never merged). ddp and elastic_ddp (gradients and
+optimizer state each
 step) never use the codec: their frames stay fp32.
 """
 

@@ -21,7 +21,8 @@ from diloco_chaos.trainers.config import DilocoConfig
     Bound("show", "problems listed in the detail", 3, low=0)))
 def outer_lr(run: Run, *, rel_tol: float = 1e-2, show: int = 3) -> InvariantResult:
     """Per merge, the outer step's effective learning rate it logged (`outer_lr`: the applied change's norm over
-    the Nesterov direction's, diloco_chaos.trainers.outer_optimizer) equals diloco.outer_lr within `rel_tol` (relative).
+    the Nesterov direction's, diloco_chaos.trainers.merge.outer_optimizer) equals diloco.outer_lr within `rel_tol`
+    (relative).
     Figure: the largest relative deviation. A step whose direction was 0 logs nan and is skipped (counted)."""
     r = _run(run)
     measure = "largest relative deviation of the effective outer lr"

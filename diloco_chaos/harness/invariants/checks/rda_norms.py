@@ -19,7 +19,8 @@ from diloco_chaos.trainers.config import DilocoConfig
     Bound("rel_tol", "relative deviation of a merged norm from the radial norm allowed", 1e-3, low=0.0),
     Bound("show", "problems listed in the detail", 3, low=0)))
 def rda_norms(run: Run, *, rel_tol: float = 1e-3, show: int = 3) -> InvariantResult:
-    """Per merge, from the `norms` it logged (measured in diloco_chaos.trainers.merge.outer_gradient on the outer
+    """Per merge, from the `norms` it logged (measured in diloco_chaos.trainers.merge.outer_gradient.outer_gradient on
+    the outer
     gradients it used): with diloco.merge_rule rda, the non-embedding tensors' merged norm equals the weighted mean of
     the participants' norms within `rel_tol`; with any rule, no merged norm (embeddings included) exceeds it.
     Figure: the largest relative deviation. A merge of one participant satisfies both trivially; merges of two or

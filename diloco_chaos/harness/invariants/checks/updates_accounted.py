@@ -17,8 +17,8 @@ from diloco_chaos.harness.record.run import SyncerDown
 from diloco_chaos.harness.record.syncer import LearnerJoin, Merge, Push, PushRejected, PushSuperseded, SyncerRestore
 from diloco_chaos.harness.report.metrics import DATA_PARALLEL
 from diloco_chaos.harness.syncer.shards import shard_of
-from diloco_chaos.trainers.decoupled_records import SupersededCause
-from diloco_chaos.trainers.decoupled_syncer import PushOutcome
+from diloco_chaos.trainers.syncers.decoupled import PushOutcome
+from diloco_chaos.trainers.syncers.decoupled_records import SupersededCause
 
 
 class Contribution(NamedTuple):
@@ -250,7 +250,7 @@ _SUPERSEDED_TAG = {"late": "late", "stale": "stale", "unanchored": "stale", "bef
 
 _POOL_OF_CAUSE = {"newer": "newer", "rejoin_drop": "newer", "stale": "stale", "before_rejoin": "before_rejoin",
                   "lagging": "lagging", "late": "late"}
-"""A push_superseded event's cause (diloco_chaos.trainers.decoupled_syncer.SupersededCause) -> the pool it accounts in:
+"""A push_superseded event's cause (diloco_chaos.trainers.syncers.decoupled.SupersededCause) -> the pool it accounts in:
 pushes superseded by a newer one or dropped on rejoin account for accepted or carried pushes; the others for
 pushes whose own outcome named them."""
 

@@ -22,7 +22,7 @@ from diloco_chaos.harness.record.learner import Apply, FinalPushesGivenUp
 from diloco_chaos.harness.record.run import FaultEnd, FaultStart, LearnerDown, LearnerRestart, SyncerDown
 from diloco_chaos.harness.record.syncer import LearnerJoin, Merge, Push, PushRejected, PushSuperseded, shard_of
 from diloco_chaos.harness.report.metrics import DiscardedStep, goodput_and_discards
-from diloco_chaos.trainers.decoupled_records import PushOutcome, SupersededCause
+from diloco_chaos.trainers.syncers.decoupled_records import PushOutcome, SupersededCause
 
 
 class Cause(enum.Enum):

@@ -6,7 +6,8 @@ the merge count, and the algorithm's own extra checkpoint fields. `BarrierCore` 
 three synchronous cores (`DdpSyncer`, `DilocoSyncer`, `ElasticDdpSyncer`): a learner joins (and is sent the
 state it resumes from), leaves, says BYE, or contributes (gradients or parameters) to the open round. With
 one interface the service's dispatch has no per-algorithm branch; the cores keep their decisions pure
-(`diloco_chaos.trainers.syncer_policy.decide`, `diloco_chaos.trainers.elastic_ddp.decide`). `DecoupledSyncer` implements
+(`diloco_chaos.trainers.merge.quorum.decide`, `diloco_chaos.trainers.syncers.elastic_ddp.decide`). `DecoupledSyncer`
+implements
 `SyncerCore`; its pushes, pulls and merges are driven by diloco_chaos/harness/syncer/decoupled.py.
 """
 

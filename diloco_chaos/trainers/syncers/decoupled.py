@@ -53,19 +53,19 @@ from torch import Tensor
 
 from diloco_chaos.trainers import mutations
 from diloco_chaos.trainers.config import DilocoConfig
-from diloco_chaos.trainers.decoupled_records import (
+from diloco_chaos.trainers.fragments import FragmentSchedule, partition_tensors
+from diloco_chaos.trainers.merge.outer_gradient import MergeNorms, all_finite, outer_gradient, token_weights
+from diloco_chaos.trainers.merge.outer_optimizer import NesterovOuterOptimizer, OuterOptConfig
+from diloco_chaos.trainers.merge.quorum import Action, EwmaEstimator, QuorumConfig, RoundState, StepTimeTracker, decide
+from diloco_chaos.trainers.messages import FragmentPush
+from diloco_chaos.trainers.model import ModelConfig
+from diloco_chaos.trainers.syncers.decoupled_records import (
     MergeRecord,
     OpenRound,
     Pull,
     PushOutcome,
     SupersededCause,  # noqa: F401 - re-exported
 )
-from diloco_chaos.trainers.fragments import FragmentSchedule, partition_tensors
-from diloco_chaos.trainers.merge import MergeNorms, all_finite, outer_gradient, token_weights
-from diloco_chaos.trainers.messages import FragmentPush
-from diloco_chaos.trainers.model import ModelConfig
-from diloco_chaos.trainers.outer_optimizer import NesterovOuterOptimizer, OuterOptConfig
-from diloco_chaos.trainers.syncer_policy import Action, EwmaEstimator, QuorumConfig, RoundState, StepTimeTracker, decide
 from diloco_chaos.trainers.task import Task, embedding_names, parameters
 from diloco_chaos.trainers.tasks import as_task
 
@@ -77,7 +77,8 @@ class DecoupledSyncer:
                  owned: frozenset[int] | None = None) -> None:
         self.cfg = cfg
         self.owned = owned
-        """A shard of a sharded synchronizer (diloco_chaos/trainers/shards.py): the fragments it owns, the only ones it
+        """A shard of a sharded synchronizer (diloco_chaos/trainers/syncers/shards.py): the fragments it owns, the
+        only ones it
         opens rounds for, merges and accepts pushes of; the others keep their initial value here. None: all."""
         self.num_learners = num_learners
         self.seed = seed

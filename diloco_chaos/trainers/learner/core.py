@@ -2,7 +2,7 @@
 
 `LearnerCore` holds one chip's replica, its AdamW inner optimizer (`InnerOptimizer`) and Decoupled DiLoCo's
 per-fragment bookkeeping; `Collective` is the group of this learner's chips; `DecoupledLink` / `SyncLink`
-are the host's links to the syncer as the loops (diloco_chaos/trainers/learner_loops.py) see them. Split from the loops
+are the host's links to the syncer as the loops (diloco_chaos/trainers/learner/loops.py) see them. Split from the loops
 so each module stays small.
 """
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from diloco_chaos.trainers.learner_core import DecoupledLink, LearnerCore
+from diloco_chaos.trainers.learner.core import DecoupledLink, LearnerCore
 
 
 def due_here(core: LearnerCore) -> list[int]:

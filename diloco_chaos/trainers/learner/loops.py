@@ -1,6 +1,6 @@
 """The learner's three training loops: `run_decoupled`, `run_diloco`, `run_ddp` (and elastic_ddp's variant).
 
-Each drives a `LearnerCore` (diloco_chaos/trainers/learner_core.py) with a `Collective` for the learner's chips and, on
+Each drives a `LearnerCore` (diloco_chaos/trainers/learner/core.py) with a `Collective` for the learner's chips and, on
 the host only, a link to the syncer. Every chip makes the same decisions because rank 0 decides and
 broadcasts them inside the learner. Split from the core so each module stays small.
 """
@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from diloco_chaos.trainers import mutations
-from diloco_chaos.trainers.learner_core import (
+from diloco_chaos.trainers.learner.core import (
     CollectiveFailed,
     DecoupledLink,
     LearnerCore,
@@ -193,7 +193,8 @@ def run_decoupled(
     training goes on with fewer tokens per step; a repaired chip joins the same way at a step boundary.
     Training ends after `max_steps` (default train.steps) or, earlier, after the step at which the syncer said
     the run's total budget is reached (train.budget = total). `after_publish` runs on the host after each
-    publish, inside the step's time in the link (the deterministic mode's wait: diloco_chaos/trainers/lockstep.py).
+    publish, inside the step's time in the link (the deterministic mode's wait:
+    diloco_chaos/trainers/learner/lockstep.py).
     """
     limit = core.train_cfg.steps if max_steps is None else max_steps
     stop = False

@@ -10,7 +10,7 @@ partitioned one whose link is back) is admitted at the next step boundary: it is
 moments and the step, and from that step on the barrier expects it again.
 
 Under the shrink policy (`recovery.policy = "shrink"` or `"elastic"`) a lost non-host chip does not reach
-this module: its learner re-forms a smaller group inside itself (`diloco_chaos.trainers.learner_loops.run_ddp`, the same
+this module: its learner re-forms a smaller group inside itself (`diloco_chaos.trainers.learner.loops.run_ddp`, the same
 regroup as Decoupled DiLoCo's) and stays a member, with fewer tokens per gradient; the barrier simply waits for its
 gradient while it re-forms. Only a learner-level loss (a lost host, a learner kill, a crashed host, a silent
 link) changes the membership here.
@@ -21,7 +21,7 @@ AdamW's update size does not follow the gradient's scale, so the schedule stays 
 size rule would tie the schedule to the fault timeline). docs/algorithm.md says more.
 
 `decide` is the membership decision: a pure function of (clock value, the open step's view, the change) that
-returns its reason, like `diloco_chaos.trainers.syncer_policy.decide`. `ElasticDdpSyncer` applies its decisions and
+returns its reason, like `diloco_chaos.trainers.merge.quorum.decide`. `ElasticDdpSyncer` applies its decisions and
 keeps the records of every reconfiguration for the harness to log.
 """
 
@@ -34,12 +34,12 @@ from typing import Literal
 
 from torch import Tensor
 
-from diloco_chaos.trainers.baselines import DdpSyncer
 from diloco_chaos.trainers.config import TrainConfig
-from diloco_chaos.trainers.merge import all_finite
+from diloco_chaos.trainers.merge.outer_gradient import all_finite
 from diloco_chaos.trainers.messages import STATE_STEP_KEY
 from diloco_chaos.trainers.model import ModelConfig
-from diloco_chaos.trainers.syncer_core import Reconfiguration, SyncRejected, SyncResult, SyncRound
+from diloco_chaos.trainers.syncers.core import Reconfiguration, SyncRejected, SyncResult, SyncRound
+from diloco_chaos.trainers.syncers.synchronous import DdpSyncer
 from diloco_chaos.trainers.task import Task
 
 

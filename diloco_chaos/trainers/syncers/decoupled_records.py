@@ -1,5 +1,6 @@
 """The Decoupled DiLoCo syncer's records: push outcomes and their causes (enums that events carry), and the
-round, merge and pull records `DecoupledSyncer` (diloco_chaos/trainers/decoupled_syncer.py) hands to the syncer service.
+round, merge and pull records `DecoupledSyncer` (diloco_chaos/trainers/syncers/decoupled.py) hands to the syncer
+service.
 
 Kept apart from the syncer's logic so that readers of the event log (invariants, the typed event records)
 import the vocabulary without the merge machinery.
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-from diloco_chaos.trainers.merge import MergeNorms
+from diloco_chaos.trainers.merge.outer_gradient import MergeNorms
 from diloco_chaos.trainers.messages import FragmentPush
 
 

@@ -10,7 +10,7 @@
   Theta - theta_m, applies outer Nesterov SGD and hands the model back.
 
 Both reject non-finite inputs (the round then never completes, which is how a
-synchronous system fails). Elastic data parallel (diloco_chaos/trainers/elastic_ddp.py)
+synchronous system fails). Elastic data parallel (diloco_chaos/trainers/syncers/elastic_ddp.py)
 takes `DdpSyncer.merge` behind a barrier whose membership follows the learners
 present.
 """
@@ -22,11 +22,11 @@ import dataclasses
 from torch import Tensor
 
 from diloco_chaos.trainers.config import DilocoConfig, TrainConfig
-from diloco_chaos.trainers.learner_core import InnerOptimizer
-from diloco_chaos.trainers.merge import all_finite, weighted_mean
+from diloco_chaos.trainers.learner.core import InnerOptimizer
+from diloco_chaos.trainers.merge.outer_gradient import all_finite, weighted_mean
+from diloco_chaos.trainers.merge.outer_optimizer import NesterovOuterOptimizer, OuterOptConfig
 from diloco_chaos.trainers.model import ModelConfig
-from diloco_chaos.trainers.outer_optimizer import NesterovOuterOptimizer, OuterOptConfig
-from diloco_chaos.trainers.syncer_core import Contribution, Reconfiguration, SyncResult, SyncRound
+from diloco_chaos.trainers.syncers.core import Contribution, Reconfiguration, SyncResult, SyncRound
 from diloco_chaos.trainers.task import Task, parameters
 from diloco_chaos.trainers.tasks import as_task
 
