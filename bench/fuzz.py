@@ -1,12 +1,12 @@
 """Fuzzing the two inputs from outside: scenario documents, and frames on the wire.
 
-Scenario documents (tests/scenario_strategies.py: real section and key names with values of every type and
+Scenario documents (tests/config/scenario_strategies.py: real section and key names with values of every type and
 extreme, unknown keys, random tables, random fault lists and [random_faults]) go through
 `diloco_chaos.harness.config.scenario.from_dict`; each must end as a Scenario or a ScenarioError, never anything else,
 and the whole batch must stay within a memory bound (a document must not make the harness allocate by its numbers).
 
 Not a test: it prints a table (the test command runs a small, fixed number of such cases as Hypothesis
-properties in tests/test_frame_auth.py). Valid frames of every message kind the project sends, plain
+properties in tests/wire/test_frame_auth.py). Valid frames of every message kind the project sends, plain
 (as before the handshake and in checkpoint slots) and signed (every frame after it), are mutated and
 decoded, the signed ones through a real socket with the receiving end's keys. Mutations:
 
@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/ holds 
 from diloco_chaos.harness.testing.hostile_peer import mutate  # noqa: E402
 from diloco_chaos.harness.wire.frame_auth import FrameAuth  # noqa: E402
 from diloco_chaos.harness.wire.framing import ConnectionClosed, FrameError, Message, decode_frame, encode, recv_message  # noqa: E402
-from tests.test_wire_messages import _sent_by_the_project  # noqa: E402
+from tests.wire.test_wire_messages import _sent_by_the_project  # noqa: E402
 
 MAX = 1 << 20
 SECRET, NONCE = b"k" * 32, b"n" * 16
@@ -109,7 +109,7 @@ def fuzz_documents(n: int, seed: int) -> dict[str, object]:
     from hypothesis import seed as hyp_seed
 
     from diloco_chaos.harness.config.scenario import ScenarioError, from_dict
-    from tests.scenario_strategies import documents
+    from tests.config.scenario_strategies import documents
 
     counts: Counter[str] = Counter()
     rules: Counter[str] = Counter()

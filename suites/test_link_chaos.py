@@ -93,7 +93,7 @@ def test_bandwidth_and_latency_hit_only_their_learner(run_scenario):
     """Learner 1 gets a bandwidth toxic of R KB/s, learner 2 an added round trip of L ms, learner 0 nothing."""
     # fp32 frames: the unthrottled links' receive rate is measured on a frame's late bytes, and a bf16 frame
     # (half the bytes) lets one CPU wait on this 2-core machine pull it under 5x the throttled rate (measured
-    # 2.1 MB/s once); the toxics are the point here, not the wire precision (tests/test_wire_dtype_runs.py)
+    # 2.1 MB/s once); the toxics are the point here, not the wire precision (tests/wire/test_wire_dtype_runs.py)
     sc = scenario("decoupled", learners=3, steps=160, faults=[
         {"action": "degrade", "learner": 1, "bandwidth_kbps": BANDWIDTH_KBS * 8},
         {"action": "degrade", "learner": 2, "latency_ms": LATENCY_MS},

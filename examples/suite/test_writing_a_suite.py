@@ -1,4 +1,4 @@
-"""A chaos suite of your own: docs/api.md, "Writing a suite", shows this file whole (tests/test_api_doc.py keeps
+"""A chaos suite of your own: docs/api.md, "Writing a suite", shows this file whole (tests/package/test_api_doc.py keeps
 the two equal) and `python -m pytest` runs it with the harness's tests (pyproject testpaths)."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ diloco_chaos/harness/config/scenario.py's `Scenario` and the dataclasses behind 
 `[random_faults]`, the keys every `[[faults]]` table takes, each fault kind's parameters and the `at` / `until`
 triggers), each with its type, default, allowed range or choices and the docstring under its field. `render()` is
 docs/scenario.md; ``python -m diloco_chaos.harness.config.doc`` writes it (``--check``: exit 1 if the committed file
-differs), and tests/test_scenario_doc.py fails when it is stale. `main_keys` is the `keys` subcommand.
+differs), and tests/config/test_scenario_doc.py fails when it is stale. `main_keys` is the `keys` subcommand.
 
 Why: the keys were documented only in the docstrings of the dataclasses; reading them from there keeps one
 source, so the reference cannot drift from what the loader accepts. Ranges come from where validation reads them:
@@ -231,8 +231,8 @@ def render() -> str:
         "# Scenario reference",
         "",
         f"Generated from the config dataclasses by `{REGENERATE}`; do not edit by hand",
-        "(tests/test_scenario_doc.py fails when this file is stale). `diloco-chaos keys [SECTION]` prints the same",
-        "keys in a terminal. Every key is optional unless its default says *required*; a bad value is refused",
+        "(tests/config/test_scenario_doc.py fails when this file is stale). `diloco-chaos keys [SECTION]` prints",
+        "the same keys in a terminal. Every key is optional unless its default says *required*; a bad value is refused",
         "before any process starts, naming the key and its range (exit code 2), and `diloco-chaos validate",
         "FILE` checks a file without running it. Rules between keys (min_quorum <= learners, the timeout",
         "hierarchy, which backends carry which faults) are checked too and are in each key's meaning.",

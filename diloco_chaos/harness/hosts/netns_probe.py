@@ -1,6 +1,6 @@
 """Measure what a netns host's link really carries: TCP payload rate between a host and the bridge.
 
-Used by tests/test_netns_hosts.py (a kernel bandwidth limit's measured rate is within 10 % of the one set) and
+Used by tests/hosts/test_netns_hosts.py (a kernel bandwidth limit's measured rate is within 10 % of the one set) and
 bench/kernel_link_rate.py (the table in docs/multi-host.md). One end runs in a thread of this process that has
 entered the host's namespace (setns moves only the calling thread), the other on the bridge's address in the
 root namespace, so the bytes cross the host's veth, its qdiscs and its nft rules as a run's would.

@@ -2,7 +2,7 @@
 
 Why: the event schema is the run directory's stable contract for users' own tools, so its documentation is read
 from the dataclasses themselves (field names, types, defaults and the docstring under each field) and cannot drift
-from the code; tests/test_event_records.py asserts the committed file equals this output.
+from the code; tests/invariants/test_event_records.py asserts the committed file equals this output.
 """
 
 from __future__ import annotations

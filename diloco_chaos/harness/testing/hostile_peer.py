@@ -4,7 +4,7 @@ Why: the wire's checks (`diloco_chaos/harness/wire/framing.py`, `diloco_chaos/ha
 `diloco_chaos/harness/wire/messages.py`) are tested
 frame by frame, but the promise that matters is the syncer's: a hostile frame from any peer, with or without
 the run's secret, closes that one connection with a logged reason, never stops the syncer, and leaks no
-socket, while the real learners go on training and their pushes are merged. `tests/test_hostile_peers.py`
+socket, while the real learners go on training and their pushes are merged. `tests/wire/test_hostile_peers.py`
 and `bench/fuzz.py --live` attack a real run with the same `attack` (`diloco_chaos/harness/testing/hostile_run.py`).
 
 Two families of attack, one connection each (`KINDS`):

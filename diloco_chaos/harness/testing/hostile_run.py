@@ -1,6 +1,6 @@
 """A real run attacked by hostile peers while it trains, and what its syncer's event log says about it.
 
-Why: `tests/test_hostile_peers.py` asserts, and `bench/fuzz.py --live` measures, the same thing: a live
+Why: `tests/wire/test_hostile_peers.py` asserts, and `bench/fuzz.py --live` measures, the same thing: a live
 syncer sent hostile frames (`diloco_chaos/harness/testing/hostile_peer.py`) from authenticated and unauthenticated peers
 stays up, merges the real learners' pushes, closes each hostile connection with a logged reason, and leaks no socket.
 `run_under_attack` runs the scenario with the real Supervisor and attacks from a thread once every learner

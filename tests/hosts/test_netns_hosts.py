@@ -30,7 +30,7 @@ from diloco_chaos.harness.hosts.netns import remaining as residue
 WHY = availability()
 needs_netns = pytest.mark.skipif(WHY is not None, reason=f"{WHY}")
 RATE_TOLERANCE = 0.10
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _kernel(extra: dict | None = None, **faults_: dict) -> dict:

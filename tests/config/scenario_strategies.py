@@ -1,6 +1,6 @@
 """Hypothesis strategies for scenario documents: near-valid tables with every kind of wrong value in them.
 
-Shared by tests/test_scenario_fuzz.py (a small, fixed number of examples in the test command) and
+Shared by tests/config/test_scenario_fuzz.py (a small, fixed number of examples in the test command) and
 bench/fuzz.py (10,000 of them). Documents are built from the real section and key names, so that most of them
 get past the first unknown-key check and reach the deeper rules, with values of every JSON/TOML type,
 extremes (huge ints, 1e308, inf, nan, negatives) and, now and then, unknown keys and whole random tables.

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 from conftest import tiny_table
-from test_results import write_toml
 
 from diloco_chaos.harness.cli import main
 from diloco_chaos.harness.config.scenario import ScenarioError, apply_overrides, from_dict, load, parse_override
 from diloco_chaos.harness.record.events import EVENTS_FILE, read_events
 from diloco_chaos.harness.run.replay import recorded_scenario
+from tests.report.test_results import write_toml
 
 
 def test_values_are_read_as_toml_and_bare_words_as_strings() -> None:

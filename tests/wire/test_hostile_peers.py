@@ -11,10 +11,10 @@ is left alone.
 from __future__ import annotations
 
 from conftest import tiny
-from test_run_integration import assert_no_survivors
 
 from diloco_chaos.harness.testing.hostile_peer import PUSH_TOKENS
 from diloco_chaos.harness.testing.hostile_run import ACCEPTED, run_under_attack
+from tests.run.test_run_integration import assert_no_survivors
 
 FRAMES = 100
 STEPS = 150

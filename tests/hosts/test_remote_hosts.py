@@ -34,7 +34,7 @@ from diloco_chaos.harness.wire.handshake import new_secret
 
 WHY = availability()
 pytestmark = [pytest.mark.skipif(WHY is not None, reason=f"{WHY}"), pytest.mark.timeout(120)]
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 AGENT_PORT = 29600
 MARGIN = 1.0
 """Final eval loss at least this far (nats per byte) below the initial one."""

@@ -30,7 +30,7 @@ from diloco_chaos.chaos.toxiproxy_client import ProxyInfo, ToxicInfo, ToxiproxyC
 from diloco_chaos.chaos.toxiproxy_server import VERSION, EmbeddedToxiproxy
 
 SOCK_TIMEOUT_S = 5.0
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -361,7 +361,7 @@ def test_shared_server_lock_is_exclusive_across_processes_and_reentrant_within_o
 
 
 def test_the_user_workflow_only_uses_options_the_plugin_registers(pytester: pytest.Pytester) -> None:
-    workflow = (Path(__file__).parent.parent / "ci" / "user-workflow.yml").read_text()
+    workflow = (Path(__file__).parents[2] / "ci" / "user-workflow.yml").read_text()
     used = set(re.findall(r"--chaos-[a-z-]+", workflow))
     assert used == {"--chaos-keep-failed"}
     helptext = pytester.runpytest(*INNER, "--help").stdout.str()

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from conftest import complete
-from test_invariants import config, ev, write_run
 
 from diloco_chaos.harness.invariants.registry import spec
+from tests.invariants.test_invariants import config, ev, write_run
 
 
 def steps(m: int, upto: int) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""Every malformed scenario and incident file in tests/malformed/ is refused before anything runs: exit 2,
+"""Every malformed scenario and incident file in tests/config/malformed/ is refused before anything runs: exit 2,
 a message naming the key (each file's first line says which: `# expect: KEY`), and no traceback. So are bad
 CLI arguments and a damaged run directory."""
 

@@ -8,7 +8,7 @@ import re
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOPS = ("diloco_chaos", "docs", "tests", "suites", "bench", "examples", "ci")
 EXAMPLES = {"suites/test_x.py", "tests/test_chaos.py"}
 """Paths that stand for a user's files in an example (a test id, a scratch repository's suite), not ours."""
@@ -25,7 +25,7 @@ def _cited() -> dict[str, list[str]]:
             continue
         try:
             text = (ROOT / f).read_text()
-        except UnicodeDecodeError:  # a binary fixture (tests/malformed/binary.toml)
+        except UnicodeDecodeError:  # a binary fixture (tests/config/malformed/binary.toml)
             continue
         for n, line in enumerate(text.splitlines(), 1):
             found = [m.group(1) for m in CITED.finditer(line)]

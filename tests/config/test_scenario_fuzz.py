@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from diloco_chaos.harness.config.check import MAX_REPORTED, check
 from diloco_chaos.harness.config.scenario import Scenario, ScenarioError, from_dict, load
-from tests.scenario_strategies import documents
+from tests.config.scenario_strategies import documents
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

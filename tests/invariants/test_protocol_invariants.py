@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from conftest import complete
-from test_invariants import P, config, decoupled_log, ev, holds, violated, write_run
 
 from diloco_chaos.harness.invariants import load_run
 from diloco_chaos.harness.invariants.protocol import (
@@ -25,6 +24,7 @@ from diloco_chaos.harness.invariants.protocol import (
 from diloco_chaos.harness.record.learner import InitialPull
 from diloco_chaos.harness.testing.pytest_plugin import INVARIANTS
 from diloco_chaos.trainers.config import DilocoConfig
+from tests.invariants.test_invariants import P, config, decoupled_log, ev, holds, violated, write_run
 
 LR = DilocoConfig().outer_lr
 """The outer lr the logs below were written with: the config's default (the test config sets none)."""

@@ -21,7 +21,7 @@ from diloco_chaos.harness.record.syncer import Push, PushSuperseded
 from diloco_chaos.harness.run.supervisor import run_scenario
 from diloco_chaos.trainers.syncers.decoupled import PushOutcome, SupersededCause
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BASE = {"t": 1.5, "wall": 1e9, "pid": 42, "proc": "learner0.chip0"}
 STEP = {**BASE, "ev": "step", "learner": 0, "step": 3, "loss": 2.5, "tokens": 512, "chips": 2, "compute_s": 0.01,
         "sync_s": 0.002}

@@ -1,5 +1,6 @@
 """A learner that trains on NaN fails the run: a real run in which learner 1's loss turns NaN after step 100
-(tests/nan_task.py) ends with `learners_finite` violated, naming the learner, its fragments and steps, and the
+(tests/invariants/nan_task.py) ends with `learners_finite` violated, naming the learner, its fragments and steps, and
+the
 CLI lists the learner under the errors as UNEXPECTED, although the syncer kept the global model finite."""
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ from pathlib import Path
 
 import pytest
 from conftest import tiny_table
-from test_results import write_toml
 
 from diloco_chaos.harness.cli import main
 from diloco_chaos.harness.invariants import learners_finite, model_finite
+from tests.report.test_results import write_toml
 
 TESTS = Path(__file__).resolve().parent
 

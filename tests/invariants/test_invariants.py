@@ -579,7 +579,7 @@ def test_model_finite_flag_and_no_evidence(tmp_path: Path) -> None:
 # -- all at once ----------------------------------------------------------------------------------------------
 
 def test_check_all(tmp_path: Path) -> None:
-    from test_protocol_invariants import with_protocol_facts  # it imports this module
+    from tests.invariants.test_protocol_invariants import with_protocol_facts  # it imports this module
 
     run = load_run(write_run(tmp_path, complete(with_protocol_facts(decoupled_log())), params={"w": torch.ones(2)}))
     results = check_all(run, max_loss=3.0, bound_s=1.0, min_uptime=0.9, within_s=5.0)

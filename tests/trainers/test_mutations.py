@@ -22,7 +22,7 @@ from diloco_chaos.trainers.merge.outer_optimizer import NesterovOuterOptimizer, 
 from diloco_chaos.trainers.messages import MergedFragment
 from diloco_chaos.trainers.model import ModelConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def on(monkeypatch: pytest.MonkeyPatch, name: str | None) -> None:

@@ -16,12 +16,12 @@ import sys
 from pathlib import Path
 
 from conftest import tiny_table
-from test_results import write_toml
 
 from diloco_chaos.harness.run.progress import error_lines
 from diloco_chaos.harness.run.rundir import stderr_file
+from tests.report.test_results import write_toml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_expected_errors_leave_their_tracebacks_in_the_run_dir_not_on_the_terminal(tmp_path: Path) -> None:

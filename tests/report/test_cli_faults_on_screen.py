@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 from conftest import tiny_table
-from test_results import write_toml
 
 from diloco_chaos.harness.cli import main
 from diloco_chaos.harness.record.events import EVENTS_FILE, read_events
 from diloco_chaos.harness.report.timeline import fault_bands
+from tests.report.test_results import write_toml
 
 
 def three_faults(tmp_path: Path) -> Path:

@@ -8,7 +8,7 @@ from pathlib import Path
 from diloco_chaos.harness.chaos_run import ChaosRun
 from diloco_chaos.harness.testing.pytest_plugin import MARKERS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "suite" / "test_writing_a_suite.py"
 
 

@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 from conftest import as_records
-from test_invariants import decoupled_log, write_run
-from test_protocol_invariants import with_protocol_facts
 
 from diloco_chaos.harness.chaos_run import INVARIANTS
 from diloco_chaos.harness.invariants import (
@@ -30,6 +28,8 @@ from diloco_chaos.harness.invariants import (
 from diloco_chaos.harness.invariants.doc import render
 from diloco_chaos.harness.invariants.registry import ALL_ALGORITHMS, discover
 from diloco_chaos.trainers.config import ALGORITHMS
+from tests.invariants.test_invariants import decoupled_log, write_run
+from tests.invariants.test_protocol_invariants import with_protocol_facts
 
 
 def _check_modules() -> list[str]:
@@ -209,7 +209,7 @@ def test_every_bound_has_one_name_in_the_functions_check_all_the_plugin_the_suit
         if specs()[inv].mode == "when_bound":  # check_all takes each of its bounds by the same name
             assert all(keywords[b] == (inv, b) for b in bounds)
     # the plugin (ChaosRun.check / measure) goes through the registry: every name the suites pass is in it
-    calls = _calls(Path(__file__).parent.parent / "suites", "test_*.py")
+    calls = _calls(Path(__file__).parents[2] / "suites", "test_*.py")
     assert len(calls) >= 20
     for where, inv, kws in calls:
         assert inv in names, f"{where}: unknown invariant {inv}"

@@ -17,7 +17,7 @@ from diloco_chaos.harness.record.run import FaultEnd, FaultStart, RunStart
 from diloco_chaos.harness.report.html import write_report
 from diloco_chaos.harness.report.timeline import REACTIONS, concerns, fault_end_t
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "incidents"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "incidents"
 
 
 def test_the_incident_runs_faults_have_their_own_reactions_and_one_start_and_end_everywhere(

@@ -2,7 +2,7 @@
 the sealing of the run's secret, the validation of `[launch] hosts = "remote"`, the agents' secret file, and an
 operator's agent (`python -m diloco_chaos.harness.hosts.agent --work-dir`, a real process on a real socket): it refuses
 a client without the secret, serves one connection after another, measures as one clock with its client on
-one machine, and exits on SIGTERM, or after one connection with --once. Full runs: tests/test_remote_hosts.py."""
+one machine, and exits on SIGTERM, or after one connection with --once. Full runs: tests/hosts/test_remote_hosts.py."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from diloco_chaos.harness.wire.handshake import new_secret
 
 pytestmark = pytest.mark.timeout(60)
 WAIT_S = 20.0
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 SAMPLES: list[w.Message] = [
     w.Hello("00ff"), w.Auth("ab"), w.Welcome(12, "/w/run-1"), w.Refused("no"), w.Clock(), w.ClockReply(1.5),

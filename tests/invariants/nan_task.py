@@ -2,7 +2,7 @@
 (diloco_chaos/trainers/tasks/regression_mlp.py) whose training inputs are NaN for `learner` from step `after` + 1 on, so
 that learner's loss, gradients and parameters go non-finite while the others (and every eval batch) stay clean.
 
-The tests name it as `[task] factory = "nan_task:nan_after"` (tests/test_learners_finite.py).
+The tests name it as `[task] factory = "nan_task:nan_after"` (tests/invariants/test_learners_finite.py).
 """
 
 from __future__ import annotations
