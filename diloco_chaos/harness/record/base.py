@@ -45,23 +45,25 @@ class EventSchemaError(ValueError):
 
 @dataclass(frozen=True, kw_only=True)
 class Event:
-    """Fields every event carries (written by diloco_chaos/harness/record/events.py `EventLog.log`)."""
+    """Fields every event carries, filled in by the writer (diloco_chaos/harness/record/events.py `EventLog.write`):
+    a write site constructs the record of its kind without them (`events.write(ChipStart(learner=m, ...))`), so a
+    misspelled or missing field is a type error there. On reading, every one of them is required."""
 
     EV: ClassVar[str] = ""
     """The kind this class records (the `ev` field); set by `@event`."""
     EMITTER: ClassVar[str] = ""
     """Which process (and module) writes it; set by `@event`."""
 
-    t: float
+    t: float = 0.0
     """CLOCK_MONOTONIC seconds when written: comparable across the processes of one machine (one run)."""
-    wall: float
+    wall: float = 0.0
     """Epoch seconds when written."""
-    pid: int
+    pid: int = 0
     """Process id of the writer."""
-    proc: str
+    proc: str = ""
     """Who wrote it: `supervisor`, `syncer` (`syncer.s<k>`: shard k of a sharded synchronizer, syncer.shards > 1),
     `learner<m>.chip<r>` or `learner<m>.link`."""
-    ev: str
+    ev: str = ""
     """The event's kind: the registry key of its record class."""
 
 
@@ -95,8 +97,8 @@ def hints(cls: type[Event]) -> dict[str, Any]:
         names = {f.name for f in dataclasses.fields(cls)}
         h = {k: v for k, v in typing.get_type_hints(cls).items() if k in names}
         _HINTS[cls] = h
-        _REQUIRED[cls] = frozenset(f.name for f in dataclasses.fields(cls)
-                                   if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+        _REQUIRED[cls] = frozenset(f.name for f in dataclasses.fields(cls) if f.name in BASE_FIELDS or (
+            f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING))
     return h
 
 

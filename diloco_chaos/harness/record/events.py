@@ -13,6 +13,7 @@ event is also parsed into its record as it is written, so an emitter that drifts
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -20,6 +21,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from diloco_chaos.harness.record.base import BASE_FIELDS, Event
 
 EVENTS_FILE = "events.jsonl"
 STRICT_ENV = "DILOCO_CHAOS_STRICT_EVENTS"
@@ -41,6 +44,11 @@ class EventLog:
             from diloco_chaos.harness.record import parse  # only here: the schema imports the trainers' enums
 
             self._check = parse
+
+    def write(self, rec: Event) -> None:
+        """Append one typed record; the header (`t`, `wall`, `pid`, `proc`, `ev`) is this writer's, whatever `rec`
+        holds in it. The way every event is written: a field the record lacks is a type error at the call site."""
+        self.log(rec.EV, **{f.name: getattr(rec, f.name) for f in dataclasses.fields(rec) if f.name not in BASE_FIELDS})
 
     def log(self, kind: str, /, **fields: Any) -> None:
         rec = {"t": time.monotonic(), "wall": time.time(), "pid": os.getpid(), "proc": self.proc, "ev": kind}
