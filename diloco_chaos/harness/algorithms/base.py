@@ -122,6 +122,7 @@ _REGISTRY: dict[str, Algorithm] = {}
 _MODULE: dict[str, str] = {}
 _loaded_builtins = False
 _loaded_env: str | None = None
+_env_modules: tuple[str, ...] = ()
 
 
 def register(alg: Algorithm) -> Algorithm:
@@ -134,8 +135,10 @@ def register(alg: Algorithm) -> Algorithm:
 
 
 def _load() -> None:
-    """Import the built-in descriptor modules once, then any plugin newly named in DILOCO_CHAOS_PLUGINS."""
-    global _loaded_builtins, _loaded_env
+    """Import the built-in descriptor modules once; then, whenever DILOCO_CHAOS_PLUGINS changed, the plugins it
+    names now. A plugin it no longer names is dropped (its algorithms unregistered, its module forgotten, so
+    naming it again imports it again): the variable says which plugins are in force."""
+    global _loaded_builtins, _loaded_env, _env_modules
     if not _loaded_builtins:
         _loaded_builtins = True
         pkg = __name__.rsplit(".", 1)[0]
@@ -143,14 +146,20 @@ def _load() -> None:
             if info.name != "base" and not info.name.startswith("_"):
                 importlib.import_module(f"{pkg}.{info.name}")
     env = os.environ.get(PLUGINS_ENV, "")
-    if env != _loaded_env:
-        _loaded_env = env
-        for mod in (m.strip() for m in env.split(",")):
-            if mod:
-                try:
-                    importlib.import_module(mod)
-                except ImportError as e:
-                    raise ImportError(f"{PLUGINS_ENV}: cannot import plugin module {mod!r}: {e}") from e
+    if env == _loaded_env:
+        return
+    _loaded_env = env
+    wanted = tuple(m for m in (x.strip() for x in env.split(",")) if m)
+    for mod in set(_env_modules) - set(wanted):
+        for name in [n for n, m in _MODULE.items() if m == mod]:
+            del _REGISTRY[name], _MODULE[name]
+        sys.modules.pop(mod, None)
+    _env_modules = wanted
+    for mod in wanted:
+        try:
+            importlib.import_module(mod)
+        except ImportError as e:
+            raise ImportError(f"{PLUGINS_ENV}: cannot import plugin module {mod!r}: {e}") from e
 
 
 def every() -> list[Algorithm]:
