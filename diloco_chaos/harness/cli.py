@@ -36,12 +36,12 @@ import logging
 import os
 import sys
 
+from diloco_chaos.harness.algorithms import base as algorithms
 from diloco_chaos.harness.config import doc as scenario_doc
 from diloco_chaos.harness.config import scenario as scenario_mod
 from diloco_chaos.harness.run.progress import Progress, error_lines, faults_table, summary_table, verdict_lines
 from diloco_chaos.harness.run.supervisor import RunFailed, RunResult, run_scenario
 from diloco_chaos.harness.simulator import cli as simulate_cli
-from diloco_chaos.trainers.config import ALGORITHMS
 
 EXIT_BAD_CONFIG = 2
 _SET_HELP = ("set a scenario key before validation, e.g. train.steps=500, diloco.wire_dtype=fp32, seed=3 "
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="run a scenario with real processes (default: the built-in one)")
     run.add_argument("scenario", nargs="?", help="scenario TOML file (default: built-in 'default')")
     run.add_argument("--builtin", default="default", help="name of a built-in scenario")
-    run.add_argument("--algorithm", choices=ALGORITHMS, help="override the algorithm")
+    run.add_argument("--algorithm", choices=algorithms.names(), help="override the algorithm")
     run.add_argument("--seed", type=int, help="override the seed")
     run.add_argument("--runs-dir", default="runs", type=_runs_dir,
                      help="where run directories are created (default: runs)")

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-ALGORITHMS = ("decoupled", "diloco", "ddp", "elastic_ddp")
 INF = math.inf
 
 
@@ -26,7 +25,7 @@ def bounded(default: Any, lo: float, hi: float) -> Any:
     return field(default=default, metadata={"range": (lo, hi)})
 
 
-def choice(default: str | None, choices: tuple[str, ...]) -> Any:
+def choice(default: str | None, choices: Sequence[str]) -> Any:
     """A dataclass field whose value must be one of `choices` (a default of None: unset, for optional fields)."""
     return field(default=default, metadata={"choices": choices})
 

@@ -6,7 +6,15 @@ import dataclasses
 
 import pytest
 
-from diloco_chaos.harness.report.compare import ALGORITHMS, GAP_SD, PARITY_CURVE, loss_allowance, parity_gap, verdict
+from diloco_chaos.harness.report.compare import (
+    GAP_SD,
+    PARITY_CURVE,
+    compared,
+    goodput_order,
+    loss_allowance,
+    parity_gap,
+    verdict,
+)
 from diloco_chaos.harness.report.results import RunRow
 
 
@@ -46,7 +54,7 @@ def test_equal_uptime_holds_and_equal_goodput_does_not() -> None:
 
 
 def test_with_elastic_ddp_goodput_ranks_decoupled_then_elastic_then_ddp() -> None:
-    assert "elastic_ddp" in ALGORITHMS
+    assert "elastic_ddp" in compared() and goodput_order() == ("decoupled", "elastic_ddp", "ddp")
     rs = rows(0.9, 1.0, 0.1) + [r("elastic_ddp, with faults", "elastic_ddp", 0.7, 0.99, 0.0)]
     claims = {c.claim: c for c in verdict(rs)}
     assert claims["decoupled goodput above elastic_ddp"].holds

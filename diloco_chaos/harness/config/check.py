@@ -34,10 +34,10 @@ from diloco_chaos.chaos.schedule import (
     parse_fault,
 )
 from diloco_chaos.chaos.toxiproxy_backend import resolve_backend
+from diloco_chaos.harness.algorithms import base as algorithms
 from diloco_chaos.harness.config.scenario import (
     _DATA_RANGES,
     _MODEL_RANGES,
-    ELASTIC_ALGORITHMS,
     NAME_PATTERN,
     RecoveryConfig,
     Scenario,
@@ -298,8 +298,8 @@ def rules(sc: Scenario, keys: Sequence[str], found: Found) -> None:
             found.add(key, f"{key}.action = {f.action!r}: needs recovery.policy = 'restart' "
                            "(with 'fail' the first lost chip ends the run)")
         if kind.target == "syncer":
-            if sc.algorithm != "decoupled" and found.ok("algorithm"):
-                found.add(key, f"{key}.action = {f.action!r}: supported for algorithm = 'decoupled' "
+            if not algorithms.get(sc.algorithm).restorable_syncer and found.ok("algorithm"):
+                found.add(key, f"{key}.action = {f.action!r}: supported for {_having('restorable_syncer')} "
                                f"only, not {sc.algorithm!r} (its syncer keeps no checkpoint to restore)")
             if ((sc.recovery.syncer_policy != "restart" or sc.recovery.syncer_checkpoint != "every_merge")
                     and found.ok("recovery.syncer_policy", "recovery.syncer_checkpoint")):
@@ -309,9 +309,9 @@ def rules(sc: Scenario, keys: Sequence[str], found: Found) -> None:
         if kind.target == "syncer" and shard is not None and shard >= sc.syncer.shards and found.ok("syncer.shards"):
             found.add(key, f"{key}.shard = {shard}: must be in [0, {sc.syncer.shards - 1}] (syncer.shards)")
     _shards(sc, found)
-    if sc.recovery.policy == "shrink" and sc.algorithm not in ELASTIC_ALGORITHMS and found.ok("recovery.policy",
-                                                                                               "algorithm"):
-        found.add("recovery.policy", f"recovery.policy = 'shrink': supported for algorithm in {ELASTIC_ALGORITHMS} "
+    if (sc.recovery.policy == "shrink" and found.ok("recovery.policy", "algorithm")
+            and not algorithms.get(sc.algorithm).elastic):
+        found.add("recovery.policy", f"recovery.policy = 'shrink': supported for {_having('elastic')} "
                                      f"only, not {sc.algorithm!r}; use 'restart', or 'elastic' (shrink where the "
                                      "algorithm has it, restart elsewhere)")
     _launch(sc, found)
@@ -333,13 +333,19 @@ def rules(sc: Scenario, keys: Sequence[str], found: Found) -> None:
     _timeouts(sc, found)
 
 
+def _having(trait: algorithms.Trait) -> str:
+    """The algorithms with `trait`, as a check's message names them: "algorithm = 'x'" or "algorithm in (...)"."""
+    names = algorithms.with_trait(trait)
+    return f"algorithm = {names[0]!r}" if len(names) == 1 else f"algorithm in {names}"
+
+
 def _shards(sc: Scenario, found: Found) -> None:
     """syncer.shards > 1: what a sharded synchronizer needs (docs/sharded-syncer.md)."""
     s = sc.syncer.shards
     if s == 1 or not found.ok("syncer.shards"):
         return
-    if sc.algorithm != "decoupled" and found.ok("algorithm"):
-        found.add("syncer.shards", f"syncer.shards = {s}: supported for algorithm = 'decoupled' only, not "
+    if found.ok("algorithm") and not algorithms.get(sc.algorithm).shardable_syncer:
+        found.add("syncer.shards", f"syncer.shards = {s}: supported for {_having('shardable_syncer')} only, not "
                                    f"{sc.algorithm!r} (the synchronous baselines' barrier needs every tensor in "
                                    "one process)")
     elif s > sc.diloco.fragments and found.ok("diloco.fragments"):

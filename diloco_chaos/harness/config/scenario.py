@@ -23,7 +23,8 @@ from typing import Any, Literal, cast
 
 from diloco_chaos.chaos.schedule import FaultSpec, ScheduleError, parse_fault
 from diloco_chaos.chaos.toxiproxy_backend import PROXY_MODES
-from diloco_chaos.trainers.config import ALGORITHMS, DilocoConfig, TrainConfig, bounded, choice
+from diloco_chaos.harness.algorithms import base as algorithms
+from diloco_chaos.trainers.config import DilocoConfig, TrainConfig, bounded, choice
 from diloco_chaos.trainers.data import DataConfig
 from diloco_chaos.trainers.model import ModelConfig
 from diloco_chaos.trainers.task import TaskConfig
@@ -146,19 +147,17 @@ class LaunchConfig:
     started with (`--secret-file`); the supervisor proves it holds it."""
 
 
-ELASTIC_ALGORITHMS = ("decoupled", "elastic_ddp")
-"""Algorithms that are elastic inside a learner: a learner whose non-host chip dies can go on with fewer chips."""
-
 LearnerPolicy = Literal["fail", "restart", "shrink"]
 
 
 def learner_policy(policy: str, algorithm: str) -> tuple[LearnerPolicy, str]:
     """The learner recovery in force for `algorithm` under `recovery.policy`, and why.
 
-    Pure: 'elastic' resolves to 'shrink' for ELASTIC_ALGORITHMS and to 'restart' for the others (they wait for
-    the repair); every other value is taken as written (validation keeps 'shrink' to ELASTIC_ALGORITHMS)."""
+    Pure: 'elastic' resolves to 'shrink' for the algorithms that are elastic inside a learner (their
+    descriptor's `elastic` trait, diloco_chaos/harness/algorithms/) and to 'restart' for the others (they wait for
+    the repair); every other value is taken as written (validation keeps 'shrink' to the elastic ones)."""
     if policy == "elastic":
-        if algorithm in ELASTIC_ALGORITHMS:
+        if algorithms.get(algorithm).elastic:
             return "shrink", f"policy 'elastic': {algorithm} is elastic inside a learner"
         return "restart", f"policy 'elastic': {algorithm} is not elastic inside a learner, it waits for the repair"
     if policy in ("fail", "restart", "shrink"):
@@ -178,7 +177,7 @@ class RecoveryConfig:
     smaller group on a fresh store prefix and keep training with fewer tokens per step; each lost chip is
     started again after repair_s and joins at a step boundary. A lost host (chip 0, the link) falls back to
     restart. elastic: each algorithm's own recovery, so one scenario compares them: shrink for the algorithms
-    that are elastic inside a learner (ELASTIC_ALGORITHMS), restart for the others (ddp and diloco wait for
+    that are elastic inside a learner (the `elastic` trait), restart for the others (ddp and diloco wait for
     the repair); `learner_policy` resolves it."""
     repair_s: float = bounded(2.0, 0.0, 3600.0)
     """Repair delay: seconds between a learner's failure and its restart."""
@@ -242,7 +241,7 @@ class Scenario:
     """Free-form name, used in the run directory's name."""
     seed: int = bounded(0, 0, 2**31 - 1)
     """Seeds model init, data order and every random choice of the harness."""
-    algorithm: str = choice("decoupled", ALGORITHMS)
+    algorithm: str = choice("decoupled", algorithms.NAMES)
     """decoupled (Decoupled DiLoCo), diloco (synchronous DiLoCo), ddp (synchronous data parallel) or elastic_ddp
     (data parallel whose global group drops a lost learner and admits it again after its repair)."""
     topology: Topology = field(default_factory=Topology)

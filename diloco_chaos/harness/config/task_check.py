@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 import torch
 
+from diloco_chaos.harness.algorithms import base as algorithms
 from diloco_chaos.trainers.task import (
     Task,
     TaskContext,
@@ -242,4 +243,4 @@ def check_memory(sc: Scenario, available: int | None = None) -> MemoryEstimate:
 def fragment_bytes(sc: Scenario) -> int:
     """Average bytes of one fragment on the wire (float32), for scaling WAN profiles."""
     n = param_count(sc)
-    return n * 4 // (sc.diloco.fragments if sc.algorithm == "decoupled" else 1)
+    return n * 4 // (sc.diloco.fragments if algorithms.get(sc.algorithm).fragmented else 1)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from diloco_chaos.harness.algorithms import base as algorithms
 from diloco_chaos.harness.record import Event, RunLog
 from diloco_chaos.harness.record.events import EVENTS_FILE
 from diloco_chaos.harness.record.learner import Step
@@ -116,13 +117,19 @@ class RunRecord:
         return start.algorithm if start is not None else "decoupled"
 
     @property
+    def descriptor(self) -> algorithms.Algorithm:
+        """The run's algorithm's descriptor (diloco_chaos/harness/algorithms/): its traits."""
+        return algorithms.get(self.algorithm)
+
+    @property
     def min_quorum(self) -> int:
         return int(self.config.get("diloco", {}).get("min_quorum", 1))
 
     @property
     def fragments(self) -> int:
-        """P, the fragments a decoupled merge spreads a push's tokens over; 1 for the synchronous baselines."""
-        if self.algorithm != "decoupled":
+        """P, the fragments a decoupled merge spreads a push's tokens over; 1 where the algorithm merges the model
+        in one piece (the synchronous baselines)."""
+        if not self.descriptor.fragmented:
             return 1
         p = self.config.get("diloco", {}).get("fragments")
         if p is None:

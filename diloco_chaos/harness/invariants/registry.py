@@ -3,7 +3,8 @@ diloco_chaos/harness/invariants/checks.
 
 What: each module of `diloco_chaos.harness.invariants.checks` defines one invariant function and decorates it with
 `register(...)`, which records its name, its bounds (parameter name, default, one-line meaning, the range a
-value must be in, and the older `check_all` keyword it replaced), the algorithms it applies to and
+value must be in, and the older `check_all` keyword it replaced), the algorithms it applies to (every one, or
+those whose descriptor in diloco_chaos/harness/algorithms/ has the trait it `requires`) and
 whether `check_all` runs it on its defaults ("always") or only when the caller gives one of its triggering
 bounds ("when_bound"). `discover()` imports every module of that package, so adding an invariant is adding one
 module: `check_all`, the pytest plugin's `ChaosRun.check` / `measure` and `diloco-chaos invariants` all list the
@@ -28,11 +29,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from diloco_chaos.harness.algorithms import base as algorithms
 from diloco_chaos.harness.invariants.base import InvariantResult
 
-Algorithm = Literal["decoupled", "diloco", "ddp", "elastic_ddp"]
-"""diloco_chaos.trainers.config.ALGORITHMS, as a type."""
-ALL_ALGORITHMS: tuple[Algorithm, ...] = ("decoupled", "diloco", "ddp", "elastic_ddp")
 Mode = Literal["always", "when_bound"]
 """always: check_all runs it with its defaults; when_bound: only when one of its triggering bounds is given."""
 
@@ -87,14 +86,19 @@ class InvariantSpec:
     """fn(run, **bounds) -> InvariantResult; run is a run directory or a RunRecord."""
     bounds: tuple[Bound, ...]
     """Its keyword parameters, in signature order."""
-    algorithms: tuple[Algorithm, ...]
-    """The algorithms whose runs it applies to; check_all skips it for the others."""
+    requires: algorithms.Trait | None
+    """The trait an algorithm must have for the invariant to apply to its runs; None: every algorithm."""
     mode: Mode
     """How check_all runs it."""
     order: int
     """Position in check_all's results (smaller first)."""
     summary: str
     """One line: what it checks."""
+
+    @property
+    def algorithms(self) -> tuple[str, ...]:
+        """The algorithms whose runs it applies to (the registry's, now); check_all skips it for the others."""
+        return algorithms.names() if self.requires is None else algorithms.with_trait(self.requires)
 
     def bound(self, keyword: str) -> Bound | None:
         """The bound named `keyword`, None if none."""
@@ -132,18 +136,19 @@ def unknown_bound(where: str, key: str, allowed: Iterable[str],
 _REGISTRY: dict[str, InvariantSpec] = {}
 
 
-def register(*, bounds: tuple[Bound, ...] = (), algorithms: tuple[Algorithm, ...] = ALL_ALGORITHMS,
+def register(*, bounds: tuple[Bound, ...] = (), requires: algorithms.Trait | None = None,
              mode: Mode = "always", order: int) -> Callable[[Callable[..., InvariantResult]],
                                                             Callable[..., InvariantResult]]:
-    """Decorator: register the function as the invariant of its own name. Its module docstring's first paragraph
-    (after "Invariant `name`:") is the summary. The function is returned unchanged."""
+    """Decorator: register the function as the invariant of its own name, for the algorithms with the trait it
+    `requires` (every algorithm when None). Its module docstring's first paragraph (after "Invariant `name`:")
+    is the summary. The function is returned unchanged."""
 
     def deco(fn: Callable[..., InvariantResult]) -> Callable[..., InvariantResult]:
         name = fn.__name__
         if name in _REGISTRY and _REGISTRY[name].fn.__module__ != fn.__module__:
             raise ValueError(f"invariant {name!r} registered twice ({_REGISTRY[name].fn.__module__}, {fn.__module__})")
         summary = _summary(fn)
-        _REGISTRY[name] = InvariantSpec(name, fn, bounds, algorithms, mode, order, summary)
+        _REGISTRY[name] = InvariantSpec(name, fn, bounds, requires, mode, order, summary)
         return fn
 
     return deco

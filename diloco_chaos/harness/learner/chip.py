@@ -12,28 +12,34 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
+from diloco_chaos.harness.algorithms import base as algorithms
 from diloco_chaos.harness.config import scenario as scenario_mod
 from diloco_chaos.harness.config.task_check import scenario_task
 from diloco_chaos.harness.learner.link_process import LinkProcess
 from diloco_chaos.harness.record.events import EVENTS_FILE, EventLog
+from diloco_chaos.harness.record.learner import (
+    Apply,
+    ChipError,
+    ChipJoined,
+    ChipStart,
+    GlooGroup,
+    LearnerDone,
+    LearnerNonfinite,
+    LockstepWaitExpired,
+    Regroup,
+    Step,
+)
 from diloco_chaos.harness.run.procutil import become_run_process, cpu_seconds, print_error, stderr_to_file
 from diloco_chaos.harness.syncer.service import max_frame_bytes
 from diloco_chaos.harness.wire.precision import wire_dtype_for
 from diloco_chaos.trainers.learner.core import CollectiveFailed, LearnerCore
 from diloco_chaos.trainers.learner.lockstep import await_round, due_here
-from diloco_chaos.trainers.learner.loops import (
-    initial_pull,
-    resume_sync,
-    run_ddp,
-    run_decoupled,
-    run_diloco,
-    sync_replicas,
-)
+from diloco_chaos.trainers.learner.loops import ApplyHook, BatchFn, RegroupHook, StepHook, sync_replicas
 from diloco_chaos.trainers.syncers.shards import assign_shards, fragment_sizes
 
 CPU_MARK_EVERY = 50
@@ -55,19 +61,9 @@ def lockstep_hook(core: LearnerCore, link: LinkProcess | None, events: EventLog,
             return left > 0 and link.wait_inbox(left)
 
         if not await_round(core, link, wait):
-            events.log("lockstep_wait_expired", learner=core.learner, step=core.step, bound_s=bound_s)
+            events.write(LockstepWaitExpired(learner=core.learner, step=core.step, bound_s=bound_s))
 
     return after_publish
-
-
-def gloo_timeout_s(sc: scenario_mod.Scenario) -> float:
-    """Bound of every collective in the learner's group. In the synchronous baselines the other chips wait in a
-    broadcast while the host waits for the syncer (up to barrier_s), so there it is barrier_s + gloo_s; in the
-    deterministic mode of Decoupled DiLoCo the host waits up to liveness_s at a sync point (liveness_s + gloo_s)."""
-    t = sc.timeouts
-    if sc.algorithm == "decoupled":
-        return t.gloo_s + (t.liveness_s if sc.diloco.deterministic else 0.0)
-    return t.barrier_s + t.gloo_s
 
 
 @dataclass(frozen=True)
@@ -97,6 +93,24 @@ class ChipSpec:
     """Where the syncer and the rendezvous store listen (the netns hosts' bridge address, or loopback)."""
     shard_ports: tuple[int, ...] = ()
     """syncer.shards > 1: where the host's link reaches shards 1..S-1 (`syncer_port` is shard 0's)."""
+    plugins: tuple[algorithms.PluginRef, ...] = field(default_factory=algorithms.plugin_refs)
+    """The algorithm plugins registered where the spec was made, imported first (a forkserver may predate them)."""
+
+
+@dataclass(frozen=True)
+class LearnerContext:
+    """What an algorithm's learner loop and resume (its descriptor's `run_learner`, `resume_learner`) get from
+    the chip: its spec, its core and link, the event log and the hooks that write the chip's events."""
+
+    spec: ChipSpec
+    core: LearnerCore
+    link: LinkProcess | None
+    """The host's link to the syncer; None on the other chips."""
+    events: EventLog
+    batch: BatchFn
+    on_step: StepHook
+    on_apply: ApplyHook
+    on_regroup: RegroupHook
 
 
 def _owners(partition: list[list[str]], numel: dict[str, int], shards: int) -> tuple[int, ...]:
@@ -140,8 +154,8 @@ class GlooCollective:
                                 timeout=datetime.timedelta(seconds=self.timeout_s))
         self.generation, self.members = generation, members
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
-        self.events.log("gloo_group", learner=self.learner, group=group, rank=self.rank, size=self.size,
-                        chip=self.chip, members=members)
+        self.events.write(GlooGroup(learner=self.learner, group=group, rank=self.rank, size=self.size,
+                                    chip=self.chip, members=members))
 
     def allreduce_mean_(self, flat: torch.Tensor) -> None:
         try:
@@ -185,11 +199,13 @@ def chip_main(spec: ChipSpec) -> None:
 
         enter_netns(spec.netns)
     become_run_process(spec.parent_pid)
+    algorithms.load_plugins(spec.plugins)
     sc = spec.scenario
+    algorithm = algorithms.get(sc.algorithm)
     proc = f"learner{spec.learner}.chip{spec.rank}"
     stderr_to_file(spec.run_dir, proc)
     events = EventLog(os.path.join(spec.run_dir, EVENTS_FILE), proc)
-    events.log("chip_start", learner=spec.learner, rank=spec.rank, size=spec.size, generation=spec.generation)
+    events.write(ChipStart(learner=spec.learner, rank=spec.rank, size=spec.size, generation=spec.generation))
     t = sc.timeouts
     store = dist.TCPStore(spec.syncer_host, spec.store_port, is_master=False,
                           timeout=datetime.timedelta(seconds=t.startup_s))
@@ -211,7 +227,7 @@ def chip_main(spec: ChipSpec) -> None:
                                    sc.syncer.shards)).start()
     coll = None
     try:
-        coll = GlooCollective(store, spec.learner, spec.rank, spec.generation, members, gloo_timeout_s(sc),
+        coll = GlooCollective(store, spec.learner, spec.rank, spec.generation, members, algorithm.gloo_timeout_s(sc),
                               t.gloo_s, events, announce=spec.joining)
         core.collective = coll
 
@@ -224,79 +240,46 @@ def chip_main(spec: ChipSpec) -> None:
             nonlocal nonfinite_logged
             if not nonfinite_logged and not math.isfinite(loss):  # the learner trains on NaN from here: say so once
                 nonfinite_logged = True
-                events.log("learner_nonfinite", learner=spec.learner, step=step, loss=loss,
-                           error=f"training loss {loss} at step {step}: the learner's work is non-finite")
-            extra = {"cpu_s": round(time.process_time(), 4)} if step % CPU_MARK_EVERY == 0 else {}
-            events.log("step", learner=spec.learner, step=step, loss=round(loss, 5), tokens=tokens,
-                       chips=core.collective.size, compute_s=round(core.last_compute_s, 5),
-                       sync_s=round(core.last_sync_s, 5), **extra)
+                events.write(LearnerNonfinite(
+                    learner=spec.learner, step=step, loss=loss,
+                    error=f"training loss {loss} at step {step}: the learner's work is non-finite"))
+            events.write(Step(learner=spec.learner, step=step, loss=round(loss, 5), tokens=tokens,
+                              chips=core.collective.size, compute_s=round(core.last_compute_s, 5),
+                              sync_s=round(core.last_sync_s, 5),
+                              cpu_s=round(time.process_time(), 4) if step % CPU_MARK_EVERY == 0 else None))
 
         def on_apply(step: int, applied: list[tuple[int, int]]) -> None:
             facts = [core.frags[p].applied_from or (None, None) for p, _ in applied]
-            events.log("apply", learner=spec.learner, step=step, fragments=[p for p, _ in applied],
-                       versions=[v for _, v in applied], pulled=[f[0] for f in facts],
-                       arrived=[f[1] for f in facts])
+            events.write(Apply(learner=spec.learner, step=step, fragments=[p for p, _ in applied],
+                               versions=[v for _, v in applied], pulled=[f[0] for f in facts],
+                               arrived=[f[1] for f in facts]))
 
         if spec.joining:  # a repaired chip: the members re-form with it at a step boundary and send their state
             step = sync_replicas(core)
-            events.log("chip_joined", learner=spec.learner, chip=spec.rank, step=step, rank=coll.rank,
-                       size=coll.size, generation=coll.generation)
+            events.write(ChipJoined(learner=spec.learner, chip=spec.rank, step=step, rank=coll.rank,
+                                    size=coll.size, generation=coll.generation))
 
         def on_regroup(step: int, why: str) -> None:
-            events.log("regroup", learner=spec.learner, chip=spec.rank, step=step, rank=coll.rank, size=coll.size,
-                       generation=coll.generation, members=coll.members, why=why)
+            events.write(Regroup(learner=spec.learner, chip=spec.rank, step=step, rank=coll.rank, size=coll.size,
+                                 generation=coll.generation, members=coll.members, why=why))
 
         if link is not None:  # connect only now, so that the syncer never counts a learner still starting up
             link.connect()
             link.wait_connected(t.connect_s)
+        ctx = LearnerContext(spec, core, link, events, batch, on_step, on_apply, on_regroup)
         if spec.start_step > 0:  # a restarted learner resumes where it stopped, from the global model
             core.step = spec.start_step
             for st in core.frags:  # counters count from here (a fragment the pull does not update included)
                 st.first_step = spec.start_step + 1
-            if sc.algorithm == "decoupled":
-                deadline = time.monotonic() + 2 * t.connect_s
-
-                def wait() -> bool:
-                    left = deadline - time.monotonic()
-                    return left > 0 and link is not None and link.wait_inbox(left)
-
-                got = initial_pull(core, link, wait)
-                if spec.rank == 0:
-                    events.log("initial_pull", learner=spec.learner, step=core.step, fragments=len(got),
-                               of=len(core.partition), applied=[list(x) for x in got])
-            else:
-                state = None
-                if spec.rank == 0:
-                    assert link is not None
-                    state = link.wait_resume(2 * t.connect_s)
-                    if state is None:
-                        raise TimeoutError(f"learner {spec.learner}: no resume state from the syncer "
-                                           f"within {2 * t.connect_s}s")
-                step = resume_sync(core, state)
-                if spec.rank == 0:
-                    events.log("resume", learner=spec.learner, step=step)
-        if sc.algorithm == "decoupled":
-            budget = sc.train.steps * (sc.topology.learners if sc.train.budget == "total" else 1)
-            lockstep = lockstep_hook(core, link, events, t.liveness_s) if sc.diloco.deterministic else None
-            run_decoupled(core, batch, link, on_step, on_apply, on_regroup=on_regroup, max_steps=budget,
-                          after_publish=lockstep)
-        elif sc.algorithm == "diloco":
-            run_diloco(core, batch, link, on_step,
-                       lambda r, s: events.log("apply", learner=spec.learner, step=s, round=r))
-        elif sc.algorithm == "elastic_ddp":
-            run_ddp(core, batch, link, on_step, elastic=True,
-                    on_catch_up=lambda ours, group: events.log("elastic_catch_up", learner=spec.learner,
-                                                               from_step=ours, to_step=group),
-                    on_regroup=on_regroup)
-        else:
-            run_ddp(core, batch, link, on_step)
+            algorithm.resume_learner(ctx)
+        algorithm.run_learner(ctx)
         if spec.rank == 0:
-            events.log("learner_done", learner=spec.learner, steps=core.step, finite=core.finite(),
-                       timing={k: round(v, 4) for k, v in core.timing.items()}, cpu_s=cpu_seconds())
+            events.write(LearnerDone(learner=spec.learner, steps=core.step, finite=core.finite(),
+                                     timing={k: round(v, 4) for k, v in core.timing.items()}, cpu_s=cpu_seconds()))
     except Exception as e:
         failed = True
         print_error(e)  # logs/<proc>.stderr, before the event the supervisor reacts to; not printed twice
-        events.log("chip_error", learner=spec.learner, rank=spec.rank, error=f"{type(e).__name__}: {e}")
+        events.write(ChipError(learner=spec.learner, rank=spec.rank, error=f"{type(e).__name__}: {e}"))
         raise SystemExit(1) from e
     finally:
         if link is not None:

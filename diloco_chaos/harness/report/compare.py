@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from diloco_chaos.harness.algorithms import base as registry
 from diloco_chaos.harness.config.scenario import Scenario
 from diloco_chaos.harness.report.results import Claim, RunRow, run_row
 from diloco_chaos.harness.report.tolerance import K_SIGMA
@@ -24,12 +25,36 @@ from diloco_chaos.harness.run.supervisor import run_scenario
 
 log = logging.getLogger(__name__)
 
-ALGORITHMS = ("ddp", "elastic_ddp", "diloco", "decoupled")
-"""Every algorithm compare runs, in this order, and the only list of them here: the verdict judges whichever
-of them have rows."""
 
-GOODPUT_ORDER = ("decoupled", "elastic_ddp", "ddp")
-"""The paper's ranking of goodput under failures (its Table 1): each is above the next one that has a row."""
+
+def compared() -> tuple[str, ...]:
+    """Every algorithm compare runs, in its descriptor's `compare_order` (ddp, elastic_ddp, diloco, decoupled for
+    the built-in ones): the verdict judges whichever of them have rows."""
+    return tuple(a.name for a in sorted(registry.every(), key=lambda a: (a.compare_order, a.order)))
+
+
+def goodput_order() -> tuple[str, ...]:
+    """The paper's ranking of goodput under failures (its Table 1; the descriptors' `goodput_rank`, highest
+    first: decoupled, elastic_ddp, ddp): each is above the next one that has a row."""
+    ranked = [a for a in registry.every() if a.goodput_rank is not None]
+    return tuple(a.name for a in sorted(ranked, key=lambda a: -(a.goodput_rank or 0)))
+
+
+def _one(what: str, found: list[registry.Algorithm]) -> str:
+    if len(found) != 1:
+        raise ValueError(f"compare needs exactly one algorithm that is its {what}, registered: "
+                         f"{[a.name for a in found]}")
+    return found[0].name
+
+
+def claim_subject() -> str:
+    """The algorithm compare's verdict is about (decoupled): the one descriptor with `claim_subject`."""
+    return _one("claim subject", [a for a in registry.every() if a.claim_subject])
+
+
+def quality_reference() -> str:
+    """The algorithm of compare's fault-free reference run (ddp): the one descriptor with `quality_reference`."""
+    return _one("quality reference", [a for a in registry.every() if a.quality_reference])
 
 PARITY_CURVE: tuple[tuple[int, float], ...] = ((120, 0.106), (240, 0.223), (480, 0.189))
 """(train.steps, fault-free decoupled's final eval minus fault-free ddp's, mean over seeds 0-2) at equal tokens,
@@ -65,10 +90,6 @@ def loss_allowance(steps: int | None) -> float:
     return parity_gap(steps) + K_SIGMA * GAP_SD
 
 
-FAULT_FREE_DDP = "ddp, fault-free"
-"""The label of the reference run."""
-
-
 def row(label: str, res: Any, baseline_loss: float | None = None, steps: int | None = None) -> RunRow:
     """The comparison figures of one finished run (a RunResult, or anything with `report` and `run_dir`, such
     as the pytest plugin's ChaosRun), with its invariants; `converged` against `baseline_loss` when given,
@@ -80,7 +101,7 @@ def compare(sc: Scenario, runs_dir: str | os.PathLike[str] | None = None,
             algorithms: tuple[str, ...] | None = None, baseline: bool = True,
             on_run: Callable[[RunRow], None] | None = None,
             runner: Callable[[Scenario], Any] | None = None) -> list[RunRow]:
-    """Run `sc` under each algorithm (default: ALGORITHMS; with `baseline`, fault-free ddp first); returns one
+    """Run `sc` under each algorithm (default: `compared()`; with `baseline`, fault-free ddp first); returns one
     row per run, each with `vs_fault_free_ddp` (its final eval loss minus the reference's) when there is a
     reference.
 
@@ -94,11 +115,12 @@ def compare(sc: Scenario, runs_dir: str | os.PathLike[str] | None = None,
     rows: list[RunRow] = []
     ref: float | None = None
     if baseline:
-        rows.append(row(FAULT_FREE_DDP, runner(sc.replace(algorithm="ddp", faults=()))))
+        ref_alg = quality_reference()
+        rows.append(row(f"{ref_alg}, fault-free", runner(sc.replace(algorithm=ref_alg, faults=()))))
         ref = rows[-1].final_eval_loss
         if on_run is not None:
             on_run(rows[-1])
-    for alg in ALGORITHMS if algorithms is None else algorithms:
+    for alg in compared() if algorithms is None else algorithms:
         rows.append(row(f"{alg}, with faults", runner(sc.replace(algorithm=alg)), ref, sc.train.steps))
         if on_run is not None:
             on_run(rows[-1])
@@ -109,11 +131,12 @@ def compare(sc: Scenario, runs_dir: str | os.PathLike[str] | None = None,
 def verdict(rows: list[RunRow], tolerance: float | None = None) -> list[Claim]:
     """The paper's claim, checked on compare's rows (runs with faults, and the fault-free reference):
     decoupled's goodput above every other algorithm's and its uptime at least theirs; goodput in the paper's
-    order (GOODPUT_ORDER: decoupled > elastic_ddp > ddp, a missing row skipped); decoupled's final eval loss
+    order (`goodput_order()`: decoupled > elastic_ddp > ddp, a missing row skipped); decoupled's final eval loss
     within `tolerance` of fault-free ddp (default: loss_allowance at the decoupled run's train.steps, the
     parity curve plus the measured spread). Nothing to judge without a decoupled row."""
     by = {r.algorithm: r for r in rows if r.label.endswith("with faults")}
-    dec = by.get("decoupled")
+    subject = claim_subject()
+    dec = by.get(subject)
     if dec is None:
         return []
     out: list[Claim] = []
@@ -124,10 +147,10 @@ def verdict(rows: list[RunRow], tolerance: float | None = None) -> list[Claim]:
             out.append(Claim(f"{a.algorithm} {key} {'above' if strict else 'at least'} {b.algorithm}",
                              x > y if strict else x >= y, f"{x:.3f} vs {y:.3f}"))
 
-    others = [by[a] for a in ALGORITHMS if a in by and a != "decoupled"]
+    others = [by[a] for a in compared() if a in by and a != subject]
     for r in others:
         above("goodput", dec, r)
-    ranked = [by[a] for a in GOODPUT_ORDER if a in by]
+    ranked = [by[a] for a in goodput_order() if a in by]
     for a, b in zip(ranked, ranked[1:], strict=False):
         if a is not dec:  # decoupled's own comparisons are above
             above("goodput", a, b)
@@ -136,7 +159,7 @@ def verdict(rows: list[RunRow], tolerance: float | None = None) -> list[Claim]:
     gap = dec.vs_fault_free_ddp
     if gap is not None:
         bound = loss_allowance(dec.train_steps) if tolerance is None else tolerance
-        out.append(Claim(f"decoupled final eval within {bound:.3f} of fault-free ddp", gap <= bound,
+        out.append(Claim(f"{subject} final eval within {bound:.3f} of fault-free {quality_reference()}", gap <= bound,
                          f"{gap:+.3f}" + (f" (parity gap at {dec.train_steps} steps {parity_gap(dec.train_steps):.3f})"
                                           if tolerance is None else "")))
     return out

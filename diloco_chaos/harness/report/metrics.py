@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from diloco_chaos.harness.algorithms import base as algorithms
 from diloco_chaos.harness.record import Event
 from diloco_chaos.harness.record.learner import Apply, ChipStart, InitialPull, LearnerDone, Resume, Step
 from diloco_chaos.harness.record.run import LearnerRestart, ProcessFault, ProcessFaultOff, SyncerDown
@@ -37,9 +38,6 @@ from diloco_chaos.harness.record.syncer import LearnerBye, LearnerJoin, LearnerL
 
 DOWNTIME_WINDOW_S = 1.0
 """A gap between merges longer than this is downtime (beyond this allowance)."""
-
-DATA_PARALLEL = ("ddp", "elastic_ddp")
-"""Algorithms whose every step is one merge of the participants' gradients (`merge` events carry `step`)."""
 
 STALL_TOLERANCE = 5.0
 """A step may take up to this many times its healthy step time and count in full; a longer step is a stall and
@@ -167,6 +165,7 @@ def _step_spans(evs: Sequence[Event], algorithm: str, sync_every: int) -> dict[i
     """learner -> its logged inner steps in time order. A (re)started learner's first step counts from when it
     was last ready: rank 0's `chip_start`, the supervisor's `learner_restart`, the host's `initial_pull` or
     `resume` (a restarted learner's state from the syncer)."""
+    rounds = algorithms.get(algorithm).merge_unit == "round"
     round_ends = {e.step for e in evs if isinstance(e, Merge) and e.round is not None and e.step is not None}
     out: dict[int, list[StepSpan]] = defaultdict(list)
     last: dict[int, float] = {}
@@ -184,7 +183,7 @@ def _step_spans(evs: Sequence[Event], algorithm: str, sync_every: int) -> dict[i
         first = m not in last
         begin = last.get(m, ready.get(m, t))
         s = e.step
-        kind = (StepKind.ROUND_END if algorithm == "diloco" and (s % sync_every == 0 or s in round_ends)
+        kind = (StepKind.ROUND_END if rounds and (s % sync_every == 0 or s in round_ends)
                 else StepKind.INNER)
         out[m].append(StepSpan(m, s, t, max(0.0, t - begin), e.chips, kind, first, float(e.sync_s), int(e.tokens)))
         last[m] = t
@@ -224,14 +223,15 @@ def healthy_step_times(spans: dict[int, list[StepSpan]], window: int = HEALTHY_W
 def _covered(evs: Sequence[Event], algorithm: str, fragments: int, sync_every: int) -> dict[int, dict[int, float]]:
     """learner -> step -> fraction of the model (fragments) into which that step's work was merged."""
     cover: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    unit = algorithms.get(algorithm).merge_unit
     for e in evs:
         if not isinstance(e, Merge):
             continue
-        if algorithm == "decoupled":
+        if unit == "fragment":
             for m, (a, b) in zip(e.participants, e.step_ranges or [], strict=False):
                 for s in range(int(a), int(b) + 1):
                     cover[m][s] += 1.0 / fragments
-        elif algorithm in DATA_PARALLEL:
+        elif unit == "step":
             if e.step is None:
                 raise ValueError(f"a {algorithm} merge without its step: {e}")
             for m in e.participants:
@@ -284,7 +284,7 @@ def goodput_and_discards(evs: Sequence[Event], algorithm: str, learners: int, ch
     spans = _step_spans(evs, algorithm, sync_every)
     healthy = healthy_step_times(spans)
     cover = _covered(evs, algorithm, fragments, sync_every)
-    overlap = overwritten_in_overlap(evs) if algorithm == "decoupled" else {}
+    overlap = overwritten_in_overlap(evs) if algorithms.get(algorithm).fragmented else {}
     credit = {m: [credit_step(x.interval_s, h, tolerance) for x, h in zip(xs, healthy[m], strict=True)]
               for m, xs in spans.items()}
     begin = {m: xs[0].end - credit[m][0][0] for m, xs in spans.items()}

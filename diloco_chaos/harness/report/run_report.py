@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from diloco_chaos.harness.algorithms import base as algorithms
 from diloco_chaos.harness.config.scenario import Scenario, from_dict
 from diloco_chaos.harness.config.task_check import scenario_task
 from diloco_chaos.harness.record import Event, RunLog
@@ -154,7 +155,7 @@ def build_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         "speed_profiles": achieved_speeds(recs, sc.topology.learners),
         "learner_availability": learner_availability(recs, sc.topology.learners, train_start, train_end),
         "fault_response": fault_response(recs),
-        "merges": merge_stats(recs, sc.diloco.fragments if sc.algorithm == "decoupled" else 1),
+        "merges": merge_stats(recs, sc.diloco.fragments if algorithms.get(sc.algorithm).fragmented else 1),
         "syncer_restarts": log.count(SyncerRestart),
         "syncer_shards": sc.syncer.shards,
         "shards": shard_figures(recs, start, train_start, train_end),

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from diloco_chaos.harness.algorithms import base as algorithms
 from diloco_chaos.harness.record.events import EVENTS_FILE, read_events
 from diloco_chaos.harness.run.rundir import read_json
 
@@ -157,12 +158,14 @@ def read_run(run_dir: str | Path, recompute: bool = False) -> RunFacts:
 
 
 def _stalls_all(algorithm: str, budget: str) -> bool:
-    """Whether a learner's outage stalls every learner: ddp and diloco wait for it at their barrier, and so do
-    decoupled's others under a per-learner budget (their steps end before its do); elastic_ddp's group goes on
-    without it, and decoupled's others take over its share under a total budget."""
-    if algorithm == "elastic_ddp":
+    """Whether a learner's outage stalls every learner, by the algorithm's simulator method: dp (ddp, diloco)
+    waits for it at the barrier, and so do decoupled's others under a per-learner budget (their steps end before
+    its do); elastic_dp's (elastic_ddp's) group goes on without it, and decoupled's others take over its share
+    under a total budget."""
+    method = algorithms.get(algorithm).sim_method
+    if method == "elastic_dp":
         return False
-    return algorithm != "decoupled" or budget != "total"
+    return method != "decoupled" or budget != "total"
 
 
 def _measured(d: Path, recompute: bool, report: dict[str, Any]) -> float:

@@ -18,6 +18,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from diloco_chaos.harness.algorithms import base as algorithms
 from diloco_chaos.harness.config.scenario import learner_policy
 from diloco_chaos.harness.simulator.model import (
     METHODS,
@@ -79,8 +80,8 @@ def _params(args: argparse.Namespace, scenario: dict[str, Any]) -> tuple[FaultPr
 def scenario_params(path: str, step_s: float | None) -> dict[str, Any]:
     """Simulator keys from a scenario TOML: [random_faults] (mtbf_steps x step_s is the per-chip MTBI; its repair
     distribution), [recovery] (policy; repair_s when there is no [random_faults]; syncer_repair_s), [topology]
-    (M and N = M x C) and the algorithm (ddp and diloco are dp, elastic_ddp is elastic_dp; policy shrink, or
-    elastic for decoupled, makes elastic learners)."""
+    (M and N = M x C) and the algorithm (its descriptor's `sim_method`: ddp and diloco are dp, elastic_ddp is
+    elastic_dp; policy shrink, or elastic for decoupled, makes elastic learners)."""
     with open(path, "rb") as fh:
         t = tomllib.load(fh)
     out: dict[str, Any] = {}
@@ -88,7 +89,10 @@ def scenario_params(path: str, step_s: float | None) -> dict[str, Any]:
     m, c = int(topo.get("learners", 4)), int(topo.get("chips_per_learner", 2))
     rec = t.get("recovery", {})
     algorithm = t.get("algorithm", "decoupled")
-    out["method"] = {"ddp": "dp", "diloco": "dp", "elastic_ddp": "elastic_dp"}.get(algorithm, "decoupled")
+    method = algorithms.get(algorithm).sim_method
+    if method is None:
+        raise SimConfigError(f"{path}: algorithm {algorithm!r} has no simulator method")
+    out["method"] = method
     out["learners"], out["chips"] = (m, m * c) if out["method"] == "decoupled" else (1, m * c)
     out["chips_per_domain"] = 1
     if rec.get("policy") in ("shrink", "restart", "elastic"):

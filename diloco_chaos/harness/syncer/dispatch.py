@@ -1,28 +1,20 @@
 """Which algorithm handler the syncer service runs, and the protocol every handler implements.
 
 The service (diloco_chaos/harness/syncer/service.py) owns the transport, the evaluator and the main loop; everything
-that depends on the algorithm sits behind `AlgorithmHandler`, chosen once from `HANDLERS`, so the service
-has no per-algorithm branch: diloco_chaos/harness/syncer/decoupled.py for Decoupled DiLoCo,
-diloco_chaos/harness/syncer/barrier.py
-with the matching `BarrierCore` (diloco_chaos/trainers/syncers/core.py) for ddp, diloco and elastic_ddp.
+that depends on the algorithm sits behind `AlgorithmHandler`, built once by the algorithm's descriptor
+(`syncer_handler`, diloco_chaos/harness/algorithms/), so the service has no per-algorithm branch:
+diloco_chaos/harness/syncer/decoupled.py for Decoupled DiLoCo, diloco_chaos/harness/syncer/barrier.py with the
+matching `BarrierCore` (diloco_chaos/trainers/syncers/core.py) for ddp, diloco and elastic_ddp.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol
 
-from diloco_chaos.harness.config.scenario import Scenario
-from diloco_chaos.harness.config.task_check import scenario_task
-from diloco_chaos.harness.record.events import EventLog
 from diloco_chaos.harness.syncer.accounting import Accounting
-from diloco_chaos.harness.syncer.barrier import BarrierHandler
-from diloco_chaos.harness.syncer.decoupled import DecoupledHandler
-from diloco_chaos.harness.syncer.transport import Conn, Transport
+from diloco_chaos.harness.syncer.transport import Conn
 from diloco_chaos.harness.wire.framing import Message
 from diloco_chaos.trainers.syncers.core import SyncerCore
-from diloco_chaos.trainers.syncers.elastic_ddp import ElasticDdpSyncer
-from diloco_chaos.trainers.syncers.synchronous import DdpSyncer, DilocoSyncer
 
 
 class AlgorithmHandler(Protocol):
@@ -67,17 +59,3 @@ class AlgorithmHandler(Protocol):
 
     def finish(self) -> None:
         """The run ends: drain what is still open."""
-
-
-HandlerFactory = Callable[[Scenario, str, EventLog, Transport], AlgorithmHandler]
-
-HANDLERS: dict[str, HandlerFactory] = {
-    "decoupled": DecoupledHandler,
-    "diloco": lambda sc, run_dir, events, tr: BarrierHandler(
-        sc, run_dir, events, tr, DilocoSyncer(scenario_task(sc), sc.diloco, sc.seed, sc.topology.learners)),
-    "ddp": lambda sc, run_dir, events, tr: BarrierHandler(
-        sc, run_dir, events, tr, DdpSyncer(scenario_task(sc), sc.train, sc.seed, sc.topology.learners)),
-    "elastic_ddp": lambda sc, run_dir, events, tr: BarrierHandler(
-        sc, run_dir, events, tr, ElasticDdpSyncer(scenario_task(sc), sc.train, sc.seed, sc.topology.learners)),
-}
-"""Algorithm name -> its handler, built with its core."""

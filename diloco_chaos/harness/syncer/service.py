@@ -20,17 +20,17 @@ from __future__ import annotations
 import os
 import queue
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from diloco_chaos.harness.algorithms import base as algorithms
 from diloco_chaos.harness.config.scenario import Scenario
 from diloco_chaos.harness.record.events import EventLog
 from diloco_chaos.harness.run.procutil import cpu_seconds
 from diloco_chaos.harness.syncer.accounting import STATE_DIR, fragment_digest
-from diloco_chaos.harness.syncer.decoupled import DecoupledHandler
-from diloco_chaos.harness.syncer.dispatch import HANDLERS, AlgorithmHandler
+from diloco_chaos.harness.syncer.dispatch import AlgorithmHandler
 from diloco_chaos.harness.syncer.eval_schedule import EvalSchedule
 from diloco_chaos.harness.syncer.evaluator import EVAL_SEQS, Evaluator, evaluate
 from diloco_chaos.harness.syncer.shards import assembled_params, checkpoint_name, fragment_owners, proc_name
@@ -55,10 +55,8 @@ class SyncerService:
         0."""
         self.transport = Transport(sc, secret, events, port, host)
         self._owners = fragment_owners(sc) if sc.syncer.shards > 1 else []
-        if sc.syncer.shards > 1:  # validated: decoupled only
-            self.handler: AlgorithmHandler = DecoupledHandler(sc, run_dir, events, self.transport, shard)
-        else:
-            self.handler = HANDLERS[sc.algorithm](sc, run_dir, events, self.transport)
+        self.handler: AlgorithmHandler = algorithms.get(sc.algorithm).syncer_handler(sc, run_dir, events,
+                                                                                     self.transport, shard)
         self.evaluator = Evaluator(sc, events)
         if restore:
             self.handler.restore()
@@ -205,6 +203,8 @@ class SyncerSpec:
     """Address to listen on: loopback, or the netns hosts' bridge (diloco_chaos/harness/hosts/netns.py)."""
     shard: int = 0
     """Which shard of the synchronizer (syncer.shards > 1), else 0."""
+    plugins: tuple[algorithms.PluginRef, ...] = field(default_factory=algorithms.plugin_refs)
+    """The algorithm plugins registered where the spec was made, imported first (a forkserver may predate them)."""
 
 
 def syncer_main(spec: SyncerSpec, port_conn: Any, stop_requested: Any) -> None:
@@ -213,6 +213,7 @@ def syncer_main(spec: SyncerSpec, port_conn: Any, stop_requested: Any) -> None:
     from diloco_chaos.harness.run.procutil import become_run_process, print_error, stderr_to_file
 
     become_run_process(spec.parent_pid)
+    algorithms.load_plugins(spec.plugins)
     sc = spec.scenario
     stderr_to_file(spec.run_dir, proc_name(spec.shard, sc.syncer.shards))
     events = EventLog(os.path.join(spec.run_dir, EVENTS_FILE), proc_name(spec.shard, sc.syncer.shards))

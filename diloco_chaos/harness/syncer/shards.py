@@ -21,6 +21,7 @@ from collections.abc import Mapping
 
 import torch
 
+from diloco_chaos.harness.algorithms import base as algorithms
 from diloco_chaos.harness.config.scenario import Scenario
 from diloco_chaos.harness.config.task_check import scenario_task
 from diloco_chaos.harness.record.syncer import shard_of
@@ -56,8 +57,8 @@ def _numel(sc: Scenario) -> dict[str, int]:
 
 
 def fragment_owners(sc: Scenario) -> list[int]:
-    """The owning shard of each fragment (all 0 when unsharded or not decoupled)."""
-    if sc.algorithm != "decoupled":
+    """The owning shard of each fragment (all 0 when unsharded or the algorithm has no fragments)."""
+    if not algorithms.get(sc.algorithm).fragmented:
         return [0]
     numel = _numel(sc)
     partition = partition_tensors(numel, sc.diloco.fragments)

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from diloco_chaos.harness.algorithms import base as algorithms
 from diloco_chaos.harness.wire.framing import Message, MsgType
 from diloco_chaos.trainers.quantize import WIRE_DTYPES, NonFiniteError, Quantized, dequantize, quantize
 
@@ -184,10 +185,7 @@ class WireCodec:
         return back
 
 
-OUTER_ALGORITHMS = ("decoupled", "diloco")
-"""The algorithms whose outer traffic `diloco.wire_dtype` applies to."""
-
-
 def wire_dtype_for(algorithm: str, wire_dtype: str) -> str:
-    """The wire dtype a run's links use: `wire_dtype` for decoupled and diloco, fp32 for ddp and elastic_ddp."""
-    return wire_dtype if algorithm in OUTER_ALGORITHMS else "fp32"
+    """The wire dtype a run's links use: `wire_dtype` for an algorithm with an outer step (its descriptor's
+    `outer_step` trait: decoupled and diloco), fp32 for the others (ddp and elastic_ddp exchange gradients)."""
+    return wire_dtype if algorithms.get(algorithm).outer_step else "fp32"

@@ -18,7 +18,7 @@ from diloco_chaos.harness.record.syncer import Merge
 from diloco_chaos.trainers.config import DilocoConfig
 
 
-@register(order=150, algorithms=("decoupled",), bounds=(Bound("show", "problems listed in the detail", 5, low=0),))
+@register(order=150, requires="fragmented", bounds=(Bound("show", "problems listed in the detail", 5, low=0),))
 def apply_schedule(run: Run, *, show: int = 5) -> InvariantResult:
     """Every merged fragment a learner applied (`apply` events, with the step the value was pulled at, None
     for a value it did not take part in, and the step it arrived at) was applied after step

@@ -17,7 +17,7 @@ from diloco_chaos.harness.record.run import LearnerDown, LearnerRestart
 from diloco_chaos.harness.record.syncer import LearnerJoin
 
 
-@register(order=160, algorithms=("decoupled",), bounds=(Bound("show", "problems listed in the detail", 5, low=0),))
+@register(order=160, requires="fragmented", bounds=(Bound("show", "problems listed in the detail", 5, low=0),))
 def initial_pull(run: Run, *, show: int = 5) -> InvariantResult:
     """Every learner restarted to resume at a step > 0 (`learner_restart.start_step`) logged an `initial_pull`
     before its first step that applied all of the fragments, each at least at the version the syncer sent it

@@ -16,7 +16,7 @@ from diloco_chaos.harness.record.syncer import Merge
 from diloco_chaos.trainers.config import DilocoConfig
 
 
-@register(order=120, algorithms=("decoupled",), bounds=(
+@register(order=120, requires="fragmented", bounds=(
     Bound("rel_tol", "relative deviation of the effective outer lr allowed", 1e-2, low=0.0),
     Bound("show", "problems listed in the detail", 3, low=0)))
 def outer_lr(run: Run, *, rel_tol: float = 1e-2, show: int = 3) -> InvariantResult:

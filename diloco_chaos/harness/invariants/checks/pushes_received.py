@@ -22,7 +22,7 @@ _CONNECTION_LOST = ("learner_leave", "link_down", "learner_down")
 reason "closed" is the learner's own close after its BYE, logged before the syncer reads that BYE)."""
 
 
-@register(order=140, algorithms=("decoupled",), bounds=(Bound("show", "problems listed in the detail", 5, low=0),))
+@register(order=140, requires="fragmented", bounds=(Bound("show", "problems listed in the detail", 5, low=0),))
 def pushes_received(run: Run, *, show: int = 5) -> InvariantResult:
     """Every push a learner's link sent (`push_sent`, with c_steps > 0: a push with nothing in it is declined
     without a log line) is in the syncer's log (`push`, or `push_rejected` naming it), counted per identity

@@ -15,7 +15,7 @@ from diloco_chaos.harness.record.syncer import Merge
 from diloco_chaos.trainers.config import DilocoConfig
 
 
-@register(order=110, algorithms=("decoupled",), bounds=(
+@register(order=110, requires="fragmented", bounds=(
     Bound("rel_tol", "relative deviation of a merged norm from the radial norm allowed", 1e-3, low=0.0),
     Bound("show", "problems listed in the detail", 3, low=0)))
 def rda_norms(run: Run, *, rel_tol: float = 1e-3, show: int = 3) -> InvariantResult:

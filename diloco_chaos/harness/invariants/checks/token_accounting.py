@@ -13,7 +13,6 @@ from diloco_chaos.harness.invariants.base import InvariantResult, Run, _run
 from diloco_chaos.harness.invariants.registry import Bound, register
 from diloco_chaos.harness.record.learner import Step
 from diloco_chaos.harness.record.syncer import Eval, Merge, SyncerDone, SyncerRestore
-from diloco_chaos.harness.report.metrics import DATA_PARALLEL
 from diloco_chaos.harness.syncer.shards import shard_of
 
 
@@ -62,7 +61,8 @@ def token_accounting(run: Run, *, tolerance: float = 1e-3, show: int = 5) -> Inv
     extra_of: dict[int, float] = defaultdict(float)  # per shard: tokens its restores counted beyond them
     per_contrib, unverifiable, misreported = 0.0, 0, 0
     issues: list[str] = []
-    data_parallel = r.algorithm in DATA_PARALLEL
+    unit = r.descriptor.merge_unit
+    data_parallel = unit == "step"
     if data_parallel:  # a data-parallel step is logged after its merge: the learner steps on the averaged gradient
         for s in r.records(Step):
             step_tokens[s.learner][s.step] = s.tokens
@@ -85,12 +85,12 @@ def token_accounting(run: Run, *, tolerance: float = 1e-3, show: int = 5) -> Inv
         elif isinstance(e, Merge):
             c = [int(x) for x in e.c_tokens]
             logged_of[shard_of(e.proc)] += sum(c) / p_div
-            if r.algorithm == "decoupled":
+            if unit == "fragment":
                 ranges = [(int(a), int(b)) for a, b in e.step_ranges or []]
                 c_steps = [int(x) for x in (e.c_steps if e.c_steps is not None else [b - a + 1 for a, b in ranges])]
                 misreported += sum(1 for (a, b), cs in zip(ranges, c_steps, strict=False) if cs != b - a + 1)
                 spans = [(max(a, b - cs + 1), b) for (a, b), cs in zip(ranges, c_steps, strict=False)]
-            elif r.algorithm in DATA_PARALLEL and e.step is not None:
+            elif data_parallel and e.step is not None:
                 spans = [(e.step, e.step)] * len(c)
             else:
                 continue

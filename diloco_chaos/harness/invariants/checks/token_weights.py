@@ -25,7 +25,7 @@ def expected_weights(c_steps: list[int], c_tokens: list[int], token_weighting: b
     return [x / total for x in raw] if total > 0 else [math.nan] * len(raw)
 
 
-@register(order=130, algorithms=("decoupled",), bounds=(
+@register(order=130, requires="fragmented", bounds=(
     Bound("tolerance", "absolute merge-weight difference allowed", 1e-5, low=0.0),
     Bound("show", "problems listed in the detail", 3, low=0)))
 def token_weights(run: Run, *, tolerance: float = 1e-5, show: int = 3) -> InvariantResult:

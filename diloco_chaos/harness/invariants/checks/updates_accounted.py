@@ -15,7 +15,6 @@ from diloco_chaos.harness.invariants.registry import Bound, register
 from diloco_chaos.harness.record.learner import Apply
 from diloco_chaos.harness.record.run import SyncerDown
 from diloco_chaos.harness.record.syncer import LearnerJoin, Merge, Push, PushRejected, PushSuperseded, SyncerRestore
-from diloco_chaos.harness.report.metrics import DATA_PARALLEL
 from diloco_chaos.harness.syncer.shards import shard_of
 from diloco_chaos.trainers.syncers.decoupled import PushOutcome
 from diloco_chaos.trainers.syncers.decoupled_records import SupersededCause
@@ -97,8 +96,9 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
     r = _run(run)
     problems: list[str] = []
     measure = "pushes lost or merged twice"
-    if r.algorithm != "decoupled":
-        key = "step" if r.algorithm in DATA_PARALLEL else "round"
+    unit = r.descriptor.merge_unit
+    if unit != "fragment":
+        key = unit
         seen = Counter(e.step if key == "step" else e.round for e in r.records(Merge))
         for k, n in sorted(seen.items(), key=lambda kv: str(kv[0])):
             if n > 1:

@@ -195,7 +195,7 @@ def _ranges(steps: list[int]) -> str:
     return ", ".join(out)
 
 
-@register(order=65, algorithms=("decoupled",),
+@register(order=65, requires="fragmented",
           bounds=(Bound("max_unexplained_chip_s", "chip-seconds of discarded work no fault or rule explains", 0.0,
                         low=0),
                   Bound("show", "learners listed in the detail", 5, low=0)))
