@@ -529,6 +529,12 @@ def test_limit_data_cuts_connection_until_cleared(rig: Rig) -> None:
 _BOTH = ("downstream", "upstream")
 
 
+def _apply(rig: Rig, spec: FaultSpec) -> Any:
+    """Start a fault as the run's FaultRunner does: through its kind in the fault registry."""
+    handle: FaultHandle = faults.get(spec.action).apply(faults.FaultContext(links=rig.chaos), spec)
+    return handle
+
+
 @pytest.mark.parametrize(("raw", "kind", "expected"), [
     ({"action": "degrade", "latency_ms": 100, "bandwidth_kbps": 800}, "degrade",
      [("bandwidth", s, {"rate": 100}) for s in _BOTH] + [("latency", s, {"latency": 50}) for s in _BOTH]),
@@ -543,12 +549,6 @@ _BOTH = ("downstream", "upstream")
     ({"action": "limit_data", "bytes": 500}, "limit_data", [("limit_data", "upstream", {"bytes": 500})]),
 ], ids=["degrade", "degrade-profile", "blackhole", "refuse", "reset_peer", "reset_peer-default", "slice",
         "limit_data"])
-def _apply(rig: Rig, spec: FaultSpec) -> Any:
-    """Start a fault as the run's FaultRunner does: through its kind in the fault registry."""
-    handle: FaultHandle = faults.get(spec.action).apply(faults.FaultContext(links=rig.chaos), spec)
-    return handle
-
-
 def test_apply_dispatches_to_the_right_toxics(rig: Rig, raw: dict[str, Any], kind: str,
                                               expected: list[tuple[str, str, dict[str, int]]]) -> None:
     spec = parse_fault({**raw, "learner": 1}, "faults[0]", learners=2)

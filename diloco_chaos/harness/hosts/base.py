@@ -3,8 +3,9 @@
 Why: four launch modes (`[launch] hosts` x `backend`, docs/multi-host.md) differ in where the syncer listens,
 what carries link faults, how a learner's processes start and how process chaos reaches them, and what must be
 removed at the end. The supervisor (diloco_chaos/harness/run/supervisor.py) asks one `Hosts` object for each
-of those and has no branch on the launch mode; `open_hosts` alone reads `[launch]` and picks the class. A new
-launch (a third-party trainer's launcher) is one more class here and one more line in `open_hosts`.
+of those and has no branch on the launch mode; diloco_chaos/harness/hosts/launch.py `open_hosts` alone reads
+`[launch]` and picks the class. A new launch (a third-party trainer's launcher) is one more class implementing
+`Hosts` and one more line in `open_hosts`.
 
 The valid (hosts, backend) pairs (diloco_chaos/harness/config/check.py) and their classes:
 
@@ -23,14 +24,11 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from diloco_chaos.chaos.links import LinkChaos
-    from diloco_chaos.harness.config.scenario import Scenario
     from diloco_chaos.harness.learner.chip import ChipSpec
-    from diloco_chaos.harness.record.events import EventLog
 
 
 class HostsUnavailable(RuntimeError):
@@ -83,8 +81,20 @@ class Routes:
                    {m: tuple(syncer_ports[1:]) for m in range(learners)})
 
 
+class Links(Protocol):
+    """What carries a run's link faults: Toxiproxy proxies (diloco_chaos/harness/hosts/link_proxies.py RunLinks)
+    or tc and nft rules on netns hosts' veths (diloco_chaos/harness/hosts/netns_run.py KernelRunLinks)."""
+
+    @property
+    def chaos(self) -> LinkChaos:
+        """The link fault API (diloco_chaos/chaos/links.py) over them."""
+
+    def close(self, timeout_s: float) -> None:
+        """Remove every fault and what was made for them."""
+
+
 class Hosts(Protocol):
-    """One run's learner hosts. The supervisor calls, in this order: `open_hosts` (before anything starts),
+    """One run's learner hosts. The supervisor calls, in this order: `open_hosts` (launch.py; before anything starts),
     `listen`, `connect` (once the syncer listens), `start_learner` / `start_chip` / `chip_pids` / `send` while
     the run goes on, and `close` exactly once on every way out (after it has stopped every process), even when
     `open_hosts` returned but `connect` raised. Nothing here waits longer than `timeouts.startup_s` (opening,
@@ -124,24 +134,3 @@ class Hosts(Protocol):
         """Tear down what the hosts made, in order: agents hung up, link faults and proxies or rules removed,
         then namespaces. Never raises; bounded by `timeouts.shutdown_s` per step."""
 
-
-def open_hosts(sc: Scenario, run_dir: Path, secret: bytes, events: EventLog, spawner: Spawner) -> Hosts:
-    """The run's hosts for `sc.launch`, opened: namespaces made, remote agents connected (HostsUnavailable
-    otherwise, having undone what it made). The one place that reads `launch.hosts` and `launch.backend`."""
-    la = sc.launch
-    if la.hosts == "remote":
-        from diloco_chaos.harness.hosts.remote import RemoteHosts
-
-        return RemoteHosts.open(sc, run_dir, secret, events, spawner)
-    if la.hosts == "netns":
-        from diloco_chaos.harness.hosts.netns_run import NetnsRun
-
-        netns = NetnsRun.open(sc, events, spawner)
-        if la.backend == "torchrun":
-            from diloco_chaos.harness.hosts.torchrun import TorchrunHosts
-
-            return TorchrunHosts(netns, run_dir, secret, sc.timeouts.startup_s, spawner)
-        return netns
-    from diloco_chaos.harness.hosts.local import LocalHosts
-
-    return LocalHosts(sc, events, spawner)

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import signal
-from typing import Any
 
 from diloco_chaos.chaos.links import LinkChaos
 from diloco_chaos.chaos.processes import local_signaller
 from diloco_chaos.harness.config.scenario import Scenario
 from diloco_chaos.harness.config.task_check import fragment_bytes
-from diloco_chaos.harness.hosts.base import Proc, Routes, Spawner
+from diloco_chaos.harness.hosts.base import Links, Proc, Routes, Spawner
 from diloco_chaos.harness.learner.chip import ChipSpec, chip_main
 from diloco_chaos.harness.record.events import EventLog
 
@@ -26,7 +25,7 @@ class LocalHosts:
 
     def __init__(self, sc: Scenario, events: EventLog, spawner: Spawner) -> None:
         self.sc, self.events, self.spawner = sc, events, spawner
-        self.links: Any = None  # RunLinks (link_proxies.py) or, on netns hosts, KernelRunLinks: chaos, close
+        self.links: Links | None = None
 
     @property
     def listen(self) -> str:
@@ -42,8 +41,8 @@ class LocalHosts:
             return Routes.direct(sc.topology.learners, syncer_ports)
         from diloco_chaos.harness.hosts.link_proxies import RunLinks
 
-        self.links = RunLinks.open(sc, syncer_ports, self.events, fragment_bytes(sc))
-        return Routes(dict(self.links.ports), {m: tuple(self.links.shard_ports.get(m, [])) for m in self.links.ports})
+        links = self.links = RunLinks.open(sc, syncer_ports, self.events, fragment_bytes(sc))
+        return Routes(dict(links.ports), {m: tuple(links.shard_ports.get(m, [])) for m in links.ports})
 
     @property
     def link_chaos(self) -> LinkChaos | None:

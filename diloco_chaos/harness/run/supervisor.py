@@ -31,7 +31,8 @@ import torch.distributed as dist
 
 from diloco_chaos.chaos.processes import ProcessChaos, syncer_repair_key
 from diloco_chaos.harness.config.scenario import Scenario, learner_policy, validate
-from diloco_chaos.harness.hosts.base import Hosts, HostsUnavailable, Proc, open_hosts
+from diloco_chaos.harness.hosts.base import Hosts, HostsUnavailable, Proc
+from diloco_chaos.harness.hosts.launch import open_hosts
 from diloco_chaos.harness.learner.chip import ChipSpec, members_key
 from diloco_chaos.harness.record.base import SCHEMA_VERSION
 from diloco_chaos.harness.record.events import EVENTS_FILE, EventLog, EventTail
@@ -168,7 +169,7 @@ class Supervisor:
                                    chips_per_learner=sc.topology.chips_per_learner, seed=sc.seed, learner_policy=policy,
                                    learner_policy_why=why, schema_version=SCHEMA_VERSION))
         try:
-            hosts = self._open_hosts()
+            hosts = self._open_hosts_and_syncer()
             procs = ProcessChaos(self._chip_pids, sc.topology.learners, on_event=self.events.log,
                                  syncer_pids=self._syncer_pids, progress=self._progress, seed=sc.seed,
                                  send=hosts.send)
@@ -207,7 +208,7 @@ class Supervisor:
         self.events.close()
         return RunResult(self.run_dir, report, [p.pid for p in [*self.procs.values(), *self.retired]])
 
-    def _open_hosts(self) -> Hosts:
+    def _open_hosts_and_syncer(self) -> Hosts:
         """The run's hosts (hosts/base.py), the store and the syncer's shards, and the learners' routes to them;
         RunFailed if the hosts cannot be used. `self.hosts` is set as soon as they are open, for `close`."""
         sc, t = self.sc, self.sc.timeouts
