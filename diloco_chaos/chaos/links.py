@@ -36,8 +36,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from diloco_chaos.chaos import faults
-from diloco_chaos.chaos.schedule import FaultSpec
 from diloco_chaos.chaos.toxiproxy_client import ToxiproxyClient, ToxiproxyError
 from diloco_chaos.chaos.wan_profiles import WAN_PROFILES
 
@@ -227,15 +225,6 @@ class LinkChaos:
             for type_, stream, attributes in toxics:
                 fault.toxics.extend(self._add(learner, type_, stream, **attributes))
         return self._register(fault, params={k: v for k, v in params.items() if v is not None})
-
-    def apply(self, spec: FaultSpec) -> LinkFault:
-        """Start the fault a schedule entry describes, through its kind's module (diloco_chaos/chaos/faults/)."""
-        kind = faults.find(spec.action)
-        if kind is None or kind.target != "link":
-            raise ValueError(f"not a link action: {spec.action}")
-        fault = kind.apply(faults.FaultContext(links=self), spec)
-        assert isinstance(fault, LinkFault)
-        return fault
 
     def active(self) -> list[LinkFault]:
         with self._lock:

@@ -39,9 +39,6 @@ from typing import Any
 
 import psutil
 
-from diloco_chaos.chaos import faults
-from diloco_chaos.chaos.schedule import FaultSpec
-
 CONTROL_TICK_S = 0.02
 """How often the `slow` controller compares progress (at most `period_s / 4`): a learner at full speed does
 about one step in this on this machine, so it overshoots its budget by about one step before it is stopped."""
@@ -245,15 +242,6 @@ class ProcessChaos:
             self.send(fault.learner, self.pids_of(fault.learner), signal.SIGCONT, True)  # never leave one stopped
             with self._lock:
                 self._slowed.pop(fault.learner, None)
-
-    def apply(self, spec: FaultSpec) -> ProcessFault:
-        """Start the fault a schedule entry describes, through its kind's module (diloco_chaos/chaos/faults/)."""
-        kind = faults.find(spec.action)
-        if kind is None or kind.target == "link":
-            raise ValueError(f"not a process action: {spec.action}")
-        fault = kind.apply(faults.FaultContext(processes=self), spec)
-        assert isinstance(fault, ProcessFault)
-        return fault
 
     # -- internals -------------------------------------------------------------------------------
     def _pids(self, learner: int) -> list[int]:

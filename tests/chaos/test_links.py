@@ -30,8 +30,10 @@ from typing import Any
 
 import pytest
 
+from diloco_chaos.chaos import faults
+from diloco_chaos.chaos.faults.base import FaultHandle
 from diloco_chaos.chaos.links import JITTER_PERIOD_S, LinkChaos, LinkFault, proxy_name
-from diloco_chaos.chaos.schedule import parse_fault
+from diloco_chaos.chaos.schedule import FaultSpec, parse_fault
 from diloco_chaos.chaos.toxiproxy_client import ToxicInfo, ToxiproxyClient
 from diloco_chaos.chaos.toxiproxy_server import EmbeddedToxiproxy
 
@@ -527,6 +529,12 @@ def test_limit_data_cuts_connection_until_cleared(rig: Rig) -> None:
 _BOTH = ("downstream", "upstream")
 
 
+def _apply(rig: Rig, spec: FaultSpec) -> Any:
+    """Start a fault as the run's FaultRunner does: through its kind in the fault registry."""
+    handle: FaultHandle = faults.get(spec.action).apply(faults.FaultContext(links=rig.chaos), spec)
+    return handle
+
+
 @pytest.mark.parametrize(("raw", "kind", "expected"), [
     ({"action": "degrade", "latency_ms": 100, "bandwidth_kbps": 800}, "degrade",
      [("bandwidth", s, {"rate": 100}) for s in _BOTH] + [("latency", s, {"latency": 50}) for s in _BOTH]),
@@ -544,7 +552,7 @@ _BOTH = ("downstream", "upstream")
 def test_apply_dispatches_to_the_right_toxics(rig: Rig, raw: dict[str, Any], kind: str,
                                               expected: list[tuple[str, str, dict[str, int]]]) -> None:
     spec = parse_fault({**raw, "learner": 1}, "faults[0]", learners=2)
-    fault = rig.chaos.apply(spec)
+    fault = _apply(rig, spec)
     assert fault.kind == kind and fault.learner == 1
     keys = {k for _, _, attrs in expected for k in attrs}
     got = [(ty, stream, attrs) for ty, stream, tox, attrs in _shape(rig.client, 1, *keys)]
@@ -560,7 +568,7 @@ def test_apply_dispatches_to_the_right_toxics(rig: Rig, raw: dict[str, Any], kin
 
 def test_apply_corrupt_adds_the_embedded_corrupt_toxic_both_ways(rig: Rig) -> None:
     """corrupt (an extension of the embedded server) is two plain toxics, one per direction, removed by clear()."""
-    fault = rig.chaos.apply(parse_fault({"action": "corrupt", "learner": 1, "probability": 0.002}, "faults[0]",
+    fault = _apply(rig, parse_fault({"action": "corrupt", "learner": 1, "probability": 0.002}, "faults[0]",
                                         learners=2))
     assert fault.kind == "corrupt" and fault.learner == 1
     assert [(ty, stream, attrs) for ty, stream, _, attrs in _shape(rig.client, 1)] == [
@@ -571,9 +579,9 @@ def test_apply_corrupt_adds_the_embedded_corrupt_toxic_both_ways(rig: Rig) -> No
 
 
 def test_apply_flap_and_jittered_profile_start_threads(rig: Rig) -> None:
-    flap = rig.chaos.apply(parse_fault({"action": "flap", "learner": 0, "period_s": 0.2, "duty": 0.5},
+    flap = _apply(rig, parse_fault({"action": "flap", "learner": 0, "period_s": 0.2, "duty": 0.5},
                                        "faults[0]", learners=2))
-    jit = rig.chaos.apply(parse_fault({"action": "degrade", "learner": 1, "profile": "transatlantic"},
+    jit = _apply(rig, parse_fault({"action": "degrade", "learner": 1, "profile": "transatlantic"},
                                       "faults[1]", learners=2))
     assert flap.kind == "flap" and flap.thread is not None and flap.thread.is_alive()
     assert jit.kind == "degrade" and jit.thread is not None and jit.thread.is_alive()
@@ -587,11 +595,10 @@ def test_apply_flap_and_jittered_profile_start_threads(rig: Rig) -> None:
     assert _toxics(rig.client, 0) == {} and _toxics(rig.client, 1) == {}
 
 
-def test_apply_rejects_a_non_link_action(rig: Rig) -> None:
-    spec = parse_fault({"action": "limit_data", "learner": 0, "bytes": 1}, "faults[0]", learners=2)
-    object.__setattr__(spec, "action", "kill")  # what a future process action would look like
-    with pytest.raises(ValueError, match="not a link action"):
-        rig.chaos.apply(spec)
+def test_a_process_action_finds_no_processes_to_act_on_and_adds_no_toxic(rig: Rig) -> None:
+    spec = parse_fault({"action": "kill_chip", "learner": 0, "chip": 0}, "faults[0]", learners=2)
+    with pytest.raises(RuntimeError, match="process faults need the run's process registry"):
+        _apply(rig, spec)
     assert _toxics(rig.client, 0) == {} and rig.chaos.active() == []
 
 

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
+from diloco_chaos.chaos import faults
 from diloco_chaos.chaos.processes import ProcessChaos
 from diloco_chaos.chaos.schedule import parse_fault
 
@@ -90,7 +91,7 @@ def test_freeze_stops_until_cleared(chips) -> None:
 def test_apply_and_range_errors(chips) -> None:
     pc, _ = make(chips)
     spec = parse_fault({"action": "freeze", "learner": 1, "chip": 0, "until": {"after_s": 1}}, "faults[0]", 2)
-    fault = pc.apply(spec)
+    fault = faults.get(spec.action).apply(faults.FaultContext(processes=pc), spec)  # as the FaultRunner does
     wait_status(chips[1][0].pid, {psutil.STATUS_STOPPED})
     assert psutil.Process(chips[1][1].pid).status() != psutil.STATUS_STOPPED
     fault.clear()
@@ -100,8 +101,8 @@ def test_apply_and_range_errors(chips) -> None:
     with pytest.raises(ValueError, match="chip = 2: learner 0 has 2 live chips"):
         pc.kill_chip(0, 2)
     link = parse_fault({"action": "partition", "learner": 0}, "faults[0]", 2)
-    with pytest.raises(ValueError, match="not a process action"):
-        pc.apply(link)
+    with pytest.raises(RuntimeError, match="link faults need proxies"):
+        faults.get(link.action).apply(faults.FaultContext(processes=pc), link)
 
 
 def test_slow_duty_cycles_a_busy_process_to_its_speed() -> None:

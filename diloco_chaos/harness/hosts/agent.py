@@ -29,30 +29,18 @@ import os
 import signal
 import socket
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
-import psutil
-
+from diloco_chaos.harness.hosts.workers import WorkerCache, handle, keepalive, kill_workers
 from diloco_chaos.harness.wire.handshake import new_nonce, sign_challenge, verify_challenge
 
 log = logging.getLogger(__name__)
 
-WORKER_MODULE = "diloco_chaos.harness.hosts.torchrun_worker"
-"""The module torchrun starts (diloco_chaos/harness/hosts/torchrun_worker.py): how the agent recognises its run's
-workers."""
-LAUNCHER_MODULE = "torch.distributed.run"
-"""torchrun's own command line names the worker module too."""
 MAX_LINE = 1 << 16
 """Longest request or answer line accepted (a pid list is far shorter)."""
 AUTH_ID = -1
 """The id signed in the agent's challenge (learner ids are >= 0, so an agent's proof is no learner's)."""
-CACHE_S = 0.5
-"""How long the agent reuses its list of workers while they all still run."""
-KEEPALIVE_S = 20.0
-"""5 s idle, then 3 probes 5 s apart (`_keepalive`)."""
-SIGNALS = {s.name: s for s in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCONT, signal.SIGTERM)}
 
 
 class AgentError(RuntimeError):
@@ -64,7 +52,7 @@ class AgentSpec:
     """Everything an agent needs; picklable (the supervisor starts one per netns host)."""
 
     spec_path: str
-    """The learner's worker spec file (diloco_chaos/harness/hosts/torchrun.py): its workers name it on their command
+    """The learner's worker spec file (diloco_chaos/harness/hosts/workers.py): its workers name it on their command
     line."""
     secret_hex: str
     """The run's secret, which a client must prove it holds."""
@@ -80,100 +68,6 @@ class AgentSpec:
     """Exit if no client has connected within this."""
     io_s: float = 30.0
     """Bound of one request's read or write once connected; the supervisor's idle connection is kept open."""
-
-
-def workers(spec_path: str) -> list[psutil.Process]:
-    """This host's live workers of the run, ordered by local rank (torchrun's LOCAL_RANK)."""
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = p.info.get("cmdline") or []
-        if WORKER_MODULE in cmd and spec_path in cmd and LAUNCHER_MODULE not in cmd:  # not torchrun itself
-            try:
-                if p.status() == psutil.STATUS_ZOMBIE:
-                    continue
-                rank = int(p.environ()["LOCAL_RANK"])
-            except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError, ValueError):
-                continue
-            found.append((rank, p))
-    pids = {p.pid for _, p in found}
-    # a host chip's link process is forked from it: same command line and environment, but a worker's child
-    return [p for _, p in sorted(found, key=lambda x: x[0]) if _ppid(p) not in pids]
-
-
-def _running(p: psutil.Process) -> bool:
-    """Alive and not a zombie (a killed worker stays one until torchrun reaps it)."""
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _ppid(p: psutil.Process) -> int:
-    try:
-        return p.ppid()
-    except psutil.NoSuchProcess:
-        return -1
-
-
-def _allowed(spec_path: str) -> dict[int, psutil.Process]:
-    """Every process the agent may signal: the run's workers and their descendants."""
-    out: dict[int, psutil.Process] = {}
-    for w in workers(spec_path):
-        out[w.pid] = w
-        try:
-            out.update({c.pid: c for c in w.children(recursive=True)})
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
-class WorkerCache:
-    """`workers()` is a scan of /proc; a `slow` fault asks for the pids every CONTROL_TICK_S (20 ms). Kept for
-    CACHE_S unless one of the cached workers has ended (a kill, a restart)."""
-
-    def __init__(self, spec_path: str) -> None:
-        self.spec_path = spec_path
-        self.found: list[psutil.Process] = []
-        self.at = -CACHE_S
-
-    def pids(self) -> list[int]:
-        now = time.monotonic()
-        if now - self.at > CACHE_S or not all(_running(p) for p in self.found):
-            self.found, self.at = workers(self.spec_path), now
-        return [p.pid for p in self.found]
-
-
-def handle(spec_path: str, req: dict[str, Any], cache: WorkerCache | None = None) -> dict[str, Any]:
-    """One request: {"op": "pids"} -> {"pids": [...]} by local rank; {"op": "signal", "pids": [...],
-    "signal": "SIGKILL", "children": bool} -> {"hit": [...]}; anything else -> {"error": why}."""
-    op = req.get("op")
-    if op == "pids":
-        return {"pids": (cache or WorkerCache(spec_path)).pids()}
-    if op == "signal":
-        sig = SIGNALS.get(str(req.get("signal")))
-        pids = req.get("pids")
-        if sig is None or not isinstance(pids, list) or not all(isinstance(p, int) for p in pids):
-            return {"error": f"malformed signal request: {req!r:.200}"}
-        allowed = _allowed(spec_path)
-        targets = []
-        for pid in pids:
-            if pid not in allowed:
-                return {"error": f"pid {pid} is not a worker of this run on this host"}
-            targets.append(pid)
-            if req.get("children"):
-                try:
-                    targets.extend(c.pid for c in allowed[pid].children(recursive=True))
-                except psutil.NoSuchProcess:
-                    pass
-        hit = []
-        for pid in targets:
-            try:
-                allowed[pid].send_signal(sig)
-                hit.append(pid)
-            except psutil.NoSuchProcess:
-                pass
-        return {"hit": hit}
-    return {"error": f"unknown op {op!r:.50}"}
 
 
 def _read_line(f: Any) -> dict[str, Any] | None:
@@ -201,7 +95,7 @@ def serve(spec: AgentSpec, server: socket.socket) -> None:
         conn, _ = server.accept()
     except TimeoutError:
         log.warning("host agent: no client within %ss", spec.accept_s)
-        _kill_workers(spec.spec_path)
+        kill_workers(spec.spec_path)
         return
     try:
         conn.settimeout(spec.io_s)
@@ -214,7 +108,7 @@ def serve(spec: AgentSpec, server: socket.socket) -> None:
             return
         _send(f, {"ok": True, "pid": os.getpid()})
         conn.settimeout(None)  # idle between requests for as long as the run lasts; EOF ends it, and
-        _keepalive(conn)       # a supervisor's machine that vanishes without closing is noticed within KEEPALIVE_S
+        keepalive(conn)       # a supervisor's machine that vanishes without closing is noticed within KEEPALIVE_S
         cache = WorkerCache(spec.spec_path)
         while True:
             req = _read_line(f)
@@ -225,23 +119,7 @@ def serve(spec: AgentSpec, server: socket.socket) -> None:
         log.warning("host agent: connection ended: %s", e)
     finally:
         conn.close()
-        _kill_workers(spec.spec_path)
-
-
-def _keepalive(conn: socket.socket) -> None:
-    """TCP keepalive probes: a silent, dead peer ends the connection within KEEPALIVE_S."""
-    conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for opt, value in (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
-        if hasattr(socket, opt):  # Linux
-            conn.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), value)
-
-
-def _kill_workers(spec_path: str) -> None:
-    for p in _allowed(spec_path).values():
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
+        kill_workers(spec.spec_path)
 
 
 def agent_main(spec: AgentSpec, report: Any = None) -> None:
@@ -259,7 +137,7 @@ def agent_main(spec: AgentSpec, report: Any = None) -> None:
                        os.path.basename(spec.spec_path).replace(".torchrun.spec", ".agent"))
 
     def on_term(signum: int, frame: Any) -> None:
-        _kill_workers(spec.spec_path)
+        kill_workers(spec.spec_path)
         os._exit(0)
 
     signal.signal(signal.SIGTERM, on_term)

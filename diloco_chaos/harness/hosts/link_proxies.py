@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
 from diloco_chaos.chaos.links import LinkChaos, proxy_name
 from diloco_chaos.chaos.toxiproxy_backend import ToxiproxyBackend, start_backend
 from diloco_chaos.chaos.toxiproxy_client import ToxiproxyClient, ToxiproxyError
 from diloco_chaos.harness.config.scenario import Scenario
 from diloco_chaos.harness.record.events import EventLog
+from diloco_chaos.harness.record.run import LinksReady, ProcessStart
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class RunLinks:
         t = sc.links
         backend = start_backend(sc.links.proxy, sc.seed, sc.timeouts.startup_s, t.http_timeout_s)
         if backend.proc is not None:
-            events.log("process_start", name="toxiproxy", child_pid=backend.proc.pid)
+            events.write(ProcessStart(name="toxiproxy", child_pid=backend.proc.pid))
         client = ToxiproxyClient(backend.url, timeout_s=t.http_timeout_s)
         chaos = LinkChaos(client, sc.topology.learners, sc.seed, on_event=events.log,
                           fragment_bytes=fragment_bytes, step_s=t.step_time_s, shards=len(syncer_ports))
@@ -63,10 +63,10 @@ class RunLinks:
                 raise ToxiproxyError(f"{e} (another run on the same Toxiproxy server at {backend.url} owns these "
                                      "proxy names; runs sharing TOXIPROXY_URL must not overlap)") from None
             raise
-        events.log("links_ready", backend=backend.kind, url=backend.url, version=backend.version,
-                   proxies={str(m): p for m, p in links.ports.items()},
-                   **({"shard_proxies": {str(m): ps for m, ps in links.shard_ports.items()}}
-                      if links.shard_ports else {}))
+        events.write(LinksReady(backend=backend.kind, url=backend.url, version=backend.version,
+                                proxies={str(m): p for m, p in links.ports.items()},
+                                shard_proxies={str(m): ps for m, ps in links.shard_ports.items()}
+                                if links.shard_ports else None))
         return links
 
     def close(self, timeout_s: float) -> None:
@@ -82,8 +82,3 @@ class RunLinks:
         except Exception as e:  # noqa: BLE001 - teardown must go on
             log.warning("could not stop the Toxiproxy server: %s", e)
 
-
-def describe(links: RunLinks | None) -> dict[str, Any]:
-    if links is None:
-        return {"backend": "off"}
-    return {"backend": links.backend.kind, "url": links.backend.url, "ports": dict(links.ports)}

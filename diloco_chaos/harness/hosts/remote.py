@@ -17,8 +17,9 @@ reading lies inside that round trip, the two share one clock (one machine: netns
 the offset to the round trip's midpoint (NTP-style, accurate to half the round trip) is subtracted from every
 shipped event's `t`. Both figures are in the `agent_connected` event.
 
-`RemoteHosts` has the interface of diloco_chaos/harness/hosts/torchrun.py `TorchrunHosts` (start_learner, pids, send,
-close), so the supervisor's process chaos goes through the agents the same way.
+`RemoteHosts` is the `Hosts` (diloco_chaos/harness/hosts/base.py) of that launch: like
+diloco_chaos/harness/hosts/torchrun.py `TorchrunHosts`, one process stands for each learner's chips, and the
+supervisor's process chaos goes through the agents.
 """
 
 from __future__ import annotations
@@ -38,13 +39,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from diloco_chaos.chaos.links import LinkChaos
 from diloco_chaos.harness.config.scenario import Scenario
 from diloco_chaos.harness.hosts import agent_wire as w
 from diloco_chaos.harness.hosts.agent import AgentError
 from diloco_chaos.harness.hosts.agent_wire import parse_agent
-from diloco_chaos.harness.hosts.torchrun import RDZV_PORT
+from diloco_chaos.harness.hosts.base import HostsUnavailable, Proc, Routes, Spawner
+from diloco_chaos.harness.hosts.workers import RDZV_PORT
 from diloco_chaos.harness.learner.chip import ChipSpec
 from diloco_chaos.harness.record.events import EVENTS_FILE, EventLog
+from diloco_chaos.harness.record.run import AgentConnected
 from diloco_chaos.harness.wire.handshake import sign_challenge
 
 log = logging.getLogger(__name__)
@@ -88,11 +92,6 @@ def shift_lines(lines: list[str], offset_s: float) -> list[str]:
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):
             continue
     return out
-
-
-class RemoteUnavailable(RuntimeError):
-    """The run's remote hosts cannot be used: an agent unreachable, refusing us, or the secret file unusable; the
-    message names the learner and the agent's address (the supervisor raises it as a RunFailed)."""
 
 
 class AgentConnection:
@@ -251,46 +250,56 @@ class RemoteLearner:
 class RemoteHosts:
     """Every learner's agent connection for one run (`[launch] hosts = "remote"`)."""
 
-    def __init__(self, conns: dict[int, AgentConnection], secret: bytes, run_secret: bytes) -> None:
-        self.conns, self.secret, self.run_secret = conns, secret, run_secret
+    def __init__(self, sc: Scenario, conns: dict[int, AgentConnection], secret: bytes, run_secret: bytes,
+                 spawner: Spawner) -> None:
+        self.sc, self.conns, self.secret, self.run_secret, self.spawner = sc, conns, secret, run_secret, spawner
         self.started: list[RemoteLearner] = []
 
     @classmethod
-    def connect(cls, sc: Scenario, run_dir: Path, run_secret: bytes, events: EventLog) -> RemoteHosts:
-        """Connect to every learner's agent; RemoteUnavailable says which failed and why."""
+    def open(cls, sc: Scenario, run_dir: Path, run_secret: bytes, events: EventLog, spawner: Spawner) -> RemoteHosts:
+        """Connect to every learner's agent; HostsUnavailable says which failed and why."""
         try:
             secret = read_secret(sc.launch.agent_secret_file)
         except (OSError, ValueError) as e:
-            raise RemoteUnavailable(f"launch.agent_secret_file: {e}") from e
+            raise HostsUnavailable(f"launch.agent_secret_file: {e}") from e
         conns: dict[int, AgentConnection] = {}
         try:
             for m, address in enumerate(sc.launch.agents):
                 try:
                     c = AgentConnection(m, address, secret, sc.timeouts.startup_s, run_dir / EVENTS_FILE)
                 except (OSError, ValueError) as e:  # AgentProtocolError is a ValueError
-                    raise RemoteUnavailable(f"launch.agents[{m}] = {address!r}: {type(e).__name__}: {e}") from e
+                    raise HostsUnavailable(f"launch.agents[{m}] = {address!r}: {type(e).__name__}: {e}") from e
                 conns[m] = c
-                events.log("agent_connected", learner=m, address=address, agent_pid=c.agent_pid,
-                           work_dir=c.work_dir, local_address=c.local_address, clock_offset_s=c.offset_s,
-                           rtt_s=round(c.rtt_s, 6), same_clock=c.same_clock)
+                events.write(AgentConnected(learner=m, address=address, agent_pid=c.agent_pid, work_dir=c.work_dir,
+                                            local_address=c.local_address, clock_offset_s=c.offset_s,
+                                            rtt_s=round(c.rtt_s, 6), same_clock=c.same_clock))
             local = {c.local_address for c in conns.values()}
             if len(local) != 1:
-                raise RemoteUnavailable(f"launch.agents: the agents are reached from different local addresses "
-                                        f"{sorted(local)}: the syncer and the store listen on one (route every "
-                                        "agent through one interface)")
+                raise HostsUnavailable(f"launch.agents: the agents are reached from different local addresses "
+                                       f"{sorted(local)}: the syncer and the store listen on one (route every "
+                                       "agent through one interface)")
         except BaseException:
             for c in conns.values():
                 c.close()
             raise
-        return cls(conns, secret, run_secret)
+        return cls(sc, conns, secret, run_secret, spawner)
 
     @property
-    def syncer_address(self) -> str:
+    def listen(self) -> str:
         """Where the syncer and the store listen: this machine's address on its route to the agents."""
         return next(iter(self.conns.values())).local_address
 
-    def start_learner(self, m: int, netns: str, spec: ChipSpec) -> RemoteLearner:
-        """Send learner m's spec to its agent and have it start torchrun there."""
+    def connect(self, syncer_ports: list[int]) -> Routes:
+        return Routes.direct(self.sc.topology.learners, syncer_ports)
+
+    @property
+    def link_chaos(self) -> LinkChaos | None:
+        """None: links.proxy = "off" (validated), a remote host's link has nothing here to carry faults."""
+        return None
+
+    def start_learner(self, spec: ChipSpec) -> dict[int, Proc]:
+        """Send learner m's spec to its agent and have it start torchrun there: one process for every chip."""
+        m = spec.learner
         conn = self.conns[m]
         nonce = secrets.token_bytes(16)
         blank = dataclasses.replace(spec, rank=0, secret_hex="", netns="")
@@ -300,13 +309,17 @@ class RemoteHosts:
         proc = RemoteLearner(conn, started.torchrun_pid, f"learner{m}.torchrun")
         conn.attach(proc)
         self.started.append(proc)
-        return proc
+        self.spawner.register_process(proc.name, proc)
+        return dict.fromkeys(range(spec.size), proc)
 
-    def pids(self, m: int) -> list[int]:
-        return list(self.conns[m].request(w.Pids(), w.PidsReply).pids)
+    def start_chip(self, spec: ChipSpec) -> Proc:
+        raise NotImplementedError("launch.hosts = 'remote' restarts a learner whole (no recovery.policy shrink)")
 
-    def send(self, m: int, pids: list[int], sig: signal.Signals, children: bool) -> list[int]:
-        return list(self.conns[m].request(w.Signal(pids, sig.name, children), w.SignalReply).hit)
+    def chip_pids(self, learner: int, chips: list[Proc]) -> list[int]:
+        return list(self.conns[learner].request(w.Pids(), w.PidsReply).pids)
+
+    def send(self, learner: int, pids: list[int], sig: signal.Signals, children: bool) -> list[int]:
+        return list(self.conns[learner].request(w.Signal(pids, sig.name, children), w.SignalReply).hit)
 
     def close(self) -> None:
         """Hang up on every agent: each kills what is left of its run's processes."""

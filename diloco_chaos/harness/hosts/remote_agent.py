@@ -7,10 +7,11 @@ needs no spec at start and serves, one at a time, every supervisor that proves i
 connection (diloco_chaos/harness/hosts/agent_wire.py for the messages) it makes a fresh directory under its work dir
 (0700) and, on each Start, writes the learner's spec there (0600: it holds the run's secret), with `run_dir` pointing to
 that directory, so the workers (and their link process) append their events to a log on this host; it starts
-torchrun with the same command line as the local backend (diloco_chaos/harness/hosts/torchrun.py), its workers tied to
+torchrun with the same command line as on netns hosts (diloco_chaos/harness/hosts/workers.py), its workers tied to
 the agent's pid. A tail thread sends the log's new complete lines (Events, at most MAX_BATCH lines each);
 a watcher thread sends Exited with torchrun's exit code once it ends, after the last of its events. Process
-chaos goes through Pids and Signal, limited to this connection's workers (diloco_chaos/harness/hosts/agent.py `handle`).
+chaos goes through Pids and Signal, limited to this connection's workers
+(diloco_chaos/harness/hosts/workers.py `handle`).
 
 When the supervisor hangs up (or the connection breaks: TCP keepalive notices a vanished machine within
 KEEPALIVE_S), the agent kills what is left of the run's torchrun and workers, waits for them (bounded) and goes
@@ -37,9 +38,18 @@ from typing import Any
 import psutil
 
 from diloco_chaos.harness.hosts import agent_wire as w
-from diloco_chaos.harness.hosts.agent import SIGNALS, WorkerCache, _keepalive, _kill_workers, handle
-from diloco_chaos.harness.hosts.torchrun import LOG_NAME, SPEC_NAME, torchrun_command, write_spec
 from diloco_chaos.harness.hosts.torchrun_worker import PARENT_PID_ENV
+from diloco_chaos.harness.hosts.workers import (
+    LOG_NAME,
+    SIGNALS,
+    SPEC_NAME,
+    WorkerCache,
+    handle,
+    keepalive,
+    kill_workers,
+    torchrun_command,
+    write_spec,
+)
 from diloco_chaos.harness.learner.chip import ChipSpec
 from diloco_chaos.harness.record.events import EVENTS_FILE
 from diloco_chaos.harness.run.procutil import die_with_parent
@@ -174,7 +184,7 @@ class Session:
             except psutil.NoSuchProcess:
                 pass
         if sig == signal.SIGKILL:
-            _kill_workers(self.spec_path)  # any worker torchrun no longer parents
+            kill_workers(self.spec_path)  # any worker torchrun no longer parents
             try:
                 self.popen.wait(STOP_S)
             except subprocess.TimeoutExpired:
@@ -213,7 +223,7 @@ class Session:
         self.dir.mkdir(mode=0o700, parents=True)  # only for a client that proved the secret
         self.send(w.Welcome(os.getpid(), str(self.dir)))
         self.conn.settimeout(None)  # idle between requests while the run lasts; sends stay bounded by keepalive
-        _keepalive(self.conn)
+        keepalive(self.conn)
         if hasattr(socket, "TCP_USER_TIMEOUT"):  # a send the peer never acknowledges fails within IO_S
             self.conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(IO_S * 1000))
         threading.Thread(target=self.tail, name="events-tail", daemon=True).start()

@@ -9,7 +9,7 @@ this module starts there, per learner:
 
 1. a host agent (diloco_chaos/harness/hosts/agent.py), in the namespace, listening on the host's address; the supervisor
    connects and authenticates with the run's secret. Process chaos (kill_chip, kill_learner, crash_host,
-   freeze, slow) and the worker pids it needs go through it: `send` / `pids` below.
+   freeze, slow) and the worker pids it needs go through it: `send` / `chip_pids` below.
 2. `ip netns exec <host> python -m torch.distributed.run --nnodes 1 --nproc-per-node C --rdzv-backend c10d
    --rdzv-endpoint 127.0.0.1:<port> --max-restarts 0 -m diloco_chaos.harness.hosts.torchrun_worker <spec file>`, the
    command a real host runs (docs/multi-host.md). Its workers run the same chip code as local chips.
@@ -24,28 +24,21 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import multiprocessing
 import os
-import pickle
 import signal
 import subprocess
-import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO
 
+from diloco_chaos.chaos.links import LinkChaos
 from diloco_chaos.harness.hosts.agent import AgentClient, AgentError, AgentSpec, agent_main
+from diloco_chaos.harness.hosts.base import HostsUnavailable, Proc, Routes, Spawner
+from diloco_chaos.harness.hosts.netns_run import NetnsRun
 from diloco_chaos.harness.hosts.torchrun_worker import PARENT_PID_ENV
+from diloco_chaos.harness.hosts.workers import LOG_NAME, RDZV_PORT, SPEC_NAME, torchrun_command, write_spec
 from diloco_chaos.harness.learner.chip import ChipSpec
 from diloco_chaos.harness.run.procutil import die_with_parent
-
-if TYPE_CHECKING:
-    from diloco_chaos.harness.hosts.netns_run import NetnsRun
-
-RDZV_PORT = 29400
-"""torchrun's rendezvous store port on the host (+ the learner's generation, so a restarted learner never
-waits for the port of the one it replaces)."""
-SPEC_NAME = "learner{m}.torchrun.spec"
-LOG_NAME = "learner{m}.torchrun.log"
 
 
 class TorchrunProc:
@@ -77,49 +70,43 @@ class TorchrunProc:
         os.close(self.sentinel)
 
 
-def torchrun_command(chips: int, rdzv_port: int, spec_path: str) -> list[str]:
-    """The torchrun command line for one learner host (the same on a real machine, with its spec file)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(chips),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{rdzv_port}", "--max-restarts", "0",
-            "--monitor-interval", "0.1", "-m", "diloco_chaos.harness.hosts.torchrun_worker", spec_path]
-
-
-def write_spec(path: Path, spec: ChipSpec) -> None:
-    """The learner's ChipSpec, readable by this user only (it holds the run's secret)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        pickle.dump(spec, f)
-
-
-@dataclass
 class TorchrunHosts:
-    """The torchrun side of one run: per learner, its agent (process and connection) and its spec file."""
+    """The `Hosts` (diloco_chaos/harness/hosts/base.py) of `backend = "torchrun"` on netns hosts: the namespaces,
+    the syncer's address and the kernel links are `netns`'s; per learner, its agent (process and connection),
+    its spec file and its torchrun are this class's."""
 
-    run_dir: Path
-    secret: bytes
-    timeout_s: float
-    agents: dict[int, AgentClient] = field(default_factory=dict)
-    agent_pids: dict[int, int] = field(default_factory=dict)
-    started: list[TorchrunProc] = field(default_factory=list)
+    def __init__(self, netns: NetnsRun, run_dir: Path, secret: bytes, timeout_s: float, spawner: Spawner) -> None:
+        self.netns, self.run_dir, self.secret, self.timeout_s, self.spawner = netns, run_dir, secret, timeout_s, spawner
+        self.agents: dict[int, AgentClient] = {}
+        self.agent_pids: dict[int, int] = {}
+        self.started: list[TorchrunProc] = []
 
-    def open(self, netns: NetnsRun | None, start: Any, ctx: Any) -> str | None:
-        """Start every learner host's agent and connect to it; why that failed (None: it did not)."""
-        if netns is None:
-            return "needs launch.hosts = 'netns'"
+    @property
+    def listen(self) -> str:
+        return self.netns.listen
+
+    @property
+    def link_chaos(self) -> LinkChaos | None:
+        return self.netns.link_chaos
+
+    def connect(self, syncer_ports: list[int]) -> Routes:
+        """The netns hosts' links, then every learner host's agent, started and connected (each within
+        `timeout_s`)."""
+        routes = self.netns.connect(syncer_ports)
         try:
-            for m, host in enumerate(netns.hosts.hosts):
-                self.start_agent(m, host.netns, host.address, start, ctx)
+            for m, host in enumerate(self.netns.hosts.hosts):
+                self.start_agent(m, host.netns, host.address)
         except (AgentError, OSError) as e:
-            return f"{type(e).__name__}: {e}"
-        return None
+            raise HostsUnavailable(f"launch.backend = 'torchrun': {type(e).__name__}: {e}") from e
+        return routes
 
-    def start_agent(self, m: int, netns: str, address: str, start: Any, ctx: Any) -> None:
-        """Start learner m's agent in its namespace (through the supervisor's `start(name, target, args)`, so it
-        is one of the run's processes) and connect to it."""
-        parent, child = ctx.Pipe(duplex=False)
+    def start_agent(self, m: int, netns: str, address: str) -> None:
+        """Start learner m's agent in its namespace (through the spawner, so it is one of the run's processes)
+        and connect to it."""
+        parent, child = multiprocessing.Pipe(duplex=False)
         spec = AgentSpec(str(self.run_dir / SPEC_NAME.format(m=m)), self.secret.hex(), address, netns=netns,
                          parent_pid=os.getpid(), accept_s=self.timeout_s)
-        proc = start(f"learner{m}.agent", agent_main, (spec, child))
+        proc = self.spawner.start_process(f"learner{m}.agent", agent_main, (spec, child))
         child.close()
         if not parent.poll(self.timeout_s):
             raise AgentError(f"host agent of learner {m} did not report its port within {self.timeout_s}s")
@@ -128,13 +115,14 @@ class TorchrunHosts:
         self.agents[m] = AgentClient(address, port, self.secret, self.timeout_s)
         self.agent_pids[m] = proc.pid
 
-    def start_learner(self, m: int, netns: str, spec: ChipSpec) -> TorchrunProc:
-        """Write learner m's spec and start its torchrun in its namespace."""
+    def start_learner(self, spec: ChipSpec) -> dict[int, Proc]:
+        """Write learner m's spec and start its torchrun in its namespace: one process stands for every chip."""
+        m = spec.learner
         path = self.run_dir / SPEC_NAME.format(m=m)
         write_spec(path, dataclasses.replace(spec, rank=0, parent_pid=self.agent_pids[m], netns=""))
         env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
                    **{PARENT_PID_ENV: str(self.agent_pids[m])})
-        cmd = ["ip", "netns", "exec", netns,
+        cmd = ["ip", "netns", "exec", self.netns.netns_of(m),
                *torchrun_command(spec.size, RDZV_PORT + spec.generation % 1000, str(path))]
         log = open(self.run_dir / LOG_NAME.format(m=m), "ab")  # noqa: SIM115 - closed by TorchrunProc
         # the kernel SIGKILLs torchrun if the supervisor dies (`ip netns exec` execs it: the setting carries over)
@@ -142,24 +130,32 @@ class TorchrunHosts:
                                  cwd=os.getcwd(), preexec_fn=functools.partial(die_with_parent, os.getpid()))
         proc = TorchrunProc(popen, f"learner{m}.torchrun", log)
         self.started.append(proc)
-        return proc
+        self.spawner.register_process(proc.name, proc)
+        return dict.fromkeys(range(spec.size), proc)
 
-    def pids(self, m: int) -> list[int]:
+    def start_chip(self, spec: ChipSpec) -> Proc:
+        raise NotImplementedError("launch.backend = 'torchrun' restarts a learner whole (no recovery.policy shrink)")
+
+    def chip_pids(self, learner: int, chips: list[Proc]) -> list[int]:
         """Learner m's live worker pids by rank, as its agent sees them."""
-        return self.agents[m].pids()
+        return self.agents[learner].pids()
 
-    def send(self, m: int, pids: list[int], sig: signal.Signals, children: bool) -> list[int]:
+    def send(self, learner: int, pids: list[int], sig: signal.Signals, children: bool) -> list[int]:
         """diloco_chaos/chaos/processes.py's Signaller: learner m's agent signals them."""
-        return self.agents[m].signal(pids, sig, children)
+        return self.agents[learner].signal(pids, sig, children)
 
     def close(self) -> None:
-        """Hang up on every agent (each then kills what is left of its workers and exits)."""
-        for client in self.agents.values():
-            try:
-                client.close()
-            except OSError:
-                pass
-        self.agents.clear()
-        for proc in self.started:
-            proc.close()
-        self.started.clear()
+        """Hang up on every agent (each then kills what is left of its workers and exits), then close the netns
+        hosts (their links, then the namespaces)."""
+        try:
+            for client in self.agents.values():
+                try:
+                    client.close()
+                except OSError:
+                    pass
+            self.agents.clear()
+            for proc in self.started:
+                proc.close()
+            self.started.clear()
+        finally:
+            self.netns.close()

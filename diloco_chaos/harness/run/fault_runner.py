@@ -28,6 +28,7 @@ from diloco_chaos.chaos.processes import ProcessChaos
 from diloco_chaos.chaos.schedule import KILL_ACTIONS, FaultSchedule, FaultSpec, Transition
 from diloco_chaos.harness.record import parse_lenient
 from diloco_chaos.harness.record.events import EventLog
+from diloco_chaos.harness.record.run import FaultEnd, FaultStart
 from diloco_chaos.harness.report.timeline import RECOVERED, FaultReactions
 
 log = logging.getLogger(__name__)
@@ -84,23 +85,24 @@ class FaultRunner:
             except Exception as e:  # noqa: BLE001 - teardown goes on; the error is logged
                 log.warning("could not end fault %d: %s", tr.index, e)
 
-    def _act(self, tr: Transition, elapsed_s: float, **end: Any) -> None:
+    def _act(self, tr: Transition, elapsed_s: float, ended_t: float | None = None, reaction: str | None = None) -> None:
         spec = self.schedule.faults[tr.index]
         reason = tr.reason
-        if not tr.start and not end and spec.action in KILL_ACTIONS and reason == "end of run":
+        if not tr.start and ended_t is None and spec.action in KILL_ACTIONS and reason == "end of run":
             reason = "not recovered by run end"  # a kill still not back when the run ended
-        fields = {"index": tr.index, "action": spec.action, "learner": spec.learner, "describe": spec.describe(),
-                  "reason": reason, "elapsed_s": round(elapsed_s, 3), "progress": self.schedule.progress.as_dict(),
-                  **end}
+        elapsed, progress = round(elapsed_s, 3), self.schedule.progress.as_dict()
         if tr.start:
             kind = faults.get(spec.action)
-            fields["applied_from_t"] = time.monotonic()  # its effect may show before it is logged (an agent's reply)
+            applied_from_t = time.monotonic()  # its effect may show before it is logged (an agent's reply)
+            missed = None
             try:
                 self.handles[tr.index] = kind.apply(faults.FaultContext(self.chaos, self.processes), spec)
             except ProcessLookupError as e:  # the learner (or syncer) is down already: the fault hit nothing
-                fields["missed"] = str(e)
-            self.events.log("fault_start", **fields)
-            if "missed" in fields and spec.action in KILL_ACTIONS:  # nothing to recover from: over at once
+                missed = str(e)
+            self.events.write(FaultStart(index=tr.index, action=spec.action, learner=spec.learner,
+                                         describe=spec.describe(), reason=reason, elapsed_s=elapsed, progress=progress,
+                                         missed=missed, applied_from_t=applied_from_t))
+            if missed is not None and spec.action in KILL_ACTIONS:  # nothing to recover from: over at once
                 self.schedule.started_at[tr.index] = None
                 self.schedule.cleared[tr.index] += 1
                 self._act(Transition(tr.index, False, "it hit nothing"), elapsed_s)
@@ -108,4 +110,6 @@ class FaultRunner:
             handle = self.handles.pop(tr.index, None)
             if handle is not None:
                 handle.clear()
-            self.events.log("fault_end", **fields)
+            self.events.write(FaultEnd(index=tr.index, action=spec.action, learner=spec.learner,
+                                       describe=spec.describe(), reason=reason, elapsed_s=elapsed, progress=progress,
+                                       ended_t=ended_t, reaction=reaction))

@@ -9,6 +9,9 @@ end, a failed chip, an exception, Ctrl-C, SIGTERM, the run deadline) stops
 them all, SIGTERM then SIGKILL after `timeouts.shutdown_s`. If the supervisor
 itself is killed, the forkserver exits and the kernel kills the run's
 processes (PR_SET_PDEATHSIG).
+
+Where the learners run (this machine, netns hosts, torchrun, remote hosts) is the run's `Hosts`
+(diloco_chaos/harness/hosts/base.py), opened once from the scenario; nothing here depends on the launch mode.
 """
 
 from __future__ import annotations
@@ -22,16 +25,31 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.distributed as dist
 
-from diloco_chaos.chaos.processes import ProcessChaos, local_signaller, syncer_repair_key
+from diloco_chaos.chaos.processes import ProcessChaos, syncer_repair_key
 from diloco_chaos.harness.config.scenario import Scenario, learner_policy, validate
-from diloco_chaos.harness.config.task_check import fragment_bytes
-from diloco_chaos.harness.learner.chip import ChipSpec, chip_main, members_key
+from diloco_chaos.harness.hosts.base import Hosts, HostsUnavailable, Proc
+from diloco_chaos.harness.hosts.launch import open_hosts
+from diloco_chaos.harness.learner.chip import ChipSpec, members_key
 from diloco_chaos.harness.record.base import SCHEMA_VERSION
 from diloco_chaos.harness.record.events import EVENTS_FILE, EventLog, EventTail
+from diloco_chaos.harness.record.run import (
+    ChipJoinAbandoned,
+    ChipRepairSkipped,
+    LearnerDown,
+    LearnerGrow,
+    LearnerRestart,
+    LearnerShrink,
+    ProcessStart,
+    RunInterrupted,
+    RunStart,
+    StoreReady,
+    SyncerDown,
+    SyncerRestart,
+)
 from diloco_chaos.harness.report.errors import label_errors
 from diloco_chaos.harness.run.fault_runner import FaultRunner
 from diloco_chaos.harness.run.procutil import main_thread, signal_proc, wait_any
@@ -40,11 +58,6 @@ from diloco_chaos.harness.syncer.service import SyncerSpec, syncer_main
 from diloco_chaos.harness.syncer.shards import proc_name
 from diloco_chaos.harness.wire.handshake import new_secret
 from diloco_chaos.trainers import mutations
-
-if TYPE_CHECKING:
-    from diloco_chaos.harness.hosts.netns_run import NetnsRun
-    from diloco_chaos.harness.hosts.remote import RemoteHosts
-    from diloco_chaos.harness.hosts.torchrun import TorchrunHosts
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +126,7 @@ class Supervisor:
         self.events = EventLog(self.run_dir / EVENTS_FILE, "supervisor")
         self.secret = new_secret()
         self.store: Any = None
-        self.links: Any = None
+        self.hosts: Hosts | None = None
         self.faults: FaultRunner | None = None
         self._tail: EventTail | None = None
         self.ports: dict[int, int] = {}
@@ -132,83 +145,44 @@ class Supervisor:
         self.syncer_restarts: dict[int, int] = {}  # shard -> restarts so far
         self.shard_ports: dict[int, tuple[int, ...]] = {}  # learner -> where it reaches shards 1..S-1
         self._syncer_stop: Any = None
-        self.netns: NetnsRun | None = None  # with [launch] hosts = "netns"
-        self.torchrun: TorchrunHosts | RemoteHosts | None = None  # with [launch] backend = "torchrun"
-        self.listen = "127.0.0.1"  # where the syncer and the store listen
+        self.listen = "127.0.0.1"  # where the syncer and the store listen (the hosts' `listen`)
 
-    def _start(self, name: str, target: Any, args: tuple) -> Any:
+    def start_process(self, name: str, target: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        """Fork `target(*args)` from the forkserver as `name`, one of the run's processes (hosts/base.py Spawner)."""
         p = context().Process(target=target, args=args, name=name, daemon=False)
         p.start()
-        self._register(name, p)
+        self.register_process(name, p)
         return p
 
-    def _register(self, name: str, p: Any) -> None:
+    def register_process(self, name: str, p: Any) -> None:
         self.procs[name] = p
-        self.events.log("process_start", name=name, child_pid=p.pid)
+        self.events.write(ProcessStart(name=name, child_pid=p.pid))
         write_json(self.run_dir / PROCESSES_FILE, {n: q.pid for n, q in self.procs.items()})
 
     def run(self) -> RunResult:
-        sc, t = self.sc, self.sc.timeouts
+        sc = self.sc
         write_json(self.run_dir / CONFIG_FILE, sc.to_dict())
         old_term = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread() else None
         t0 = time.monotonic()
         policy, why = learner_policy(sc.recovery.policy, sc.algorithm)
-        self.events.log("run_start", algorithm=sc.algorithm, learners=sc.topology.learners,
-                        chips_per_learner=sc.topology.chips_per_learner, seed=sc.seed, learner_policy=policy,
-                        learner_policy_why=why, schema_version=SCHEMA_VERSION)
+        self.events.write(RunStart(algorithm=sc.algorithm, learners=sc.topology.learners,
+                                   chips_per_learner=sc.topology.chips_per_learner, seed=sc.seed, learner_policy=policy,
+                                   learner_policy_why=why, schema_version=SCHEMA_VERSION))
         try:
-            if sc.launch.hosts == "netns":
-                from diloco_chaos.harness.hosts.netns_run import HostsUnavailable, NetnsRun
-
-                try:
-                    self.netns = NetnsRun.open(sc, self.events)
-                except HostsUnavailable as e:
-                    raise RunFailed(str(e)) from e
-                self.listen = self.netns.syncer_address
-            elif sc.launch.hosts == "remote":  # the agents operators started (diloco_chaos/harness/hosts/remote.py)
-                from diloco_chaos.harness.hosts.remote import RemoteHosts, RemoteUnavailable
-
-                try:
-                    self.torchrun = RemoteHosts.connect(sc, self.run_dir, self.secret, self.events)
-                except RemoteUnavailable as e:
-                    raise RunFailed(str(e)) from e
-                self.listen = self.torchrun.syncer_address
-            self.store = dist.TCPStore(self._syncer_host(), 0, is_master=True, wait_for_workers=False,
-                                       timeout=datetime.timedelta(seconds=t.startup_s))
-            self.events.log("store_ready", port=self.store.port)
-            stop = context().Event()
-            self._syncer_stop = stop
-            sports = [self._start_syncer(k, restore=False) for k in range(self.shards)]
-            ports = {m: sports[0] for m in range(sc.topology.learners)}
-            self.shard_ports = {m: tuple(sports[1:]) for m in range(sc.topology.learners)}
-            if self.netns is not None and sc.links.backend == "kernel":  # validated: one shard
-                self.links = self.netns.open_links(sc, sports[0], self.events, fragment_bytes(sc))
-            elif sc.links.proxy != "off":
-                from diloco_chaos.harness.hosts.link_proxies import RunLinks
-
-                self.links = RunLinks.open(sc, sports, self.events, fragment_bytes(sc))
-                ports = self.links.ports
-                self.shard_ports = {m: tuple(self.links.shard_ports.get(m, [])) for m in ports}
-            self.ports = ports
-            if sc.launch.backend == "torchrun" and self.torchrun is None:  # netns: each host's agent, before torchrun
-                from diloco_chaos.harness.hosts.torchrun import TorchrunHosts
-
-                self.torchrun = TorchrunHosts(self.run_dir, self.secret, t.startup_s)
-                if failed := self.torchrun.open(self.netns, self._start, context()):
-                    raise RunFailed(f"launch.backend = 'torchrun': {failed}")
+            hosts = self._open_hosts_and_syncer()
             procs = ProcessChaos(self._chip_pids, sc.topology.learners, on_event=self.events.log,
                                  syncer_pids=self._syncer_pids, progress=self._progress, seed=sc.seed,
-                                 send=self.torchrun.send if self.torchrun is not None else local_signaller)
+                                 send=hosts.send)
             self.procs_chaos = procs
-            self.faults = FaultRunner(sc.faults, self.links.chaos if self.links else None, self.events, procs)
+            self.faults = FaultRunner(sc.faults, hosts.link_chaos, self.events, procs)
             for m in range(sc.topology.learners):
                 self._start_learner(m, generation=0, start_step=0)
-            self._watch(stop, t0)
+            self._watch(self._syncer_stop, t0)
             never = self.faults.never_fired()
             if never:
                 raise RunFailed("scheduled fault(s) never fired: " + "; ".join(never))
         except (KeyboardInterrupt, _Terminate) as e:
-            self.events.log("run_interrupted", reason=type(e).__name__)
+            self.events.write(RunInterrupted(reason=type(e).__name__))
             raise
         finally:
             if self.faults is not None:
@@ -216,12 +190,8 @@ class Supervisor:
                 if self.on_events is not None and self._tail is not None:  # the faults ended just now, on screen
                     self.on_events(self._tail.poll())
             self._stop_all()
-            if self.torchrun is not None:
-                self.torchrun.close()
-            if self.links is not None:
-                self.links.close(t.shutdown_s)
-            if self.netns is not None:
-                self.netns.close(self.events)
+            if self.hosts is not None:
+                self.hosts.close()
             if old_term is not None:
                 signal.signal(signal.SIGTERM, old_term)
             self.events.log("run_end", wall_s=time.monotonic() - t0)
@@ -238,6 +208,23 @@ class Supervisor:
         self.events.close()
         return RunResult(self.run_dir, report, [p.pid for p in [*self.procs.values(), *self.retired]])
 
+    def _open_hosts_and_syncer(self) -> Hosts:
+        """The run's hosts (hosts/base.py), the store and the syncer's shards, and the learners' routes to them;
+        RunFailed if the hosts cannot be used. `self.hosts` is set as soon as they are open, for `close`."""
+        sc, t = self.sc, self.sc.timeouts
+        try:
+            hosts = self.hosts = open_hosts(sc, self.run_dir, self.secret, self.events, self)
+            self.listen = hosts.listen
+            self.store = dist.TCPStore(self.listen, 0, is_master=True, wait_for_workers=False,
+                                       timeout=datetime.timedelta(seconds=t.startup_s))
+            self.events.write(StoreReady(port=self.store.port))
+            self._syncer_stop = context().Event()
+            routes = hosts.connect([self._start_syncer(k, restore=False) for k in range(self.shards)])
+        except HostsUnavailable as e:
+            raise RunFailed(str(e)) from e
+        self.ports, self.shard_ports = routes.ports, routes.shard_ports
+        return hosts
+
     def _start_syncer(self, shard: int, restore: bool) -> int:
         """Start syncer shard `shard` (or, with `restore`, its replacement on the same port); returns its port."""
         t = self.sc.timeouts
@@ -247,23 +234,14 @@ class Supervisor:
             self.retired.append(self.procs[name])
         spec = SyncerSpec(str(self.run_dir), self.sc, self.secret.hex(), os.getpid(),
                           port=self.syncer_ports[shard], restore=restore, shard=shard,
-                          host=self._syncer_host())
-        self._start(name, syncer_main, (spec, child, self._syncer_stop))
+                          host=self.listen)
+        self.start_process(name, syncer_main, (spec, child, self._syncer_stop))
         child.close()
         if not parent.poll(t.startup_s):
             raise RunFailed(f"{name} did not report its port within timeouts.startup_s = {t.startup_s}s")
         self.syncer_ports[shard] = parent.recv()
         parent.close()
         return self.syncer_ports[shard]
-
-    def _netns_of(self, m: int) -> str:
-        """Learner m's host namespace ("": this machine's network)."""
-        return self.netns.netns_of(m) if self.netns is not None else ""
-
-    def _syncer_host(self) -> str:
-        """Where the syncer and the store listen: the netns hosts' bridge, the address on the route to remote
-        hosts, or loopback."""
-        return self.listen
 
     def _syncer(self, shard: int) -> Any:
         return self.procs[proc_name(shard, self.shards)]
@@ -290,7 +268,7 @@ class Supervisor:
         if self.procs_chaos is not None:
             repair = self.procs_chaos.repair_s.pop(syncer_repair_key(shard), repair)
         self.syncer_restart_at[shard] = now + repair
-        self.events.log("syncer_down", exitcode=code, repair_s=repair, shard=shard)
+        self.events.write(SyncerDown(exitcode=code, repair_s=repair, shard=shard))
 
     def _check_syncers(self, now: float) -> None:
         """Each shard: seen dead (its repair delay starts), or repaired (restarted, restoring its checkpoint)."""
@@ -302,40 +280,31 @@ class Supervisor:
                 self.syncer_restarts[k] = self.syncer_restarts.get(k, 0) + 1
                 self._start_syncer(k, restore=True)
                 del self.syncer_restart_at[k]
-                self.events.log("syncer_restart", restarts=sum(self.syncer_restarts.values()),
-                                port=self.syncer_ports[k], child_pid=self._syncer(k).pid, shard=k)
+                self.events.write(SyncerRestart(restarts=sum(self.syncer_restarts.values()), port=self.syncer_ports[k],
+                                                child_pid=self._syncer(k).pid, shard=k))
 
-    def _chips_of(self, m: int) -> list[Any]:
+    def _chips_of(self, m: int) -> list[Proc]:
         """The processes of learner m's current members, in rank order."""
         return [self.procs[f"learner{m}.chip{r}"] for r in self.members[m]]
 
     def _chip_pids(self, m: int) -> list[int]:
         """Live chip pids of learner m by rank: the registry process faults act on."""
-        if self.learner_state.get(m) != "up":
+        if self.learner_state.get(m) != "up" or self.hosts is None:
             return []
-        if self.torchrun is not None:  # torchrun's workers, as the learner host's agent sees them
-            return self.torchrun.pids(m)
-        return [p.pid for p in self._chips_of(m) if p.exitcode is None]
+        return self.hosts.chip_pids(m, self._chips_of(m))
+
+    def _chip_spec(self, m: int, rank: int, generation: int, **more: Any) -> ChipSpec:
+        sc = self.sc
+        return ChipSpec(str(self.run_dir), sc, m, rank, sc.topology.chips_per_learner, generation, self.store.port,
+                        self.ports[m], self.secret.hex(), os.getpid(), syncer_host=self.listen,
+                        shard_ports=self.shard_ports.get(m, ()), **more)
 
     def _start_learner(self, m: int, generation: int, start_step: int) -> None:
         sc = self.sc
-        if self.torchrun is not None:  # one torchrun per learner host: the supervisor sees each of its chips as it
-            self.retired += [p for n, p in self.procs.items() if n.startswith(f"learner{m}.chip")]
-            self._register(f"learner{m}.torchrun", self.torchrun.start_learner(m, self._netns_of(m), ChipSpec(
-                str(self.run_dir), sc, m, 0, sc.topology.chips_per_learner, generation, self.store.port,
-                self.ports[m], self.secret.hex(), os.getpid(), start_step, syncer_host=self._syncer_host(),
-                shard_ports=self.shard_ports.get(m, ()))))
-            self.procs.update({f"learner{m}.chip{r}": self.procs[f"learner{m}.torchrun"]
-                               for r in range(sc.topology.chips_per_learner)})
-        for r in range(0 if self.torchrun is not None else sc.topology.chips_per_learner):
-            name = f"learner{m}.chip{r}"
-            if name in self.procs:
-                self.retired.append(self.procs[name])
-            cs = ChipSpec(str(self.run_dir), sc, m, r, sc.topology.chips_per_learner, generation,
-                          self.store.port, self.ports[m], self.secret.hex(), os.getpid(), start_step,
-                          netns=self._netns_of(m), syncer_host=self._syncer_host(),
-                          shard_ports=self.shard_ports.get(m, ()))
-            self._start(name, chip_main, (cs,))
+        assert self.hosts is not None
+        self.retired += [p for n, p in self.procs.items() if n.startswith(f"learner{m}.chip")]
+        chips = self.hosts.start_learner(self._chip_spec(m, 0, generation, start_step=start_step))
+        self.procs.update({f"learner{m}.chip{r}": p for r, p in chips.items()})  # a launcher may stand for all
         self.generation[m] = generation
         self.learner_state[m] = "up"
         self.members[m] = list(range(sc.topology.chips_per_learner))
@@ -355,26 +324,20 @@ class Supervisor:
         for r in lost:
             self.chip_repair_at[(m, r)] = now + repair
         # logged before the membership is published: the survivors re-form (and log their regroup) once it is
-        self.events.log("learner_shrink", learner=m, lost=lost, members=self.members[m],
-                        generation=self.generation[m], step=step, repair_s=repair)
+        self.events.write(LearnerShrink(learner=m, lost=lost, members=self.members[m], generation=self.generation[m],
+                                        step=step, repair_s=repair))
         self.store.set(members_key(m, self.generation[m]), ",".join(map(str, self.members[m])))
 
     def _grow(self, m: int, r: int, step: int) -> None:
         """A repaired chip starts and joins its learner's group at the host's next step boundary."""
-        sc = self.sc
+        assert self.hosts is not None
         self.generation[m] += 1
         members = sorted([*self.members[m], r])
-        name = f"learner{m}.chip{r}"
-        self.retired.append(self.procs[name])
-        cs = ChipSpec(str(self.run_dir), sc, m, r, sc.topology.chips_per_learner, self.generation[m],
-                      self.store.port, self.ports[m], self.secret.hex(), os.getpid(), members=tuple(members),
-                      joining=True, netns=self._netns_of(m), syncer_host=self._syncer_host(),
-                      shard_ports=self.shard_ports.get(m, ()))
-        self._start(name, chip_main, (cs,))
+        self.retired.append(self.procs[f"learner{m}.chip{r}"])
+        self.hosts.start_chip(self._chip_spec(m, r, self.generation[m], members=tuple(members), joining=True))
         self.members[m] = members
         self.joining[m].add(r)  # it publishes the membership itself once its replica is built
-        self.events.log("learner_grow", learner=m, chip=r, members=members, generation=self.generation[m],
-                        step=step)
+        self.events.write(LearnerGrow(learner=m, chip=r, members=members, generation=self.generation[m], step=step))
 
     def _check_learner(self, m: int, now: float, step: int) -> None:
         """An up learner: done, failed (restart, or shrink when only non-host chips died), or a chip to rejoin."""
@@ -394,7 +357,7 @@ class Supervisor:
         if all(c == 0 for c in settled.values()):
             for r in self.joining[m]:  # the learner finished before a repaired chip could join
                 signal_proc(self.procs[f"learner{m}.chip{r}"], signal.SIGKILL)
-                self.events.log("chip_join_abandoned", learner=m, chip=r)
+                self.events.write(ChipJoinAbandoned(learner=m, chip=r))
             self.members[m] = [r for r in self.members[m] if r not in self.joining[m]]
             self.joining[m] = set()
             self.learner_state[m] = "done"
@@ -405,8 +368,8 @@ class Supervisor:
                 if step < self.sc.train.steps * (1 - GROW_MARGIN):
                     self._grow(m, r, step)
                 else:
-                    self.events.log("chip_repair_skipped", learner=m, chip=r, step=step,
-                                    reason=f"the learner is in its last {GROW_MARGIN:.0%} of steps")
+                    why = f"the learner is in its last {GROW_MARGIN:.0%} of steps"
+                    self.events.write(ChipRepairSkipped(learner=m, chip=r, step=step, reason=why))
 
     def _learner_failed(self, m: int, exitcodes: dict[str, int | None], now: float, step: int) -> None:
         """Apply the recovery policy to a learner one of whose chips died."""
@@ -424,7 +387,7 @@ class Supervisor:
             repair = self.procs_chaos.repair_s.pop(m, repair)
         self.learner_state[m] = "down"
         self.restart_at[m] = time.monotonic() + repair  # from when it is down (its survivors stopped), as logged
-        self.events.log("learner_down", learner=m, exitcodes=exitcodes, step=step, repair_s=repair)
+        self.events.write(LearnerDown(learner=m, exitcodes=exitcodes, step=step, repair_s=repair))
 
     def _watch(self, stop: Any, t0: float) -> None:
         t = self.sc.timeouts
@@ -451,8 +414,8 @@ class Supervisor:
                     self.restarts[m] = self.restarts.get(m, 0) + 1
                     step = faults.schedule.progress.steps.get(m, 0)
                     self._start_learner(m, self.generation[m] + 1, step)
-                    self.events.log("learner_restart", learner=m, generation=self.generation[m], start_step=step,
-                                    restarts=self.restarts[m])
+                    self.events.write(LearnerRestart(learner=m, generation=self.generation[m], start_step=step,
+                                                     restarts=self.restarts[m]))
             self._check_syncers(now)
             if not self.syncer_restart_at and all(self.learner_state[m] == "done" for m in m_all):
                 stop.set()
