@@ -5,7 +5,7 @@ Apart from the HTML page that draws them because these are readings of the event
 CLI's final table, tools of users) can use without matplotlib. Times are seconds since the run's `run_start`
 event.
 
-Every function reads typed records (diloco_chaos/harness/record: `RunLog.load(run_dir).records`); decoded dicts are
+Every function reads typed records (diloco_chaos/harness/record: a FinishedRun's `run.log.records`); decoded dicts are
 still accepted and parsed on the way in (leniently, as RunLog.load parses a file), for callers not yet moved to records.
 """
 
