@@ -18,7 +18,8 @@ downtime, where downtime intervals are the gaps between consecutive merges (and 
 `window_s`, each counted beyond its first `window_s`.
 
 Every function reads typed event records (diloco_chaos/harness/record; a finished run's are `run.log.records` of its
-FinishedRun, diloco_chaos/harness/run/rundir.py), not decoded dicts: a field the schema does not guarantee is None on its record, never a missing key.
+FinishedRun, diloco_chaos/harness/run/rundir.py), not decoded dicts: a field the schema does not guarantee is None
+on its record, never a missing key.
 """
 
 from __future__ import annotations
