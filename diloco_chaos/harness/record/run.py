@@ -61,10 +61,11 @@ class ProcessStart(Event):
 @event("run_end", SUPERVISOR)
 @dataclass(frozen=True, kw_only=True)
 class RunEnd(Event):
-    """Every process of the run has stopped (written whether it succeeded or failed)."""
+    """Every process of the run has stopped (written whether it succeeded or failed), and the post-run phase wrote
+    its events (errors_labelled, the final eval): the log's last line, nothing is appended after it."""
 
     wall_s: float
-    """Seconds from run start."""
+    """Seconds from run start to every process stopped (the post-run phase not included)."""
 
 
 @event("run_interrupted", SUPERVISOR)
