@@ -129,10 +129,11 @@ def computed_invariants(run: FinishedRun | str | os.PathLike[str], baseline_loss
     return tuple(InvariantFigure.of(r) for r in results)
 
 
-def record_invariants(run: FinishedRun) -> tuple[InvariantFigure, ...]:
+def record_invariants(run: FinishedRun | str | os.PathLike[str]) -> tuple[InvariantFigure, ...]:
     """Check the bound-free invariants once, as the run ends (after report.json, which some of them read), and
     write them to run_dir/invariants.json (`{"schema_version": N, "invariants": [InvariantFigure...]}`), so every
     reader (the CLI's summary, report.html, replay, `--json`) shows the same verdicts without recomputing."""
+    run = FinishedRun.of(run)
     figures = computed_invariants(run)
     obj = {"schema_version": SCHEMA_VERSION, "invariants": [dataclasses.asdict(f) for f in figures]}
     json.dumps(obj, allow_nan=False)
