@@ -20,9 +20,8 @@ from typing import Any
 
 from diloco_chaos.harness.config.scenario import Scenario
 from diloco_chaos.harness.invariants.registry import discover
-from diloco_chaos.harness.record.events import EVENTS_FILE, read_events
 from diloco_chaos.harness.run.progress import error_lines
-from diloco_chaos.harness.run.rundir import REPORT_FILE, read_json
+from diloco_chaos.harness.run.rundir import REPORT_FILE, FinishedRun, read_json
 
 _NEGATE = {"<=": ">", ">=": "<", "==": "!="}
 INVARIANTS: tuple[str, ...] = tuple(discover())
@@ -70,6 +69,12 @@ class ChaosRun:
         return self.scenario.name
 
     @cached_property
+    def finished(self) -> FinishedRun:
+        """The run directory read once (its events.jsonl, with the decoded lines kept for `events`): what `report`
+        (of a failed run), `events`, `record` and the hygiene check read."""
+        return FinishedRun.load(self.run_dir, keep_lines=True)
+
+    @cached_property
     def report(self) -> dict[str, Any]:
         """report.json; for a run that failed before writing it, the report built from its event log
         (best effort, {} if even that fails)."""
@@ -79,22 +84,22 @@ class ChaosRun:
         try:
             from diloco_chaos.harness.report.run_report import build_report
 
-            return build_report(self.run_dir)
+            return build_report(self.finished)
         except Exception:  # noqa: BLE001 - a partial run's log may not support every figure
             return {}
 
     @cached_property
     def events(self) -> list[dict[str, Any]]:
-        """Every event of the run, in file order (diloco_chaos.harness.record.events.read_events)."""
-        return read_events(self.run_dir / EVENTS_FILE)
+        """Every event of the run as decoded, in file order (the lines of `finished`'s one read)."""
+        return self.finished.log.lines
 
     @cached_property
     def record(self) -> Any:
-        """The run directory read once for the invariants (diloco_chaos.harness.invariants.load_run: events in time
+        """The run for the invariants (diloco_chaos.harness.invariants.load_run of `finished`: events in time
         order)."""
         from diloco_chaos.harness.invariants import load_run
 
-        return load_run(self.run_dir)
+        return load_run(self.finished)
 
     def of(self, *kinds: str) -> list[dict[str, Any]]:
         """Events of the given kinds as decoded dicts, in time order (a stable sort of the file order)."""
@@ -105,7 +110,7 @@ class ChaosRun:
         listening."""
         from diloco_chaos.harness.testing.hygiene import leftovers
 
-        return leftovers(self)
+        return leftovers(self, self.events)
 
     def measure(self, name: str, /, **bounds: Any) -> Any:
         """Evaluate the registered invariant `name` (INVARIANTS lists them) with `bounds` (names or their

@@ -40,6 +40,7 @@ from diloco_chaos.harness.algorithms import base as algorithms
 from diloco_chaos.harness.config import doc as scenario_doc
 from diloco_chaos.harness.config import scenario as scenario_mod
 from diloco_chaos.harness.run.progress import Progress, error_lines, faults_table, summary_table, verdict_lines
+from diloco_chaos.harness.run.rundir import FinishedRun
 from diloco_chaos.harness.run.supervisor import RunFailed, RunResult, run_scenario
 from diloco_chaos.harness.simulator import cli as simulate_cli
 
@@ -123,7 +124,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     metrics = res.report.get("final_eval_metrics") or {}
     if metrics:  # the task's own held-out figures (diloco_chaos/trainers/task.py), e.g. accuracy
         print("final eval metrics: " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(metrics.items())))
-    print(_faults_and_verdicts(res.run_dir))
+    print(_faults_and_verdicts(_finished(res)))
     print(f"run directory: {res.run_dir}")
     if args.json:
         from diloco_chaos.harness.report.results import ResultsFile, run_row, write_results
@@ -139,19 +140,22 @@ def cmd_invariants(args: argparse.Namespace) -> int:
     return print_table([])
 
 
-def _faults_and_verdicts(run_dir: str | os.PathLike[str]) -> str:
+def _finished(res: RunResult) -> FinishedRun:
+    """The run as the supervisor read it when it ended (else its directory, read now)."""
+    return res.finished if res.finished is not None else FinishedRun.load(res.run_dir)
+
+
+def _faults_and_verdicts(run: FinishedRun) -> str:
     """What a person wants after a run besides the figures: the faults that fired, and the invariants'
     verdicts (the bound-free ones, diloco_chaos.harness.report.results.invariant_figures), and the errors, expected or
     not."""
-    from diloco_chaos.harness.record.run_record import RunLog
     from diloco_chaos.harness.report.results import invariant_figures
     from diloco_chaos.harness.report.timeline import fault_bands
-    from diloco_chaos.harness.run.rundir import REPORT_FILE, read_json
 
-    bands = fault_bands(RunLog.load(run_dir).records)
-    errors = read_json(os.path.join(run_dir, REPORT_FILE)).get("errors", [])
-    return "\n".join([faults_table(bands), verdict_lines(list(invariant_figures(run_dir))),
-                      *(error_lines(errors, run_dir=run_dir) or ["errors: none"])])
+    bands = fault_bands(run.log.records)
+    errors = run.report.get("errors", [])
+    return "\n".join([faults_table(bands), verdict_lines(list(invariant_figures(run))),
+                      *(error_lines(errors, run_dir=run.run_dir) or ["errors: none"])])
 
 
 def _execute(sc: scenario_mod.Scenario, args: argparse.Namespace, verb: str) -> RunResult | int:
@@ -175,15 +179,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from diloco_chaos.harness.run.replay import (
         RunVerdicts,
         compare_timelines,
-        fault_timeline,
+        finished_run,
+        fired_faults,
         recorded_scenario,
         side_by_side,
     )
 
-    try:
+    try:  # each run directory read once
         sc = recorded_scenario(args.run_dir)
-        original = RunVerdicts.read(args.run_dir)
-        against = RunVerdicts.read(args.against) if args.against else None
+        first = finished_run(args.run_dir)
+        against = finished_run(args.against) if args.against else None
     except scenario_mod.ScenarioError as e:
         print(f"diloco-chaos: cannot replay: {e}", file=sys.stderr)
         return EXIT_BAD_CONFIG
@@ -192,10 +197,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if isinstance(res, int):
             return res
         print(summary_table([res.report]))
-        replay_dir = str(res.run_dir)
+        again = _finished(res)
     else:
-        replay_dir = args.against
-    before, after = fault_timeline(args.run_dir), fault_timeline(replay_dir)
+        again = against
+    replay_dir = str(again.run_dir)
+    original = RunVerdicts.read(first)
+    before, after = fired_faults(first), fired_faults(again)
     seen = {x["index"]: x for x in after}
     for x in before:
         y = seen.get(x["index"], {})
@@ -206,7 +213,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"diloco-chaos: replay differs: {d}", file=sys.stderr)
     print(f"replay: {len(before)} faults recorded, {len(after)} fired again; "
           + ("the same fault timeline" if not diffs else f"{len(diffs)} differences (above)"))
-    lines, verdicts = side_by_side(original, against or RunVerdicts.read(replay_dir))
+    lines, verdicts = side_by_side(original, RunVerdicts.read(again))
     print("\n".join(lines))
     for d in verdicts:
         print(f"diloco-chaos: replay's verdict differs: {d}", file=sys.stderr)
@@ -218,14 +225,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from diloco_chaos.harness.record.events import EVENTS_FILE
     from diloco_chaos.harness.report.html import write_report
-    from diloco_chaos.harness.run.rundir import REPORT_FILE, RunDirError, check_run_dir
+    from diloco_chaos.harness.run.rundir import REPORT_FILE, RunDirError, check_events, check_run_dir
 
     try:
         check_run_dir(args.run_dir, (REPORT_FILE,), EVENTS_FILE)
+        run = FinishedRun.load(args.run_dir)  # the one read of its events.jsonl
+        check_events(run.log, args.run_dir)
     except RunDirError as e:
         print(f"diloco-chaos: cannot report: {e}", file=sys.stderr)
         return EXIT_BAD_CONFIG
-    path = write_report(args.run_dir)
+    path = write_report(run)
     print(path)
     if args.open:
         import webbrowser

@@ -269,6 +269,16 @@ def recalibrate_buffers(task: Task, model: nn.Module, batches: Iterable[Batch]) 
     model.train(was_training)
 
 
+RECALIBRATE_BATCHES = 8
+"""Training batches (steps past any run's, from the learners' shards in turn) on which the global model's
+normalisation statistics are re-estimated before an evaluation (a model with batch norm only)."""
+
+
+def recalibration_batches(task: Task, learners: int) -> list[Batch]:
+    """The RECALIBRATE_BATCHES batches `recalibrate_buffers` re-estimates the global model's statistics on."""
+    return [task.train_batch(i % learners, 0, 10**9 + i) for i in range(RECALIBRATE_BATCHES)]
+
+
 def evaluate(task: Task, model: nn.Module, batches: list[Batch]) -> tuple[float, dict[str, float]]:
     """Mean loss over `batches` (weighted by examples) and the mean of each of the task's metrics, in eval
     mode."""

@@ -95,8 +95,10 @@ def test_every_field_of_every_record_is_documented() -> None:
 
 
 def _emitted() -> dict[str, list[tuple[str, set[str]]]]:
-    """kind -> (where, keywords) of every `*.log("kind", ...)` / `on_event("kind", ...)` call in the code."""
+    """kind -> (where, keywords) of every `*.log("kind", ...)` / `on_event("kind", ...)` / `*.write(Record(...))` call
+    in the code."""
     out: dict[str, list[tuple[str, set[str]]]] = {}
+    kinds = {cls.__name__: kind for kind, cls in REGISTRY.items()}
     for pkg in ("harness", "trainers", "chaos"):
         for path in sorted((ROOT / "diloco_chaos" / pkg).rglob("*.py")):
             for n in ast.walk(ast.parse(path.read_text())):
@@ -104,6 +106,12 @@ def _emitted() -> dict[str, list[tuple[str, set[str]]]]:
                         and n.args and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str)):
                     where = f"{path.relative_to(ROOT)}:{n.lineno}"
                     out.setdefault(n.args[0].value, []).append((where, {k.arg for k in n.keywords if k.arg}))
+                elif (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)  # events.write(Record(...))
+                        and n.func.attr in ("write", "write_line") and n.args and isinstance(n.args[0], ast.Call)
+                        and isinstance(n.args[0].func, ast.Name) and n.args[0].func.id in kinds):
+                    rec = n.args[0]
+                    where = f"{path.relative_to(ROOT)}:{n.lineno}"
+                    out.setdefault(kinds[rec.func.id], []).append((where, {k.arg for k in rec.keywords if k.arg}))
     return out
 
 

@@ -17,7 +17,8 @@ from diloco_chaos.harness.report.results import InvariantFigure, recorded_invari
 from diloco_chaos.harness.run.replay import (
     RunVerdicts,
     compare_timelines,
-    fault_timeline,
+    finished_run,
+    fired_faults,
     load_incident,
     recorded_scenario,
     side_by_side,
@@ -42,8 +43,8 @@ def test_replay_reproduces_the_fault_timeline(runs_dir):
     for name in ("faults_fired", "updates_accounted", "pushes_received"):
         (row,) = [ln for ln in out.stdout.splitlines() if ln.startswith(f"invariant {name} ")]
         assert row.split()[2] == "holds" and "differs" not in row, row
-    a = sorted(fault_timeline(first.run_dir), key=lambda x: x["index"])
-    b = sorted(fault_timeline(replay_dir), key=lambda x: x["index"])
+    a = sorted(fired_faults(finished_run(first.run_dir)), key=lambda x: x["index"])
+    b = sorted(fired_faults(finished_run(replay_dir)), key=lambda x: x["index"])
     assert [(x["index"], x["describe"], x["trigger"]) for x in a] == \
         [(x["index"], x["describe"], x["trigger"]) for x in b]
     assert [x["trigger"] for x in a][:1] == ["learner 0 reached step 15"]

@@ -188,7 +188,7 @@ def test_event_tail_returns_only_new_lines(tmp_path: Path) -> None:
 
 
 def test_link_figures_measure_late_bytes_and_round_trips() -> None:
-    from diloco_chaos.harness.report.run_report import fault_timeline, link_figures
+    from diloco_chaos.harness.report.run_report import fault_rows, link_figures
 
     evs = [
         {"ev": "link_up", "learner": 1, "t": 0.0}, {"ev": "link_down", "learner": 1, "t": 1.0},
@@ -213,5 +213,5 @@ def test_link_figures_measure_late_bytes_and_round_trips() -> None:
     assert figs[1]["reconnects"] == 1 and figs[1]["link_downs"] == 1
     assert figs[0]["push_KBps"] is None and figs[0]["push_bytes"] == 9_000
     assert (figs[0]["rtt_ms_median"], figs[0]["rtt_ms_min"], figs[0]["rtt_samples"]) == (3.0, 1.0, 3)
-    (f,) = fault_timeline(recs, start=10.0)
+    (f,) = fault_rows(recs, start=10.0)
     assert (f["start_s"], f["end_s"], f["start_reason"], f["end_reason"]) == (1.0, 2.5, "r1", "r2")

@@ -10,12 +10,12 @@ from hypothesis import strategies as st
 
 from diloco_chaos.chaos.links import proxy_name, shard_rate
 from diloco_chaos.harness.config.scenario import ScenarioError, from_dict
+from diloco_chaos.harness.record.syncer import shard_of
 from diloco_chaos.harness.syncer.shards import (
     assemble_final,
     checkpoint_name,
     fragment_owners,
     proc_name,
-    shard_of,
     state_dir,
 )
 from diloco_chaos.trainers.syncers.shards import assign_shards, owned

@@ -21,11 +21,10 @@ from typing import Any, TypeVar
 
 from diloco_chaos.harness.algorithms import base as algorithms
 from diloco_chaos.harness.record import Event, RunLog
-from diloco_chaos.harness.record.events import EVENTS_FILE
 from diloco_chaos.harness.record.learner import Step
 from diloco_chaos.harness.record.run import RunStart
 from diloco_chaos.harness.record.syncer import SyncerStart
-from diloco_chaos.harness.run.rundir import CONFIG_FILE, REPORT_FILE, read_json
+from diloco_chaos.harness.run.rundir import FinishedRun
 
 R = TypeVar("R", bound=Event)
 _NEGATE = {"<=": ">", ">=": "<", "==": "!="}
@@ -147,15 +146,14 @@ class RunRecord:
         return (min(ts), max(ts)) if ts else None
 
 
-Run = RunRecord | str | os.PathLike[str]
+Run = RunRecord | FinishedRun | str | os.PathLike[str]
 
 
-def load_run(run_dir: str | os.PathLike[str]) -> RunRecord:
-    """Read a run directory's events.jsonl (required), report.json and config.json (optional)."""
-    d = Path(run_dir)
-    report = read_json(d / REPORT_FILE) if (d / REPORT_FILE).exists() else {}
-    config = read_json(d / CONFIG_FILE) if (d / CONFIG_FILE).exists() else {}
-    return RunRecord(RunLog.load(d / EVENTS_FILE), report, config, d)
+def load_run(run: FinishedRun | str | os.PathLike[str]) -> RunRecord:
+    """The invariants' view of a finished run (diloco_chaos.harness.run.rundir.FinishedRun: its log, report.json and
+    config.json), or of a run directory, read once here (events.jsonl required, the two JSON files optional)."""
+    fr = FinishedRun.of(run)
+    return RunRecord(fr.log, fr.report, fr.config, fr.run_dir)
 
 
 def _run(run: Run) -> RunRecord:

@@ -48,9 +48,17 @@ class EventLog:
     def write(self, rec: Event) -> None:
         """Append one typed record; the header (`t`, `wall`, `pid`, `proc`, `ev`) is this writer's, whatever `rec`
         holds in it. The way every event is written: a field the record lacks is a type error at the call site."""
-        self.log(rec.EV, **{f.name: getattr(rec, f.name) for f in dataclasses.fields(rec) if f.name not in BASE_FIELDS})
+        self.log(rec.EV, **_body(rec))
+
+    def write_line(self, rec: Event) -> str:
+        """`write`, returning the line written (JSON, without its newline) as a reader of the file will read it: the
+        post-run phase keeps what it wrote without reading the file again (diloco_chaos/harness/run/finish.py)."""
+        return self._append(rec.EV, _body(rec))
 
     def log(self, kind: str, /, **fields: Any) -> None:
+        self._append(kind, fields)
+
+    def _append(self, kind: str, fields: dict[str, Any]) -> str:
         rec = {"t": time.monotonic(), "wall": time.time(), "pid": os.getpid(), "proc": self.proc, "ev": kind}
         rec.update(fields)
         text = json.dumps(rec, separators=(",", ":"), default=_jsonable)
@@ -60,12 +68,17 @@ class EventLog:
         with self._lock:
             if self._fd >= 0:
                 os.write(self._fd, line)
+        return text
 
     def close(self) -> None:
         with self._lock:
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
+
+
+def _body(rec: Event) -> dict[str, Any]:
+    return {f.name: getattr(rec, f.name) for f in dataclasses.fields(rec) if f.name not in BASE_FIELDS}
 
 
 def _jsonable(obj: Any) -> Any:

@@ -61,10 +61,19 @@ class ProcessStart(Event):
 @event("run_end", SUPERVISOR)
 @dataclass(frozen=True, kw_only=True)
 class RunEnd(Event):
-    """Every process of the run has stopped (written whether it succeeded or failed)."""
+    """Every process of the run has stopped (written whether it succeeded or failed), and the post-run phase wrote
+    its events (errors_labelled, the final eval): the log's last line, nothing is appended after it."""
 
     wall_s: float
-    """Seconds from run start."""
+    """Seconds from run start to every process stopped (the post-run phase not included)."""
+    stopped_t: float | None = None
+    """CLOCK_MONOTONIC when every process had stopped, before the post-run phase that this event follows; null
+    in runs of older versions, which wrote run_end at that moment (`ended`)."""
+
+    @property
+    def ended(self) -> float:
+        """When the run itself ended: `stopped_t`, else (older runs) this event's `t`."""
+        return self.stopped_t if self.stopped_t is not None else self.t
 
 
 @event("run_interrupted", SUPERVISOR)

@@ -15,6 +15,7 @@ not read instead of failing on a run it used to summarise. `RunLog.load(dir, str
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
@@ -31,10 +32,8 @@ from diloco_chaos.harness.record.base import (
     parse,
     required,
 )
+from diloco_chaos.harness.record.events import EVENTS_FILE
 from diloco_chaos.harness.record.run import RunStart
-
-EVENTS_FILE = "events.jsonl"
-"""The event log's name inside a run directory (diloco_chaos/harness/record/events.py writes it)."""
 
 R = TypeVar("R", bound=Event)
 
@@ -110,10 +109,21 @@ class RunLog:
     """Every record, in time order."""
     problems: list[Problem] = field(default_factory=list)
     """What a lenient load filled in, dropped or left out (empty for a strict load, or a current run)."""
+    lines: list[dict[str, Any]] = field(default_factory=list)
+    """The decoded lines, in file order, as written: only when loaded with `keep_lines` (a suite's raw view)."""
 
     @classmethod
-    def from_records(cls, records: Iterable[Event], problems: Iterable[Problem] = ()) -> RunLog:
-        return cls(sorted(records, key=lambda r: r.t), list(problems))
+    def from_records(cls, records: Iterable[Event], problems: Iterable[Problem] = (),
+                     lines: Iterable[dict[str, Any]] = ()) -> RunLog:
+        return cls(sorted(records, key=lambda r: r.t), list(problems), list(lines))
+
+    def extended(self, written: Iterable[str]) -> RunLog:
+        """This log with the lines appended to its file since it was loaded (the supervisor's post-run events, as
+        `EventLog.write` returned them): what loading the file again would give, without reading it again."""
+        new = [json.loads(text) for text in written]
+        more = RunLog.from_dicts(new)
+        lines = [*self.lines, *new] if self.lines else []
+        return RunLog.from_records([*self.records, *more.records], [*self.problems, *more.problems], lines)
 
     @classmethod
     def from_dicts(cls, evs: Iterable[Mapping[str, Any]], strict: bool = False) -> RunLog:
@@ -131,15 +141,19 @@ class RunLog:
         return cls.from_records(records, problems)
 
     @classmethod
-    def load(cls, run_dir: str | os.PathLike[str], strict: bool = False) -> RunLog:
+    def load(cls, run_dir: str | os.PathLike[str], strict: bool = False, keep_lines: bool = False) -> RunLog:
         """A run directory's events.jsonl (or the file itself), parsed once. A torn last line (a killed writer)
-        is skipped; other unreadable lines are problems (lenient) or raise EventSchemaError (strict)."""
+        is skipped; other unreadable lines are problems (lenient) or raise EventSchemaError (strict).
+        `keep_lines`: keep the decoded JSON objects too (`lines`)."""
         path = Path(run_dir)
         if path.is_dir():
             path = path / EVENTS_FILE
         records: list[Event] = []
         problems: list[Problem] = []
+        lines: list[dict[str, Any]] = []
         for n, obj in iter_lines(path):
+            if keep_lines and not isinstance(obj, str):
+                lines.append(obj)
             if isinstance(obj, str):
                 if strict:
                     raise EventSchemaError(obj, line=n)
@@ -152,7 +166,7 @@ class RunLog:
             problems += probs
             if rec is not None:
                 records.append(rec)
-        return cls.from_records(records, problems)
+        return cls.from_records(records, problems, lines)
 
     def of(self, kind: type[R]) -> list[R]:
         """Every record of one kind, in time order (typed: `log.of(Step)` is a list[Step])."""

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from diloco_chaos.harness.record import Event
 from diloco_chaos.harness.record.learner import ChipError, LearnerNonfinite, LinkFatal
-from diloco_chaos.harness.record.run import FaultEnd, FaultStart
+from diloco_chaos.harness.record.run import ErrorsLabelled, FaultEnd, FaultStart
+from diloco_chaos.harness.record.run_record import RunLog
 from diloco_chaos.harness.record.syncer import SyncerError
 
 if TYPE_CHECKING:
@@ -94,16 +94,12 @@ def classify_errors(evs: Iterable[Event], start: float, settle_s: float) -> list
     return out
 
 
-def label_errors(run_dir: Path, sc: Scenario, events: EventLog, t0: float) -> None:
-    """One `errors_labelled` event: each error the run's processes logged, expected (with the injected fault that
-    explains it) or not, so the event log itself says which errors were the scenario's doing."""
-    from diloco_chaos.harness.record.run import RunStart
-    from diloco_chaos.harness.record.run_record import RunLog
-
+def label_errors(log: RunLog, sc: Scenario, events: EventLog) -> str:
+    """Write one `errors_labelled` event: each error the run's processes logged (in `log`, the run's events read
+    once after every process stopped), expected (with the injected fault that explains it) or not, so the event log
+    itself says which errors were the scenario's doing. Returns the line written."""
     t = sc.timeouts
-    log = RunLog.load(run_dir)
-    run_start = log.first(RunStart)
-    errors = classify_errors(log.records, run_start.t if run_start is not None else t0,
-                             settle_window_s(t.gloo_s, t.liveness_s))
-    events.log("errors_labelled", expected=sum(e.expected for e in errors),
-               unexpected=sum(not e.expected for e in errors), errors=[e.as_dict() for e in errors])
+    errors = classify_errors(log.records, log.start, settle_window_s(t.gloo_s, t.liveness_s))
+    return events.write_line(ErrorsLabelled(expected=sum(e.expected for e in errors),
+                                       unexpected=sum(not e.expected for e in errors),
+                                       errors=[e.as_dict() for e in errors]))

@@ -1,6 +1,7 @@
 """report.html: one self-contained page per run, for a person to see what the faults did to training.
 
-`write_report(run_dir)` reads the run directory (events.jsonl, report.json, and config.json when present) and
+`write_report(run)` takes the finished run read once (diloco_chaos.harness.run.rundir.FinishedRun: events.jsonl,
+report.json, and config.json when present; or the run directory's path, read then) and
 writes `report.html` plus the two plots it embeds, `plots/eval_loss.png` and `plots/timeline.png`. The page
 needs nothing but itself: the PNGs are inlined as base64 data URIs, the CSS is inline, and there are no
 scripts, web fonts or links to fetch, so it can be attached to a CI job or a bug and opened offline years later.
@@ -44,7 +45,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from diloco_chaos.chaos import faults
-from diloco_chaos.harness.record import Event, RunLog
+from diloco_chaos.harness.record import Event
 from diloco_chaos.harness.record.events import EVENTS_FILE
 from diloco_chaos.harness.record.learner import Step
 from diloco_chaos.harness.record.syncer import Eval
@@ -58,7 +59,7 @@ from diloco_chaos.harness.report.timeline import (
     state_durations,
     syncer_timeline,
 )
-from diloco_chaos.harness.run.rundir import CONFIG_FILE, REPORT_FILE, read_json
+from diloco_chaos.harness.run.rundir import REPORT_FILE, FinishedRun
 
 __all__ = ["EVAL_PNG", "HTML_FILE", "PLOTS_DIR", "STATE_COLORS", "TIMELINE_PNG", "Page", "fault_bands",
            "learner_timeline", "missing_inputs", "render_html", "state_durations", "syncer_timeline",
@@ -404,15 +405,15 @@ def missing_inputs(run_dir: str | os.PathLike[str]) -> list[str]:
     return [name for name in (EVENTS_FILE, REPORT_FILE) if not (Path(run_dir) / name).is_file()]
 
 
-def write_report(run_dir: str | os.PathLike[str]) -> Path:
-    """Write run_dir/report.html and run_dir/plots/{eval_loss,timeline}.png; returns the HTML's path."""
-    run_dir = Path(run_dir)
+def write_report(run: FinishedRun | str | os.PathLike[str]) -> Path:
+    """Write report.html and plots/{eval_loss,timeline}.png into the run's directory; returns the HTML's path.
+    A run directory's path is read once here."""
+    run_dir = run.run_dir if isinstance(run, FinishedRun) else Path(run)
     missing = missing_inputs(run_dir)
     if missing:
         raise FileNotFoundError(f"{run_dir} has no {' and no '.join(missing)}: not a finished run directory")
-    report = read_json(run_dir / REPORT_FILE)
-    config = read_json(run_dir / CONFIG_FILE) if (run_dir / CONFIG_FILE).is_file() else {}
-    events = RunLog.load(run_dir).records
+    run = FinishedRun.of(run)
+    report, config, events = run.report, run.config, run.log.records
     bands, timeline, stalled = fault_bands(events), learner_timeline(events), stalls(report, events)
     final = next((e.t for e in events if isinstance(e, Eval) and e.kind == "final"), None)
     final_s = final - run_span(events)[0] if final is not None else None
@@ -424,7 +425,7 @@ def write_report(run_dir: str | os.PathLike[str]) -> Path:
         (plots / name).write_bytes(data)
     out = run_dir / HTML_FILE
     recorded = recorded_invariants(run_dir)
-    figures = recorded if recorded is not None else invariant_figures(run_dir)
+    figures = recorded if recorded is not None else invariant_figures(run)
     out.write_text(render_html(Page(run_dir, report, config, bands, timeline, stalled, pngs, figures,
                                     recorded is not None)), encoding="utf-8")
     return out

@@ -17,8 +17,9 @@ uptime: the fraction of the training span in which the global model advanced wit
 downtime, where downtime intervals are the gaps between consecutive merges (and the span's ends) longer than
 `window_s`, each counted beyond its first `window_s`.
 
-Every function reads typed event records (diloco_chaos/harness/record; a run's are `RunLog.load(run_dir).records`), not
-decoded dicts: a field the schema does not guarantee is None on its record, never a missing key.
+Every function reads typed event records (diloco_chaos/harness/record; a finished run's are `run.log.records` of its
+FinishedRun, diloco_chaos/harness/run/rundir.py), not decoded dicts: a field the schema does not guarantee is None
+on its record, never a missing key.
 """
 
 from __future__ import annotations

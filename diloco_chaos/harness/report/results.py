@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from diloco_chaos.harness.invariants import InvariantResult, check_all, load_run
-from diloco_chaos.harness.run.rundir import CONFIG_FILE, INVARIANTS_FILE, read_json, write_json
+from diloco_chaos.harness.run.rundir import CONFIG_FILE, INVARIANTS_FILE, FinishedRun, read_json, write_json
 
 SCHEMA_VERSION = 1
 """Bumped when a field is renamed or removed or its meaning changes; adding a field does not bump it."""
@@ -120,23 +120,24 @@ class ResultsFile:
     """Fields a newer writer added that this reader does not know (kept, not interpreted)."""
 
 
-def computed_invariants(run_dir: str | os.PathLike[str], baseline_loss: float | None = None,
+def computed_invariants(run: FinishedRun | str | os.PathLike[str], baseline_loss: float | None = None,
                         tolerance: float | None = None) -> tuple[InvariantFigure, ...]:
-    """diloco_chaos.harness.invariants.check_all on the run directory now: the bound-free invariants, plus `converged`
-    when a baseline loss and tolerance are given."""
-    results = check_all(load_run(run_dir), baseline_loss=baseline_loss,
+    """diloco_chaos.harness.invariants.check_all on the run now: the bound-free invariants, plus `converged` when a
+    baseline loss and tolerance are given."""
+    results = check_all(load_run(run), baseline_loss=baseline_loss,
                         tolerance=tolerance if baseline_loss is not None else None)
     return tuple(InvariantFigure.of(r) for r in results)
 
 
-def record_invariants(run_dir: str | os.PathLike[str]) -> tuple[InvariantFigure, ...]:
+def record_invariants(run: FinishedRun | str | os.PathLike[str]) -> tuple[InvariantFigure, ...]:
     """Check the bound-free invariants once, as the run ends (after report.json, which some of them read), and
     write them to run_dir/invariants.json (`{"schema_version": N, "invariants": [InvariantFigure...]}`), so every
     reader (the CLI's summary, report.html, replay, `--json`) shows the same verdicts without recomputing."""
-    figures = computed_invariants(run_dir)
+    run = FinishedRun.of(run)
+    figures = computed_invariants(run)
     obj = {"schema_version": SCHEMA_VERSION, "invariants": [dataclasses.asdict(f) for f in figures]}
     json.dumps(obj, allow_nan=False)
-    write_json(Path(run_dir) / INVARIANTS_FILE, obj)
+    write_json(run.run_dir / INVARIANTS_FILE, obj)
     return figures
 
 
@@ -152,20 +153,21 @@ def recorded_invariants(run_dir: str | os.PathLike[str]) -> tuple[InvariantFigur
     return tuple(_build(InvariantFigure, i) for i in d["invariants"])
 
 
-def invariant_figures(run_dir: str | os.PathLike[str], baseline_loss: float | None = None,
+def invariant_figures(run: FinishedRun | str | os.PathLike[str], baseline_loss: float | None = None,
                       tolerance: float | None = None) -> tuple[InvariantFigure, ...]:
     """The run's invariant verdicts: those recorded in invariants.json when no baseline is given (else, for a
-    run directory without the file, computed now), plus `converged` against `baseline_loss` when one is."""
+    run directory without the file, computed now on the run: a path is read then), plus `converged` against
+    `baseline_loss` when one is."""
     if baseline_loss is None:
-        recorded = recorded_invariants(run_dir)
+        recorded = recorded_invariants(run.run_dir if isinstance(run, FinishedRun) else run)
         if recorded is not None:
             return recorded
-    return computed_invariants(run_dir, baseline_loss, tolerance)
+    return computed_invariants(run, baseline_loss, tolerance)
 
 
 def run_row(label: str, res: Any, baseline_loss: float | None = None, tolerance: float | None = None) -> RunRow:
     """The row of one finished run: a diloco_chaos.harness.run.supervisor.RunResult, or anything with `report` and
-    `run_dir` (the pytest plugin's ChaosRun)."""
+    `run_dir` (the pytest plugin's ChaosRun); its `finished` run, when it has one, is not read again."""
     r = res.report
     train_s = r.get("train_s") or 0.0
     gp = r.get("goodput") or {}
@@ -180,7 +182,8 @@ def run_row(label: str, res: Any, baseline_loss: float | None = None, tolerance:
         tokens_trained=int(r["tokens_trained"]), tokens_merged=float(r["tokens_merged"]),
         tokens_merged_per_s=round(r["tokens_merged"] / train_s, 1) if train_s else None,
         merges=int(r["merge_count"]), longest_gap_s=float(r["longest_gap_s"]), wall_s=float(r["wall_s"]),
-        run_dir=str(res.run_dir), invariants=invariant_figures(res.run_dir, baseline_loss, tolerance),
+        run_dir=str(res.run_dir),
+        invariants=invariant_figures(getattr(res, "finished", None) or res.run_dir, baseline_loss, tolerance),
         train_steps=None if steps is None else int(steps))
 
 

@@ -9,8 +9,9 @@ Definitions (see docs/metrics.md):
 * longest_gap_s: the longest interval, between the first and the last inner
   step of the run, in which the global model did not advance (no merge).
 
-The event log is read once, leniently (diloco_chaos.harness.record.RunLog.load: an older run directory still reports),
-into typed records that every figure here and in diloco_chaos/harness/report/metrics.py reads.
+The run directory is read once (diloco_chaos.harness.run.rundir.FinishedRun: the event log leniently, so an older run
+directory still reports) into typed records that every figure here and in diloco_chaos/harness/report/metrics.py
+reads. Nothing here writes to the event log.
 """
 
 from __future__ import annotations
@@ -19,58 +20,20 @@ import os
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-import torch
-
 from diloco_chaos.harness.algorithms import base as algorithms
-from diloco_chaos.harness.config.scenario import Scenario, from_dict
-from diloco_chaos.harness.config.task_check import scenario_task
-from diloco_chaos.harness.record import Event, RunLog
-from diloco_chaos.harness.record.events import EventLog
+from diloco_chaos.harness.config.scenario import from_dict
+from diloco_chaos.harness.record import Event
 from diloco_chaos.harness.record.learner import ChipStart, FrameRejected, GlooGroup, LinkDown, LinkUp, Rtt, Step
-from diloco_chaos.harness.record.run import FaultEnd, FaultStart, LinksReady, RunEnd, RunStart, SyncerRestart
-from diloco_chaos.harness.record.syncer import Eval, LinkStats, Merge, Push, PushRejected, PushSuperseded
+from diloco_chaos.harness.record.run import LinksReady, RunEnd, RunStart, SyncerRestart
+from diloco_chaos.harness.record.syncer import Eval, LinkStats, Merge, Push, PushRejected, PushSuperseded, shard_of
 from diloco_chaos.harness.report.errors import classify_errors, settle_window_s
 from diloco_chaos.harness.report.metrics import achieved_speeds, downtime, goodput, learner_availability, merge_stats
 from diloco_chaos.harness.report.shard_metrics import shard_figures
-from diloco_chaos.harness.report.timeline import fault_bands, fault_response, records, run_span
-from diloco_chaos.harness.run.rundir import CHECKPOINT_FILE, CONFIG_FILE, read_json
-from diloco_chaos.harness.syncer.evaluator import recalibration_batches
-from diloco_chaos.harness.syncer.shards import shard_of
+from diloco_chaos.harness.report.timeline import fault_response, fault_timeline
+from diloco_chaos.harness.run.rundir import CONFIG_FILE, FinishedRun
 from diloco_chaos.harness.wire.precision import wire_dtype_for
-from diloco_chaos.trainers.task import evaluate, has_running_stats, load_params, recalibrate_buffers
-
-
-def final_model(run_dir: str | os.PathLike[str], sc: Scenario) -> tuple[torch.nn.Module, dict[str, Any]] | None:
-    """The run's model (its task's) with the final global checkpoint's parameters loaded and its running
-    statistics (batch norm) re-estimated on training batches, and the checkpoint; None without a checkpoint."""
-    path = Path(run_dir) / CHECKPOINT_FILE
-    if not path.exists():
-        return None
-    state = torch.load(path, weights_only=True)
-    task = scenario_task(sc)
-    model = task.build_model(sc.seed)
-    load_params(model, state["params"])
-    if has_running_stats(model):
-        recalibrate_buffers(task, model, recalibration_batches(task, sc.topology.learners))
-    return model, state
-
-
-def final_eval(run_dir: str | os.PathLike[str], sc: Scenario, events: EventLog) -> float | None:
-    """Eval loss of the final global checkpoint on the whole held-out split; logged as an event."""
-    loaded = final_model(run_dir, sc)
-    if loaded is None:
-        return None
-    model, state = loaded
-    task = scenario_task(sc)
-    loss, metrics = evaluate(task, model, task.eval_batches(10**9))
-    finite = all(bool(torch.isfinite(t).all()) for t in state["params"].values())
-    extra = {"metrics": {k: round(v, 5) for k, v in metrics.items()}} if metrics else {}
-    events.log("eval", kind="final", loss=loss, version=state["merges"], tokens_merged=state["tokens_merged"],
-               finite=finite, **extra)
-    return loss
 
 
 def longest_gap(merge_times: list[float], start: float, end: float) -> float:
@@ -79,14 +42,17 @@ def longest_gap(merge_times: list[float], start: float, end: float) -> float:
     return max((b - a for a, b in zip(points, points[1:], strict=False)), default=0.0)
 
 
-def build_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    run_dir = Path(run_dir)
-    sc = from_dict(read_json(run_dir / CONFIG_FILE))
-    log = RunLog.load(run_dir)
+def build_report(run: FinishedRun | str | os.PathLike[str]) -> dict[str, Any]:
+    """report.json of a finished run (a run directory's path: read once here)."""
+    run = FinishedRun.of(run)
+    if not run.config:
+        raise FileNotFoundError(f"{run.run_dir}: no {CONFIG_FILE} (not a run directory)")
+    sc = from_dict(run.config)
+    log = run.log
     recs = log.records
     run_start, run_end = log.first(RunStart), log.first(RunEnd)
     start = run_start.t if run_start is not None else (recs[0].t if recs else 0.0)
-    end = run_end.t if run_end is not None else (recs[-1].t if recs else 0.0)
+    end = run_end.ended if run_end is not None else (recs[-1].t if recs else 0.0)
     steps = log.of(Step)
     merges = log.of(Merge)
     per: dict[int, dict[str, Any]] = defaultdict(lambda: {"steps": 0, "tokens": 0, "first_t": None, "last_t": None})
@@ -148,7 +114,7 @@ def build_report(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         "unexpected_errors": sum(1 for e in errors if not e.expected),
         "links": ({"backend": links_ready.backend, "version": links_ready.version} if links_ready is not None
                   else {"backend": "off"}),
-        "faults": fault_timeline(recs, start),
+        "faults": fault_rows(recs, start),
         "goodput": goodput(recs, sc.algorithm, sc.topology.learners, sc.topology.chips_per_learner,
                            sc.diloco.fragments, sc.diloco.sync_every).to_dict(),
         "availability": downtime([e.t for e in merges], train_start, train_end),
@@ -209,20 +175,9 @@ def link_figures(evs: Sequence[Event]) -> dict[int, dict[str, Any]]:
     return dict(out)
 
 
-def fault_timeline(evs: Sequence[Event], start: float) -> list[dict[str, Any]]:
-    """Each scheduled fault: what, when it started and ended (seconds since run start), and why: the spans of
-    diloco_chaos.harness.report.timeline.fault_bands (a kill ends at its recovery), so report.json, the HTML report and
-    the CLI's table give every fault the same start and end."""
-    bands = {b["index"]: b for b in fault_bands(evs)}
-    shift = run_span(records(evs))[0] - start if evs else 0.0  # 0 in a run: both count from its run_start
-    out: dict[int, dict[str, Any]] = {}
-    for e in evs:
-        if isinstance(e, FaultStart):
-            b = bands[e.index]
-            out[e.index] = {"index": e.index, "describe": e.describe, "start_s": round(b["start_s"] + shift, 3),
-                            "start_reason": e.reason, "start_progress": e.progress,
-                            "end_s": round(b["end_s"] + shift, 3),
-                            "end_reason": b["until"], "end_progress": None}
-        elif isinstance(e, FaultEnd) and e.index in out:
-            out[e.index]["end_progress"] = e.progress
-    return [out[i] for i in sorted(out)]
+def fault_rows(evs: Sequence[Event], start: float) -> list[dict[str, Any]]:
+    """report.json `faults`: each scheduled fault that fired, by index, with what it was, when it started and ended
+    (seconds since run start) and why: diloco_chaos.harness.report.timeline.fault_timeline's spans (a kill ends at its
+    recovery), so report.json, the HTML report, the CLI's table and replay give every fault the same start and end."""
+    rows = {f.index: f.report_row(start) for f in fault_timeline(evs)}
+    return [rows[i] for i in sorted(rows)]

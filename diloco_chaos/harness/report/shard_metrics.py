@@ -15,9 +15,8 @@ from typing import Any
 
 from diloco_chaos.harness.record import Event
 from diloco_chaos.harness.record.run import ProcessFault, SyncerDown, SyncerRestart
-from diloco_chaos.harness.record.syncer import Merge, SyncerRestore, SyncerStart
+from diloco_chaos.harness.record.syncer import Merge, SyncerRestore, SyncerStart, shard_of
 from diloco_chaos.harness.report.metrics import downtime
-from diloco_chaos.harness.syncer.shards import shard_of
 
 
 @dataclass

@@ -5,7 +5,7 @@ Apart from the HTML page that draws them because these are readings of the event
 CLI's final table, tools of users) can use without matplotlib. Times are seconds since the run's `run_start`
 event.
 
-Every function reads typed records (diloco_chaos/harness/record: `RunLog.load(run_dir).records`); decoded dicts are
+Every function reads typed records (diloco_chaos/harness/record: a FinishedRun's `run.log.records`); decoded dicts are
 still accepted and parsed on the way in (leniently, as RunLog.load parses a file), for callers not yet moved to records.
 """
 
@@ -233,7 +233,7 @@ def records(events: Events) -> list[Event]:
 def run_span(evs: list[Event]) -> tuple[float, float]:
     """(origin, end) of a time-sorted log: its run_start and run_end, else its first and last event."""
     t0 = next((e.t for e in evs if isinstance(e, RunStart)), evs[0].t)
-    t1 = next((e.t for e in evs if isinstance(e, RunEnd)), evs[-1].t)
+    t1 = next((e.ended for e in evs if isinstance(e, RunEnd)), evs[-1].t)
     return t0, max(t0, t1)
 
 
@@ -332,13 +332,59 @@ def fault_end_t(e: FaultEnd) -> float:
     return e.ended_t if e.ended_t is not None else e.t
 
 
-def fault_bands(events: Events) -> list[dict[str, Any]]:
-    """Each fault that fired, as a band: index, action, learner, describe, trigger, start_s, end_s, until (why it
-    ends there), missed (the fault hit nothing), reaction, detect_s and rejoin_s (`fault_response`).
+@dataclass(frozen=True)
+class FaultSpan:
+    """One fault that fired, with its start, its end and why it ends there: the one reading of a fault's span that
+    report.json (`report_row`), the HTML page and the CLI's table (`band`) and replay (`replay_row`) all take."""
+
+    index: int
+    action: str
+    learner: int | None
+    describe: str
+    trigger: str
+    """Which trigger fired it (fault_start `reason`)."""
+    start_s: float
+    """Seconds since the run's origin (`origin`), rounded to ms."""
+    end_s: float
+    until: str
+    """Why it ends at end_s (fault_end `reason`, or what the timeline read instead)."""
+    missed: str | None
+    reaction: str | None
+    detect_s: float | None
+    rejoin_s: float | None
+    start_progress: dict[str, Any]
+    """Training progress when it started: {"steps": {learner: step}, "merges": n}."""
+    end_progress: dict[str, Any] | None
+    """Training progress at its fault_end (None without one)."""
+    origin: float
+    """`t` the seconds count from: the run's run_start, else its first event."""
+
+    def band(self) -> dict[str, Any]:
+        """As a band of the HTML page and the CLI's table."""
+        return {"index": self.index, "action": self.action, "learner": self.learner, "describe": self.describe,
+                "trigger": self.trigger, "start_s": self.start_s, "missed": self.missed, "reaction": self.reaction,
+                "detect_s": self.detect_s, "rejoin_s": self.rejoin_s, "until": self.until, "end_s": self.end_s}
+
+    def report_row(self, start: float) -> dict[str, Any]:
+        """As report.json `faults` lists it, in seconds since `start` (the report's origin: the same in a run)."""
+        shift = self.origin - start
+        return {"index": self.index, "describe": self.describe, "start_s": round(self.start_s + shift, 3),
+                "start_reason": self.trigger, "start_progress": self.start_progress,
+                "end_s": round(self.end_s + shift, 3), "end_reason": self.until, "end_progress": self.end_progress}
+
+    def replay_row(self) -> dict[str, Any]:
+        """As replay compares it: what fired, at which trigger, and the progress seen then."""
+        return {"index": self.index, "describe": self.describe, "trigger": self.trigger,
+                "steps": self.start_progress["steps"], "merges": self.start_progress["merges"]}
+
+
+def fault_timeline(events: Events) -> list[FaultSpan]:
+    """Each fault that fired, in firing order, as a FaultSpan (missed: the fault hit nothing; reaction, detect_s
+    and rejoin_s: `fault_response`).
 
     One definition of a fault's span, read from the event log: from its `fault_start` to its `fault_end`
     (`fault_end_t`: a kill's fault_end is written at its recovery). A run that ended without a fault_end
-    (it died) ends the band at the end of the run; a kill in a run written before kills ended at their
+    (it died) ends the span at the end of the run; a kill in a run written before kills ended at their
     recovery (its fault_end says "end of run", without `ended_t`) ends at the recovery `fault_response`
     measures."""
     evs = records(events)
@@ -351,19 +397,25 @@ def fault_bands(events: Events) -> list[dict[str, Any]]:
     for f in (e for e in evs if isinstance(e, FaultStart)):
         i = f.index
         resp = responses.get(i, {})
-        band = {"index": i, "action": f.action, "learner": f.learner, "describe": f.describe,
-                "trigger": f.reason, "start_s": round(_rel(f.t, t0, t_end), 3), "missed": f.missed,
-                "reaction": resp.get("reaction"), "detect_s": resp.get("detect_s"), "rejoin_s": resp.get("rejoin_s")}
         fe = ends.get(i)
         if fe is not None and not (f.action in KILL_ACTIONS and fe.ended_t is None and fe.reason == "end of run"):
-            end, band["until"] = fault_end_t(fe), fe.reason
+            end, until = fault_end_t(fe), fe.reason
         elif f.action in KILL_ACTIONS:  # an older run: a kill's fault_end came only at the end of the run
             back = resp.get("detect_s") is not None and resp.get("rejoin_s") is not None
             end = f.t + resp["detect_s"] + resp["rejoin_s"] if back else t_end
-            band["until"] = (RECOVERED.get(str(resp.get("reaction")), "recovered") if back
-                             else "not recovered by run end")
+            until = RECOVERED.get(str(resp.get("reaction")), "recovered") if back else "not recovered by run end"
         else:
-            end, band["until"] = t_end, "still on at run end"
-        band["end_s"] = round(_rel(end, t0, t_end), 3)
-        out.append(band)
+            end, until = t_end, "still on at run end"
+        out.append(FaultSpan(index=i, action=f.action, learner=f.learner, describe=f.describe, trigger=f.reason,
+                             start_s=round(_rel(f.t, t0, t_end), 3), end_s=round(_rel(end, t0, t_end), 3),
+                             until=until, missed=f.missed, reaction=resp.get("reaction"),
+                             detect_s=resp.get("detect_s"), rejoin_s=resp.get("rejoin_s"),
+                             start_progress=f.progress, end_progress=fe.progress if fe is not None else None,
+                             origin=t0))
     return out
+
+
+def fault_bands(events: Events) -> list[dict[str, Any]]:
+    """Each fault that fired, as a band (`FaultSpan.band` of `fault_timeline`): index, action, learner, describe,
+    trigger, start_s, end_s, until (why it ends there), missed, reaction, detect_s and rejoin_s."""
+    return [s.band() for s in fault_timeline(events)]

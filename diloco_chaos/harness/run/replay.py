@@ -27,10 +27,10 @@ from typing import Any
 
 from diloco_chaos.chaos.schedule import ScheduleError, never_fires, parse_fault
 from diloco_chaos.harness.config.scenario import Scenario, ScenarioError, from_dict, read_toml
-from diloco_chaos.harness.record import RunLog
-from diloco_chaos.harness.record.run import FaultStart
+from diloco_chaos.harness.record.events import EVENTS_FILE
 from diloco_chaos.harness.report.results import InvariantFigure, invariant_figures
-from diloco_chaos.harness.run.rundir import CONFIG_FILE, REPORT_FILE, RunDirError, check_run_dir, read_json
+from diloco_chaos.harness.report.timeline import fault_timeline
+from diloco_chaos.harness.run.rundir import CONFIG_FILE, REPORT_FILE, FinishedRun, RunDirError, check_run_dir, read_json
 
 
 def recorded_scenario(run_dir: str | os.PathLike[str]) -> Scenario:
@@ -72,11 +72,11 @@ def load_incident(path: str | os.PathLike[str], sc: Scenario) -> Scenario:
         raise ScenarioError(f"{where} on top of scenario {sc.name!r}: {e}") from None
 
 
-def fault_timeline(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """What fired in a run, in firing order: index, description, trigger and the progress seen then (read from
-    the run's fault_start records, RunLog.load: lenient, so a run written by an older version replays too)."""
-    return [{"index": e.index, "describe": e.describe, "trigger": e.reason, "steps": e.progress["steps"],
-             "merges": e.progress["merges"]} for e in RunLog.load(run_dir).of(FaultStart)]
+def fired_faults(run: FinishedRun) -> list[dict[str, Any]]:
+    """What fired in a run, in firing order: index, description, trigger and the progress seen then
+    (diloco_chaos.harness.report.timeline.fault_timeline of the run's log, read leniently, so a run written by an
+    older version replays too)."""
+    return [s.replay_row() for s in fault_timeline(run.log.records)]
 
 
 def compare_timelines(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> list[str]:
@@ -103,16 +103,22 @@ class RunVerdicts:
     invariants: tuple[InvariantFigure, ...]
 
     @classmethod
-    def read(cls, run_dir: str | os.PathLike[str]) -> RunVerdicts:
-        """From a finished run directory (report.json required; invariants.json, else checked now)."""
-        try:
-            check_run_dir(run_dir, (REPORT_FILE,), None)
-        except RunDirError as e:
-            raise ScenarioError(str(e)) from None
-        r = read_json(Path(run_dir) / REPORT_FILE)
-        return cls(str(run_dir), r.get("final_eval_loss"), (r.get("goodput") or {}).get("goodput"),
+    def read(cls, run: FinishedRun) -> RunVerdicts:
+        """From a finished run (its report; its recorded invariants.json, else checked now on its log)."""
+        r = run.report
+        return cls(str(run.run_dir), r.get("final_eval_loss"), (r.get("goodput") or {}).get("goodput"),
                    r.get("merge_count"), (r.get("availability") or {}).get("uptime"),
-                   sum(not e.get("expected") for e in r.get("errors", [])), invariant_figures(run_dir))
+                   sum(not e.get("expected") for e in r.get("errors", [])), invariant_figures(run))
+
+
+def finished_run(run_dir: str | os.PathLike[str]) -> FinishedRun:
+    """A finished run directory read once for replay (report.json and events.jsonl required): ScenarioError,
+    naming the file, when one is missing or damaged."""
+    try:
+        check_run_dir(run_dir, (REPORT_FILE,), EVENTS_FILE)
+    except RunDirError as e:
+        raise ScenarioError(str(e)) from None
+    return FinishedRun.load(run_dir)
 
 
 def _num(x: Any, digits: int) -> str:

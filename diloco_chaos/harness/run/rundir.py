@@ -7,6 +7,11 @@ Layout:
     report.json   the summary computed from the event log
     invariants.json each bound-free invariant's verdict, figure and bound, checked once as the run ended
     processes.json pids of every process the run started (so tests can prove none survives)
+
+`FinishedRun` is a finished run directory read once: its event log parsed into a RunLog
+(diloco_chaos/harness/record/run_record.py), config.json and report.json. Every reader of a finished run (the
+report, the invariants, the HTML page, replay, the CLI's table, a suite's ChaosRun) takes one, so each command
+opens events.jsonl once, and nothing after the run appends to it.
 """
 
 from __future__ import annotations
@@ -15,10 +20,14 @@ import json
 import os
 import tempfile
 import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from diloco_chaos.harness.record.events import EVENTS_FILE
+from diloco_chaos.harness.record.run_record import RunLog
 
 CONFIG_FILE = "config.json"
 REPORT_FILE = "report.json"
@@ -104,23 +113,55 @@ def check_run_dir(run_dir: str | os.PathLike[str], json_files: tuple[str, ...], 
             raise RunDirError(f"{str(path)!r} is damaged: {e}") from None
         if not isinstance(obj, dict):
             raise RunDirError(f"{str(path)!r} is damaged: a JSON {type(obj).__name__}, not an object")
-    if events_file is None:
-        return
-    path = root / events_file
-    if not path.is_file():
+    if events_file is not None and not (root / events_file).is_file():
         raise RunDirError(f"{str(run_dir)!r} has no {events_file} (not a run directory)")
-    count = 0
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
-            if not raw.endswith(b"\n"):
-                break
-            try:
-                event = json.loads(raw)
-            except ValueError:
-                raise RunDirError(f"{str(path)!r} is damaged: line {n} is not JSON") from None
-            if not (isinstance(event, dict) and isinstance(event.get("ev"), str)
-                    and isinstance(event.get("t"), (int, float))):
-                raise RunDirError(f"{str(path)!r} is damaged: line {n} is not an event (needs 'ev' and 't')")
-            count += 1
+
+
+def check_events(log: RunLog, run_dir: str | os.PathLike[str]) -> None:
+    """Raise RunDirError, naming the line, unless the loaded log holds at least one event and every complete line
+    is one, with its kind and time (a torn last line is not damage: a killed writer leaves one)."""
+    path = str(Path(run_dir) / EVENTS_FILE)
+    count = len(log.records)
+    for p in sorted(log.problems, key=lambda p: p.line or 0):
+        if not p.skipped:
+            continue
+        if p.what.startswith("not JSON"):
+            raise RunDirError(f"{path!r} is damaged: line {p.line} is not JSON")
+        if p.field in ("ev", "t") or p.what.startswith("not a JSON object"):
+            raise RunDirError(f"{path!r} is damaged: line {p.line} is not an event (needs 'ev' and 't')")
+        count += 1  # an event of a kind this version does not know, or with a field it cannot read: still an event
     if count == 0:
-        raise RunDirError(f"{str(path)!r} holds no event")
+        raise RunDirError(f"{path!r} holds no event")
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """A run directory read once: its event log as records (RunLog, loaded leniently so older runs still load),
+    config.json and report.json ({} when absent). What every reader of a finished run takes."""
+
+    run_dir: Path
+    log: RunLog
+    """The events as typed records, in time order."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """config.json: the resolved scenario ({} when absent)."""
+    report: dict[str, Any] = field(default_factory=dict)
+    """report.json ({} when absent, or before the run's report is built)."""
+
+    @classmethod
+    def load(cls, run_dir: str | os.PathLike[str], log: RunLog | None = None, keep_lines: bool = False
+             ) -> FinishedRun:
+        """Read the run directory: events.jsonl (required; its one read) unless its `log` is given, config.json
+        and report.json when present. `keep_lines`: also keep the decoded lines, in file order (RunLog.lines)."""
+        d = Path(run_dir)
+        config = read_json(d / CONFIG_FILE) if (d / CONFIG_FILE).is_file() else {}
+        report = read_json(d / REPORT_FILE) if (d / REPORT_FILE).is_file() else {}
+        return cls(d, log if log is not None else RunLog.load(d, keep_lines=keep_lines), config, report)
+
+    @classmethod
+    def of(cls, run: FinishedRun | str | os.PathLike[str]) -> FinishedRun:
+        """`run` itself, or the run directory it names read once."""
+        return run if isinstance(run, FinishedRun) else cls.load(run)
+
+    def with_report(self, report: dict[str, Any]) -> FinishedRun:
+        """The same run with its report (the supervisor builds the report from the run it loaded)."""
+        return replace(self, report=report)

@@ -21,6 +21,7 @@ import logging
 import multiprocessing as mp
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,16 +45,17 @@ from diloco_chaos.harness.record.run import (
     LearnerRestart,
     LearnerShrink,
     ProcessStart,
+    RunEnd,
     RunInterrupted,
     RunStart,
     StoreReady,
     SyncerDown,
     SyncerRestart,
 )
-from diloco_chaos.harness.report.errors import label_errors
 from diloco_chaos.harness.run.fault_runner import FaultRunner
+from diloco_chaos.harness.run.finish import finish_run
 from diloco_chaos.harness.run.procutil import main_thread, signal_proc, wait_any
-from diloco_chaos.harness.run.rundir import CONFIG_FILE, PROCESSES_FILE, REPORT_FILE, make_run_dir, write_json
+from diloco_chaos.harness.run.rundir import CONFIG_FILE, PROCESSES_FILE, FinishedRun, make_run_dir, write_json
 from diloco_chaos.harness.syncer.service import SyncerSpec, syncer_main
 from diloco_chaos.harness.syncer.shards import proc_name
 from diloco_chaos.harness.wire.handshake import new_secret
@@ -98,6 +100,8 @@ class RunResult:
     run_dir: Path
     report: dict[str, Any]
     pids: list[int] = field(default_factory=list)
+    finished: FinishedRun | None = None
+    """The run as its readers see it, read once as it ended (diloco_chaos/harness/run/finish.py)."""
 
 
 class _Terminate(Exception):
@@ -194,19 +198,17 @@ class Supervisor:
                 self.hosts.close()
             if old_term is not None:
                 signal.signal(signal.SIGTERM, old_term)
-            self.events.log("run_end", wall_s=time.monotonic() - t0)
-        from diloco_chaos.harness.report.results import record_invariants
-        from diloco_chaos.harness.report.run_report import build_report, final_eval
-        from diloco_chaos.harness.syncer.shards import assemble_final
-
-        label_errors(self.run_dir, sc, self.events, t0)
-        assemble_final(str(self.run_dir), sc)  # sharded: global.pt from the shards' final checkpoints
-        final_eval(self.run_dir, sc, self.events)
-        report = build_report(self.run_dir)
-        write_json(self.run_dir / REPORT_FILE, report)
-        record_invariants(self.run_dir)  # once, after report.json (some invariants read it)
-        self.events.close()
-        return RunResult(self.run_dir, report, [p.pid for p in [*self.procs.values(), *self.retired]])
+            if sys.exc_info()[0] is not None:  # the run raised: no post-run phase, but its log still ends
+                stopped = time.monotonic()
+                self.events.write(RunEnd(wall_s=stopped - t0, stopped_t=stopped))
+                self.events.close()
+        # the post-run phase (diloco_chaos/harness/run/finish.py): errors labelled and the final eval written before
+        # run_end, the log's last line; then report.json and invariants.json from the log read once
+        try:
+            run = finish_run(self.run_dir, sc, self.events, t0)
+        finally:
+            self.events.close()
+        return RunResult(self.run_dir, run.report, [p.pid for p in [*self.procs.values(), *self.retired]], run)
 
     def _open_hosts_and_syncer(self) -> Hosts:
         """The run's hosts (hosts/base.py), the store and the syncer's shards, and the learners' routes to them;

@@ -18,17 +18,17 @@ import torch
 from diloco_chaos.harness.config.scenario import Scenario
 from diloco_chaos.harness.config.task_check import scenario_task
 from diloco_chaos.harness.record.events import EventLog
-from diloco_chaos.trainers.task import Batch, Task, has_running_stats, load_params, recalibrate_buffers
+from diloco_chaos.harness.record.syncer import Eval
+from diloco_chaos.trainers.task import (
+    Batch,
+    Task,
+    has_running_stats,
+    load_params,
+    recalibrate_buffers,
+    recalibration_batches,
+)
 from diloco_chaos.trainers.task import evaluate as task_evaluate
 from diloco_chaos.trainers.tasks.byte_lm import EVAL_SEQS  # noqa: F401 - re-exported by diloco_chaos.harness.syncer.service
-
-RECALIBRATE_BATCHES = 8
-"""Training batches (steps past any run's, from the learners' shards in turn) on which the global model's
-normalisation statistics are re-estimated before an evaluation (a model with batch norm only)."""
-
-
-def recalibration_batches(task: Task, learners: int) -> list[Batch]:
-    return [task.train_batch(i % learners, 0, 10**9 + i) for i in range(RECALIBRATE_BATCHES)]
 
 
 def evaluate(task: Task, model: torch.nn.Module, params: Mapping[str, torch.Tensor], batches: list[Batch],
@@ -67,8 +67,8 @@ class Evaluator:
             cpu0 = time.thread_time()
             loss, _ = evaluate(self._task, self._model, params, self._batches, self._calibration)
             self.last_cpu_s = time.thread_time() - cpu0
-            self.events.log("eval", version=version, tokens_merged=tokens, loss=loss, kind="periodic",
-                            trigger=trigger, cpu_s=round(self.last_cpu_s, 4))
+            self.events.write(Eval(version=version, tokens_merged=tokens, loss=loss, kind="periodic",
+                                   trigger=trigger, cpu_s=round(self.last_cpu_s, 4)))
 
     def request(self, version: int, tokens_merged: float, params: Mapping[str, torch.Tensor],
                 trigger: str = "time") -> None:

@@ -24,7 +24,6 @@ import torch
 from diloco_chaos.harness.algorithms import base as algorithms
 from diloco_chaos.harness.config.scenario import Scenario
 from diloco_chaos.harness.config.task_check import scenario_task
-from diloco_chaos.harness.record.syncer import shard_of
 from diloco_chaos.harness.run.rundir import CHECKPOINT_FILE, atomic_torch_save
 from diloco_chaos.harness.syncer.accounting import STATE_DIR
 from diloco_chaos.harness.syncer.fragment_checkpoint import FragmentCheckpoints
@@ -32,8 +31,7 @@ from diloco_chaos.trainers.fragments import partition_tensors
 from diloco_chaos.trainers.syncers.shards import assign_shards, fragment_sizes
 from diloco_chaos.trainers.task import parameters
 
-__all__ = ["assemble_final", "assembled_params", "checkpoint_name", "fragment_owners", "proc_name", "shard_of",
-           "state_dir"]
+__all__ = ["assemble_final", "assembled_params", "checkpoint_name", "fragment_owners", "proc_name", "state_dir"]
 
 
 def proc_name(shard: int, shards: int) -> str:

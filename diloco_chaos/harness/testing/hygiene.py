@@ -39,9 +39,11 @@ def _ports(events: list[dict[str, Any]]) -> set[int]:
     return ports
 
 
-def leftovers(result: Any) -> dict[str, list[int]]:
-    """Processes of the run still alive (zombies excluded) and its ports still listening."""
-    events = read_events(Path(result.run_dir) / EVENTS_FILE)  # read once: pids and ports both come from it
+def leftovers(result: Any, events: list[dict[str, Any]] | None = None) -> dict[str, list[int]]:
+    """Processes of the run still alive (zombies excluded) and its ports still listening. `events`: the run's
+    decoded events when the caller has read them already (else read here, once: pids and ports both come from it)."""
+    if events is None:
+        events = read_events(Path(result.run_dir) / EVENTS_FILE)
     links = [int(e["pid"]) for e in events if e["ev"] == "link_process_start"]  # forked by the hosts themselves
     pids = [*result.pids, *result.report.get("chip_pids", []), *links]
     alive = sorted({p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE})

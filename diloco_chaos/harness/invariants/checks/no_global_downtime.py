@@ -13,9 +13,8 @@ from collections import defaultdict
 from diloco_chaos.harness.invariants.base import InvariantResult, Run, _run
 from diloco_chaos.harness.invariants.registry import REQUIRED, Bound, register
 from diloco_chaos.harness.record.run import ProcessFault, SyncerDown
-from diloco_chaos.harness.record.syncer import LearnerBye, LearnerJoin, LearnerLeave, Merge, SyncerStart
+from diloco_chaos.harness.record.syncer import LearnerBye, LearnerJoin, LearnerLeave, Merge, SyncerStart, shard_of
 from diloco_chaos.harness.report.metrics import downtime
-from diloco_chaos.harness.syncer.shards import shard_of
 
 
 def alive_intervals(run: Run, min_alive: int) -> list[tuple[float, float]]:

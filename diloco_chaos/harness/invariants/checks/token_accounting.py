@@ -12,8 +12,7 @@ from collections import defaultdict
 from diloco_chaos.harness.invariants.base import InvariantResult, Run, _run
 from diloco_chaos.harness.invariants.registry import Bound, register
 from diloco_chaos.harness.record.learner import Step
-from diloco_chaos.harness.record.syncer import Eval, Merge, SyncerDone, SyncerRestore
-from diloco_chaos.harness.syncer.shards import shard_of
+from diloco_chaos.harness.record.syncer import Eval, Merge, SyncerDone, SyncerRestore, shard_of
 
 
 @register(order=70, bounds=(

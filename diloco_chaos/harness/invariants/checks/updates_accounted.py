@@ -14,8 +14,15 @@ from diloco_chaos.harness.invariants.base import InvariantResult, Run, _run
 from diloco_chaos.harness.invariants.registry import Bound, register
 from diloco_chaos.harness.record.learner import Apply
 from diloco_chaos.harness.record.run import SyncerDown
-from diloco_chaos.harness.record.syncer import LearnerJoin, Merge, Push, PushRejected, PushSuperseded, SyncerRestore
-from diloco_chaos.harness.syncer.shards import shard_of
+from diloco_chaos.harness.record.syncer import (
+    LearnerJoin,
+    Merge,
+    Push,
+    PushRejected,
+    PushSuperseded,
+    SyncerRestore,
+    shard_of,
+)
 from diloco_chaos.trainers.syncers.decoupled import PushOutcome
 from diloco_chaos.trainers.syncers.decoupled_records import SupersededCause
 
