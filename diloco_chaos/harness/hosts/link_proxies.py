@@ -45,7 +45,7 @@ class RunLinks:
         if backend.proc is not None:
             events.write(ProcessStart(name="toxiproxy", child_pid=backend.proc.pid))
         client = ToxiproxyClient(backend.url, timeout_s=t.http_timeout_s)
-        chaos = LinkChaos(client, sc.topology.learners, sc.seed, on_event=events.log,
+        chaos = LinkChaos(client, sc.topology.learners, sc.seed, on_event=events.named,
                           fragment_bytes=fragment_bytes, step_s=t.step_time_s, shards=len(syncer_ports))
         links = cls(backend, client, chaos)
         try:

@@ -88,7 +88,7 @@ class NetnsRun(LocalHosts):
         toxics = KernelToxics({proxy_name(m): HostLink(h.netns, INNER_DEV, h.outer_dev, syncer_port)
                                for m, h in enumerate(self.hosts.hosts)})
         self.links = KernelRunLinks(toxics, LinkChaos(toxics, sc.topology.learners, sc.seed,
-                                                      on_event=self.events.log, fragment_bytes=fragment_bytes(sc),
+                                                      on_event=self.events.named, fragment_bytes=fragment_bytes(sc),
                                                       step_s=sc.links.step_time_s), routes.ports)
         toxics.prepare()
         self.events.write(LinksReady(backend="kernel", url=f"tcp://{self.hosts.syncer_address}:{syncer_port}",

@@ -61,6 +61,7 @@ from diloco_chaos.harness.hosts.link_shards import ShardedLink
 from diloco_chaos.harness.learner.shared_state import Doorbell, SharedInbox, SharedSnapshot
 from diloco_chaos.harness.learner.syncer_link import LinkFatal, SyncerLink
 from diloco_chaos.harness.record.events import EventLog
+from diloco_chaos.harness.record.learner import FragmentRefused, LinkCpu, LinkProcessStart
 from diloco_chaos.harness.run.procutil import cpu_seconds, die_with_parent, reset_compute_pool, stderr_to_file
 from diloco_chaos.harness.wire.codec import (
     exchange_id,
@@ -351,7 +352,7 @@ def _serve(sock: socket.socket, training_end: socket.socket, parent_pid: int, sh
     reset_compute_pool()  # before any thread of ours runs a tensor op
     training_end.close()  # or the training process's end would never see EOF when we exit, nor we when it does
     events = EventLog(events_path, f"learner{learner}.link")
-    events.log("link_process_start", learner=learner)
+    events.write(LinkProcessStart(learner=learner))
     out = _ToTraining(sock.dup(), t.run_s)
 
     one_writer = threading.Lock()  # the shared inbox has one writer: with shards, several links' readers take turns
@@ -366,7 +367,7 @@ def _serve(sock: socket.socket, training_end: socket.socket, parent_pid: int, sh
             with one_writer:
                 shared.inbox.put(message_to_merged(msg))
         except (ValueError, KeyError) as e:  # not this model's fragment: never applied
-            events.log("fragment_refused", learner=learner, fragment=msg.meta.get("fragment"), error=str(e))
+            events.write(FragmentRefused(learner=learner, fragment=msg.meta.get("fragment"), error=str(e)))
             return
         shared.to_training.ring()
 
@@ -381,8 +382,8 @@ def _serve(sock: socket.socket, training_end: socket.socket, parent_pid: int, sh
             link.close(flush_timeout_s=flush_s or 0.0, bye=flush_s is not None)
             threads = dict(link.thread_cpu_s)
             threads["relay"] = round(time.thread_time(), 4)
-            events.log("link_cpu", learner=learner, threads=threads, cpu_s=cpu_seconds(),
-                       wire_bytes_up=link.bytes_up, wire_bytes_down=link.bytes_down)
+            events.write(LinkCpu(learner=learner, threads=threads, cpu_s=cpu_seconds(), wire_bytes_up=link.bytes_up,
+                                 wire_bytes_down=link.bytes_down))
             out.put(Message(MsgType.BYE, {"threads": threads, "cpu_s": cpu_seconds()}))
         else:  # closed (or told to close) before it ever connected
             out.put(Message(MsgType.BYE, {"threads": {}, "cpu_s": cpu_seconds()}))

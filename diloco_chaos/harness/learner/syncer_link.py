@@ -30,6 +30,19 @@ from torch import Tensor
 
 from diloco_chaos.harness.config.scenario import Timeouts
 from diloco_chaos.harness.record.events import EventLog
+from diloco_chaos.harness.record.learner import (
+    FinalPushesGivenUp,
+    FrameRejected,
+    LinkConnectFailed,
+    LinkDown,
+    LinkFlushTimeout,
+    LinkUp,
+    PushSent,
+    PushSupersededLocally,
+    Rtt,
+    StopReceived,
+)
+from diloco_chaos.harness.record.learner import LinkFatal as LinkFatalEvent
 from diloco_chaos.harness.wire.codec import (
     exchange_id,
     grads_request,
@@ -177,7 +190,7 @@ class SyncerLink:
         with self._cv:
             key = ("push", push.fragment)
             if key in self._outbox:
-                self.events.log("push_superseded_locally", learner=self.learner, fragment=push.fragment)
+                self.events.write(PushSupersededLocally(learner=self.learner, fragment=push.fragment))
                 del self._outbox[key]
             self._outbox[key] = push_to_message(push)
             if push.final:
@@ -223,7 +236,7 @@ class SyncerLink:
             while (self._outbox or (bye and not (self._bye_acked and self._rsock is None))) and self.fatal is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    self.events.log("link_flush_timeout", learner=self.learner, unsent=len(self._outbox))
+                    self.events.write(LinkFlushTimeout(learner=self.learner, unsent=len(self._outbox)))
                     if bye and not self._bye_acked:
                         self._log_given_up(flush_timeout_s)
                     break
@@ -240,11 +253,11 @@ class SyncerLink:
         queued = self._outbox.values() if self._outbox else [m for _, m in self._finals]  # else: sent, unacked
         pushes = [m.meta for m in queued if m.type is MsgType.PUSH]
         if pushes:
-            self.events.log("final_pushes_given_up", learner=self.learner,
-                            fragments=[int(m["fragment"]) for m in pushes],
-                            step_ranges=[[int(m["first_step"]), int(m["last_step"])] for m in pushes],
-                            c_steps=[int(m["c_steps"]) for m in pushes], final=[bool(m.get("final")) for m in pushes],
-                            waited_s=round(waited_s, 3))
+            self.events.write(FinalPushesGivenUp(
+                learner=self.learner, fragments=[int(m["fragment"]) for m in pushes],
+                step_ranges=[[int(m["first_step"]), int(m["last_step"])] for m in pushes],
+                c_steps=[int(m["c_steps"]) for m in pushes], final=[bool(m.get("final")) for m in pushes],
+                waited_s=round(waited_s, 3)))
 
     # -- internals --------------------------------------------------------------------------------
     def _timed(self, body: Any) -> None:
@@ -291,7 +304,7 @@ class SyncerLink:
             except OSError:
                 pass
         if had:
-            self.events.log("link_down", learner=self.learner, reason=reason)
+            self.events.write(LinkDown(learner=self.learner, reason=reason))
 
     def _connect_once(self) -> tuple[socket.socket, FrameAuth]:
         sock = socket.create_connection(self.addr, timeout=self.t.connect_s)
@@ -321,13 +334,13 @@ class SyncerLink:
                 with self._cv:
                     self.fatal = str(e)
                     self._cv.notify_all()
-                self.events.log("link_fatal", learner=self.learner, error=str(e))
+                self.events.write(LinkFatalEvent(learner=self.learner, error=str(e)))
                 if self.forward is not None:
                     self.forward(Message(MsgType.REJECT, {"reason": str(e)}))
                 return
             except (OSError, FrameError, ConnectionClosed, ConnectionError, KeyError, ValueError) as e:
-                self.events.log("link_connect_failed", learner=self.learner, error=f"{type(e).__name__}: {e}",
-                                backoff_s=backoff)
+                self.events.write(LinkConnectFailed(learner=self.learner, error=f"{type(e).__name__}: {e}",
+                                                    backoff_s=backoff))
                 with self._cv:
                     self._cv.wait_for(lambda: self._closed, timeout=backoff)
                 backoff = min(BACKOFF_MAX_S, backoff * 2)
@@ -340,7 +353,7 @@ class SyncerLink:
                 if self._request is not None and self._request[0] not in self._outbox:
                     self._outbox[self._request[0]] = self._request[1]
                 self._cv.notify_all()
-            self.events.log("link_up", learner=self.learner, connects=self.connects)
+            self.events.write(LinkUp(learner=self.learner, connects=self.connects))
             if self.forward is not None:
                 self.forward(Message(MsgType.WELCOME, {"connects": self.connects}))
             self._read(sock, auth)
@@ -365,7 +378,7 @@ class SyncerLink:
             except (FrameError, WireDecodeError) as e:
                 self.frames_rejected += 1
                 kind = e.kind if isinstance(e, FrameError) else "bad_wire_encoding"
-                self.events.log("frame_rejected", learner=self.learner, side="learner", kind=kind, error=str(e))
+                self.events.write(FrameRejected(learner=self.learner, side="learner", kind=kind, error=str(e)))
                 self._drop_connection(f"rejected frame: {kind}")
                 return
             except (OSError, ConnectionClosed) as e:  # TimeoutError is an OSError
@@ -380,10 +393,10 @@ class SyncerLink:
             elif msg.type is MsgType.PONG:
                 if int(msg.meta.get("learner", -1)) == self.learner:
                     rtt = time.monotonic() - float(msg.meta["t"])
-                    self.events.log("rtt", learner=self.learner, seq=int(msg.meta["seq"]), ms=round(rtt * 1e3, 3))
+                    self.events.write(Rtt(learner=self.learner, seq=int(msg.meta["seq"]), ms=round(rtt * 1e3, 3)))
             elif msg.type is MsgType.STOP:
                 if not self.stop_requested:
-                    self.events.log("stop_received", learner=self.learner, total=msg.meta.get("total"))
+                    self.events.write(StopReceived(learner=self.learner, total=msg.meta.get("total")))
                 self.stop_requested = True
                 if self.forward is not None:
                     self.forward(msg)
@@ -466,9 +479,9 @@ class SyncerLink:
                 continue
             last_sent = time.monotonic()
             if msg.type is MsgType.PUSH:
-                self.events.log("push_sent", learner=self.learner, fragment=msg.meta["fragment"], bytes=n,
-                                seconds=last_sent - t0, first_step=msg.meta["first_step"],
-                                last_step=msg.meta["last_step"], c_steps=msg.meta["c_steps"],
-                                round=msg.meta.get("round"))
+                self.events.write(PushSent(learner=self.learner, fragment=msg.meta["fragment"], bytes=n,
+                                           seconds=last_sent - t0, first_step=msg.meta["first_step"],
+                                           last_step=msg.meta["last_step"], c_steps=msg.meta["c_steps"],
+                                           round=msg.meta.get("round")))
             with self._cv:
                 self._cv.notify_all()

@@ -1,7 +1,8 @@
 """Typed event records: the run directory's events.jsonl as one frozen dataclass per event kind.
 
-Every process of a run appends JSON lines through diloco_chaos/harness/record/events.py `EventLog.log(kind, **fields)`;
-this package is the schema of those lines. `parse(dict)` turns one decoded line into its record (checking that every
+Every process of a run appends JSON lines through diloco_chaos/harness/record/events.py `EventLog.write(record)`
+(the chaos layer, which cannot import this package, through `EventLog.named(kind, **fields)`); this package is the
+schema of those lines. `parse(dict)` turns one decoded line into its record (checking that every
 required field is present and typed, rejecting unknown kinds and fields with `EventSchemaError`), `read_records(path)`
 reads a whole log strictly, in file order. `RunLog.load(run_dir)`
 (run_record) is what the run's readers use: the log read and parsed once, records sorted by time. It is lenient

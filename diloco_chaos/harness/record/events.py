@@ -14,24 +14,30 @@ event is also parsed into its record as it is written, so an emitter that drifts
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from diloco_chaos.harness.record.base import BASE_FIELDS, Event
+from diloco_chaos.harness.record.base import BASE_FIELDS, Event, EventSchemaError, required
 
 EVENTS_FILE = "events.jsonl"
 STRICT_ENV = "DILOCO_CHAOS_STRICT_EVENTS"
-"""Set to 1: `EventLog.log` checks each event against its record (diloco_chaos/harness/record) and raises
+"""Set to 1: `EventLog` checks each event against its record (diloco_chaos/harness/record) and raises
 EventSchemaError on a mismatch, before writing it."""
 
 
 class EventLog:
-    """Writer side: `log(kind, **fields)` appends one line. Safe across threads and processes."""
+    """Writer side: `write(record)` appends one line. Safe across threads and processes.
+
+    The public ways to write are `write` (a typed record: a misspelled field is a type error at the call site) and
+    `named` (the chaos layer's `on_event` callback, which cannot import the records: the kind's record is built
+    here, so an unknown field still fails where it is written). Both end in `_append`, the one place a line is
+    encoded and written."""
 
     def __init__(self, path: str | os.PathLike[str], proc: str, strict: bool | None = None) -> None:
         """`strict`: check each event against its record before writing it (None: when STRICT_ENV is 1)."""
@@ -48,17 +54,24 @@ class EventLog:
     def write(self, rec: Event) -> None:
         """Append one typed record; the header (`t`, `wall`, `pid`, `proc`, `ev`) is this writer's, whatever `rec`
         holds in it. The way every event is written: a field the record lacks is a type error at the call site."""
-        self.log(rec.EV, **_body(rec))
+        self._append(rec.EV, _body(rec))
 
     def write_line(self, rec: Event) -> str:
         """`write`, returning the line written (JSON, without its newline) as a reader of the file will read it: the
         post-run phase keeps what it wrote without reading the file again (diloco_chaos/harness/run/finish.py)."""
         return self._append(rec.EV, _body(rec))
 
-    def log(self, kind: str, /, **fields: Any) -> None:
-        self._append(kind, fields)
+    def named(self, kind: str, /, **fields: Any) -> None:
+        """Write the event `kind` from keyword fields: the `on_event` callback of the chaos layer
+        (diloco_chaos/chaos/links.py LinkChaos, diloco_chaos/chaos/processes.py ProcessChaos), which cannot import
+        the records (dependencies point one way). The kind's registered record is built from `fields`, so an
+        unknown kind, an unknown field or a missing required one raises EventSchemaError naming it, in strict mode
+        or not."""
+        self.write(record_of(kind, fields))
 
     def _append(self, kind: str, fields: dict[str, Any]) -> str:
+        """Encode one event and write it with a single os.write on the O_APPEND descriptor (lines from concurrent
+        processes never interleave); in strict mode parse it into its record first."""
         rec = {"t": time.monotonic(), "wall": time.time(), "pid": os.getpid(), "proc": self.proc, "ev": kind}
         rec.update(fields)
         text = json.dumps(rec, separators=(",", ":"), default=_jsonable)
@@ -77,11 +90,32 @@ class EventLog:
                 self._fd = -1
 
 
+def record_of(kind: str, fields: Mapping[str, Any]) -> Event:
+    """The registered record of `kind` holding `fields` (no header: the writer fills it). Raises EventSchemaError
+    naming the kind and the field for an unknown kind, a field the record lacks (or a header field) or a missing
+    required one; values are checked against their types only in strict mode, where the written line is parsed."""
+    from diloco_chaos.harness.record import REGISTRY  # only here: the record modules fill it (they import trainers)
+
+    cls = REGISTRY.get(kind)
+    if cls is None:
+        raise EventSchemaError("unknown event kind (not in diloco_chaos/harness/record; see docs/events.md)", kind)
+    names = {f.name for f in dataclasses.fields(cls)} - set(BASE_FIELDS)
+    for name in fields:
+        if name not in names:
+            raise EventSchemaError("unknown field (not in the record; see docs/events.md)", kind, name)
+    for name in sorted(required(cls) - set(BASE_FIELDS)):
+        if name not in fields:
+            raise EventSchemaError("required field missing", kind, name)
+    return cls(**fields)
+
+
 def _body(rec: Event) -> dict[str, Any]:
     return {f.name: getattr(rec, f.name) for f in dataclasses.fields(rec) if f.name not in BASE_FIELDS}
 
 
 def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, enum.Enum):
+        return obj.value
     if hasattr(obj, "tolist"):
         return obj.tolist()
     if isinstance(obj, (set, frozenset, tuple)):

@@ -174,7 +174,7 @@ class Supervisor:
                                    learner_policy_why=why, schema_version=SCHEMA_VERSION))
         try:
             hosts = self._open_hosts_and_syncer()
-            procs = ProcessChaos(self._chip_pids, sc.topology.learners, on_event=self.events.log,
+            procs = ProcessChaos(self._chip_pids, sc.topology.learners, on_event=self.events.named,
                                  syncer_pids=self._syncer_pids, progress=self._progress, seed=sc.seed,
                                  send=hosts.send)
             self.procs_chaos = procs

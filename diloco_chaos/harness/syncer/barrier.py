@@ -9,13 +9,14 @@ core as records, each logged as an `elastic_reconfigure` event.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 
 from diloco_chaos.harness.config.scenario import Scenario
 from diloco_chaos.harness.config.task_check import tokens_per_batch
 from diloco_chaos.harness.record.events import EventLog
+from diloco_chaos.harness.record.syncer import ElasticCatchUpSent, ElasticReconfigure, Merge, SyncReplayed
+from diloco_chaos.harness.record.syncer import SyncRejected as SyncRejectedEvent
 from diloco_chaos.harness.syncer.accounting import Accounting
 from diloco_chaos.harness.syncer.eval_schedule import planned_tokens
 from diloco_chaos.harness.syncer.transport import Conn, Transport
@@ -111,13 +112,17 @@ class BarrierHandler:
         """elastic_ddp: one `elastic_reconfigure` event per change of the global group (times since run start
         are the events' own `t`; started_at / ended_at here are the syncer's monotonic clock)."""
         for rec in self.core.take_reconfigurations():
-            self.events.log("elastic_reconfigure", **dataclasses.asdict(rec))
+            self.events.write(ElasticReconfigure(
+                kind=rec.kind, learner=rec.learner, members_before=rec.members_before,
+                members_after=rec.members_after, step=rec.step, started_at=rec.started_at, ended_at=rec.ended_at,
+                stall_s=rec.stall_s, reason=rec.reason))
 
     def _on_sync_result(self, learner: int, res: SyncResult, value: int) -> None:
         key = self.frames.key
         if res is False or isinstance(res, SyncRejected):
             reason = res.reason if isinstance(res, SyncRejected) else "non-finite or malformed"
-            self.events.log("sync_rejected", learner=learner, **{key: value}, reason=reason)
+            self.events.write(SyncRejectedEvent(learner=learner, step=self._step(value), round=self._round(value),
+                                                reason=reason))
             return
         if res is None or res is True:
             return
@@ -127,14 +132,24 @@ class BarrierHandler:
             if conn is not None:
                 self.transport.send(conn, msg)
             if res.step != res.key:  # elastic_ddp: it missed steps; it is sent the group's state instead
-                self.events.log("elastic_catch_up_sent", learner=res.replay_to, **{key: value}, state_step=res.step)
+                self.events.write(ElasticCatchUpSent(learner=res.replay_to, step=self._step(value),
+                                                     round=self._round(value), state_step=res.step))
             else:
-                self.events.log("sync_replayed", learner=res.replay_to, **{key: value})
+                self.events.write(SyncReplayed(learner=res.replay_to, step=self._step(value),
+                                               round=self._round(value)))
             return
         for conn in self.transport.connections(res.participants).values():
             self.transport.send(conn, msg)
         self.accounting.add_tokens(sum(res.tokens))
-        self.events.log("merge", fragment=None, version=self.core.merges, merges=self.core.merges,
-                        participants=res.participants, tokens=sum(res.tokens), c_tokens=res.tokens,
-                        tokens_merged=self.accounting.tokens_merged, step=res.step,
-                        round=value if key == "round" else None)
+        self.events.write(Merge(fragment=None, version=self.core.merges, merges=self.core.merges,
+                                participants=res.participants, tokens=sum(res.tokens),
+                                c_tokens=list[float](res.tokens), tokens_merged=self.accounting.tokens_merged,
+                                step=res.step, round=self._round(value)))
+
+    def _step(self, key: int) -> int | None:
+        """The barrier's key as an event's `step` (ddp, elastic_ddp; None for diloco)."""
+        return key if self.frames.key == "step" else None
+
+    def _round(self, key: int) -> int | None:
+        """The barrier's key as an event's `round` (diloco; None for ddp, elastic_ddp)."""
+        return key if self.frames.key == "round" else None

@@ -16,6 +16,17 @@ import time
 from diloco_chaos.harness.config.scenario import Scenario
 from diloco_chaos.harness.config.task_check import scenario_task
 from diloco_chaos.harness.record.events import EventLog
+from diloco_chaos.harness.record.syncer import (
+    BudgetReached,
+    CheckpointSlotRejected,
+    FragmentResent,
+    Merge,
+    PushRejected,
+    PushSuperseded,
+    SyncerRestore,
+)
+from diloco_chaos.harness.record.syncer import Pull as PullEvent
+from diloco_chaos.harness.record.syncer import Push as PushEvent
 from diloco_chaos.harness.syncer.accounting import Accounting, fragment_digest
 from diloco_chaos.harness.syncer.shards import fragment_owners, state_dir
 from diloco_chaos.harness.syncer.transport import Conn, Transport
@@ -56,25 +67,25 @@ class DecoupledHandler:
         """Load the newest valid slot of every fragment (a syncer started after a crash)."""
         states, rejected = self.accounting.load(self.transport.max_frame)
         for why in rejected:  # a slot torn by the crash: the other slot of that fragment holds the version before
-            self.events.log("checkpoint_slot_rejected", detail=why)
+            self.events.write(CheckpointSlotRejected(detail=why))
         core = self.core
         core.restore(states)
         parts = range(len(core.partition))
-        self.events.log("syncer_restore", fragments=[int(st["fragment"]) for st in states],
-                        versions=list(core.versions), merges=core.merges, clock=core.clock,
-                        tokens_merged=self.accounting.tokens_merged,
-                        digests={p: fragment_digest(core.fragment(p)) for p in parts},
-                        merged_into={p: {m: list(v) for (m, q), v in core.merged_into.items() if q == p}
-                                     for p in parts})
+        self.events.write(SyncerRestore(
+            fragments=[int(st["fragment"]) for st in states], versions=list(core.versions), merges=core.merges,
+            clock=core.clock, tokens_merged=self.accounting.tokens_merged,
+            digests={str(p): fragment_digest(core.fragment(p)) for p in parts},
+            merged_into={str(p): {str(m): list(v) for (m, q), v in core.merged_into.items() if q == p}
+                         for p in parts}))
 
     def join_fields(self, learner: int) -> dict[str, object]:
         """A learner joined: the versions of the current fragments it is sent (it applies them, resetting its
         counters); pushes carried from before it rejoined are dropped."""
         versions = self.core.on_join(learner)
         for q in self.core.drop_carried(learner):
-            self.events.log("push_superseded", learner=learner, fragment=q.fragment, first_step=q.first_step,
-                            last_step=q.last_step, base_version=q.base_version, reason=REJOIN_DROP,
-                            cause=SupersededCause.REJOIN_DROP.value)
+            self.events.write(PushSuperseded(learner=learner, fragment=q.fragment, first_step=q.first_step,
+                                             last_step=q.last_step, base_version=q.base_version, reason=REJOIN_DROP,
+                                             cause=SupersededCause.REJOIN_DROP))
         return {"versions": versions}
 
     def welcome(self, conn: Conn, fields: dict[str, object]) -> None:
@@ -128,10 +139,10 @@ class DecoupledHandler:
         try:
             push = message_to_push(msg)
         except (KeyError, TypeError, ValueError) as e:
-            self.events.log("push_rejected", learner=learner, reason=f"malformed: {e}")
+            self.events.write(PushRejected(learner=learner, reason=f"malformed: {e}"))
             return
         if push.learner != learner:
-            self.events.log("push_rejected", learner=learner, reason="learner id does not match the connection")
+            self.events.write(PushRejected(learner=learner, reason="learner id does not match the connection"))
             return
         round_id = push_round(msg)
         outcome, superseded = self.core.on_push(push, round_id, time.monotonic())
@@ -141,9 +152,10 @@ class DecoupledHandler:
         if outcome in (PushOutcome.ACCEPTED, PushOutcome.CARRIED):
             rnd = self.core.rounds[push.fragment]
             into_round = rnd.round_id if rnd is not None else None
-        self.events.log("push", learner=learner, fragment=push.fragment, round=round_id, c_steps=push.c_steps,
-                        c_tokens=push.c_tokens, first_step=push.first_step, last_step=push.last_step,
-                        base_version=push.base_version, outcome=outcome.value, final=push.final, joined=into_round)
+        self.events.write(PushEvent(learner=learner, fragment=push.fragment, round=round_id, c_steps=push.c_steps,
+                                    c_tokens=push.c_tokens, first_step=push.first_step, last_step=push.last_step,
+                                    base_version=push.base_version, outcome=outcome, final=push.final,
+                                    joined=into_round))
         if outcome in (PushOutcome.STALE, PushOutcome.UNANCHORED, PushOutcome.BEFORE_REJOIN, PushOutcome.LAGGING):
             if outcome is PushOutcome.STALE:
                 into = self.core.merged_into[(learner, push.fragment)]
@@ -158,27 +170,26 @@ class DecoupledHandler:
             else:
                 reason = (f"stale: based on version {push.base_version}, older than the "
                           f"{self.sc.diloco.anchor_history} versions held to anchor it")
-            self.events.log("push_superseded", learner=learner, fragment=push.fragment, reason=reason,
-                            cause=SupersededCause.of(outcome).value, first_step=push.first_step,
-                            last_step=push.last_step, base_version=push.base_version)
+            self.events.write(PushSuperseded(learner=learner, fragment=push.fragment, reason=reason,
+                                             cause=SupersededCause.of(outcome), first_step=push.first_step,
+                                             last_step=push.last_step, base_version=push.base_version))
             # it stepped on without the merge, or is too far behind: send it the fragment's current value
             if outcome in (PushOutcome.UNANCHORED, PushOutcome.LAGGING) or self.core.missed_broadcast(push):
                 self._resend_current(learner, push.fragment, reason=outcome.value)
         elif outcome not in (PushOutcome.ACCEPTED, PushOutcome.CARRIED):
-            self.events.log("push_rejected", learner=learner, fragment=push.fragment, reason=outcome.value,
-                            first_step=push.first_step, last_step=push.last_step)
+            self.events.write(PushRejected(learner=learner, fragment=push.fragment, reason=outcome.value,
+                                           first_step=push.first_step, last_step=push.last_step))
         if superseded is not None:
-            self.events.log("push_superseded", learner=learner, fragment=push.fragment, round=into_round,
-                            reason="newer push in the same round", cause=SupersededCause.NEWER.value,
-                            first_step=superseded.first_step,
-                            last_step=superseded.last_step)
+            self.events.write(PushSuperseded(learner=learner, fragment=push.fragment, round=into_round,
+                                             reason="newer push in the same round", cause=SupersededCause.NEWER,
+                                             first_step=superseded.first_step, last_step=superseded.last_step))
 
     def _send_pull(self, pull: Pull) -> None:
         msg = Message(MsgType.PULL, {"fragment": pull.fragment, "round": pull.round_id})
         for conn in self.transport.connections(pull.learners).values():
             self.transport.send(conn, msg)
-        self.events.log("pull", fragment=pull.fragment, round=pull.round_id, learners=sorted(pull.learners),
-                        clock=self.core.clock)
+        self.events.write(PullEvent(fragment=pull.fragment, round=pull.round_id, learners=sorted(pull.learners),
+                                    clock=self.core.clock))
 
     def _check_budget(self) -> None:
         """train.budget = total: once the learners' reported steps (each learner's highest, which a restarted
@@ -190,8 +201,8 @@ class DecoupledHandler:
             return
         self.budget_reached = True
         conns = self.transport.connections()
-        self.events.log("budget_reached", total_steps=total, budget=self.budget_total,
-                        per_learner={str(m): s for m, s in sorted(self.core.reported_step.items())})
+        self.events.write(BudgetReached(total_steps=total, budget=self.budget_total,
+                                        per_learner={str(m): s for m, s in sorted(self.core.reported_step.items())}))
         for conn in conns.values():
             self.transport.send(conn, Message(MsgType.STOP, {"total": total}))
 
@@ -202,7 +213,7 @@ class DecoupledHandler:
             return
         version = self.core.versions[p]
         self.transport.send_fragment(conn, p, merged_to_message(p, version, self.core.fragment(p)))
-        self.events.log("fragment_resent", learner=learner, fragment=p, version=version, reason=reason)
+        self.events.write(FragmentResent(learner=learner, fragment=p, version=version, reason=reason))
 
     # -- merges ------------------------------------------------------------------------------------
     def _broadcast_all(self, recs: list[MergeRecord]) -> None:
@@ -220,14 +231,14 @@ class DecoupledHandler:
                                              merged_to_message(rec.fragment, rec.version, rec.tensors, pulled))
         self.core.note_sync_time(time.monotonic() - rec.merged_at)
         w = rec.weights
-        self.events.log(
-            "merge", fragment=rec.fragment, version=rec.version, merges=self.core.merges, round=rec.round_id,
+        self.events.write(Merge(
+            fragment=rec.fragment, version=rec.version, merges=self.core.merges, round=rec.round_id,
             participants=rec.participants, carried=rec.carried, weights=[round(x, 6) for x in w],
-            c_steps=rec.c_steps,
-            c_tokens=rec.c_tokens, step_ranges=rec.step_ranges, base_versions=rec.base_versions,
+            c_steps=rec.c_steps, c_tokens=list[float](rec.c_tokens), step_ranges=[list(r) for r in rec.step_ranges],
+            base_versions=rec.base_versions,
             reason=rec.reason, grace_s=rec.grace_s, quorum_wait_s=(rec.quorum_at or rec.merged_at) - rec.started_at,
             wait_s=rec.merged_at - rec.started_at, broadcast_s=time.monotonic() - t0,
             tokens=tokens, tokens_merged=tokens_merged,
             outer_grad_norm=rec.outer_grad_norm, digest=fragment_digest(rec.tensors),
             norms=dataclasses.asdict(rec.norms), outer_lr=rec.outer_lr,
-        )
+        ))

@@ -28,6 +28,15 @@ import torch
 from diloco_chaos.harness.algorithms import base as algorithms
 from diloco_chaos.harness.config.scenario import Scenario
 from diloco_chaos.harness.record.events import EventLog
+from diloco_chaos.harness.record.syncer import (
+    LearnerBye,
+    LearnerJoin,
+    LearnerLeave,
+    SyncerDone,
+    SyncerError,
+    SyncerStart,
+    UnexpectedMessage,
+)
 from diloco_chaos.harness.run.procutil import cpu_seconds
 from diloco_chaos.harness.syncer.accounting import STATE_DIR, fragment_digest
 from diloco_chaos.harness.syncer.dispatch import AlgorithmHandler
@@ -110,9 +119,10 @@ class SyncerService:
         self.transport.start()
         self.evaluator.start()
         owned = getattr(self.handler.core, "owned", None)
-        self.events.log("syncer_start", port=self.port, algorithm=self.algorithm,
-                        fragments=self.handler.fragments or None,
-                        **({"shard": self.shard, "owned": sorted(owned)} if owned is not None else {}))
+        self.events.write(SyncerStart(port=self.port, algorithm=self.algorithm,
+                                      fragments=self.handler.fragments or None,
+                                      shard=self.shard if owned is not None else None,
+                                      owned=sorted(owned) if owned is not None else None))
         self._request_eval("start")
         schedule = self._eval_schedule(time.monotonic())
         wake: float | None = None
@@ -148,13 +158,15 @@ class SyncerService:
             if old is not None:
                 self.transport.close(old, "replaced by a new connection")
             fields = self.handler.join_fields(learner)
-            self.events.log("learner_join", learner=learner, peer=conn.peer, alive=sorted(self.alive()), **fields)
+            versions = fields.get("versions")
+            self.events.write(LearnerJoin(learner=learner, peer=conn.peer, alive=sorted(self.alive()),
+                                          versions=list(versions) if isinstance(versions, list) else None))
             self.handler.welcome(conn, fields)
             return
         if item.kind == "leave":
             self.transport.unregister(conn)
             self.handler.before_leave(learner)
-            self.events.log("learner_leave", learner=learner, alive=sorted(self.alive()))
+            self.events.write(LearnerLeave(learner=learner, alive=sorted(self.alive())))
             self.handler.after_leave(learner)
             return
         msg = item.msg
@@ -162,7 +174,7 @@ class SyncerService:
         if msg.type is MsgType.BYE:
             self.transport.finished.add(learner)
             self.handler.on_bye(learner)
-            self.events.log("learner_bye", learner=learner)
+            self.events.write(LearnerBye(learner=learner))
             # the syncer closes, not the learner: it has taken in everything the learner sent before BYE, and
             # a learner that closed first would lose what its (or its proxy's) send buffer still held. Its own
             # BYE first: a learner whose connection ends without it sends its final pushes again
@@ -170,16 +182,16 @@ class SyncerService:
             self.transport.send(conn, Message(MsgType.BYE, {}))
             self.transport.close_after_sent(conn, "learner said BYE")
         elif not self.handler.on_message(learner, msg):
-            self.events.log("unexpected_message", learner=learner, type=msg.type.name)
+            self.events.write(UnexpectedMessage(learner=learner, type=msg.type.name))
 
     def _finish(self) -> None:
         self.handler.finish()
         acc = self.handler.accounting
         self.save_checkpoint(checkpoint_name(self.shard, self.sc.syncer.shards))
         acc.close()
-        self.events.log("syncer_done", merges=self.handler.core.merges, tokens_merged=acc.tokens_merged,
-                        frames_rejected=self.frames_rejected, cpu_s=cpu_seconds(), checkpoints=acc.checkpoints,
-                        checkpoint_s=round(acc.checkpoint_s, 4))
+        self.events.write(SyncerDone(merges=self.handler.core.merges, tokens_merged=acc.tokens_merged,
+                                     frames_rejected=self.frames_rejected, cpu_s=cpu_seconds(),
+                                     checkpoints=acc.checkpoints, checkpoint_s=round(acc.checkpoint_s, 4)))
         self.transport.shutdown()
 
     def save_checkpoint(self, name: str) -> str:
@@ -225,7 +237,7 @@ def syncer_main(spec: SyncerSpec, port_conn: Any, stop_requested: Any) -> None:
         svc.serve(stop_requested)
     except Exception as e:
         print_error(e)  # logs/<proc>.stderr, before the event the supervisor reacts to; not printed twice
-        events.log("syncer_error", error=f"{type(e).__name__}: {e}")
+        events.write(SyncerError(error=f"{type(e).__name__}: {e}"))
         raise SystemExit(1) from e
     finally:
         events.close()

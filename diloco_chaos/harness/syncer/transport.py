@@ -23,6 +23,15 @@ from typing import Literal
 from diloco_chaos.harness.config.scenario import Scenario
 from diloco_chaos.harness.config.task_check import param_count
 from diloco_chaos.harness.record.events import EventLog
+from diloco_chaos.harness.record.learner import FrameRejected
+from diloco_chaos.harness.record.syncer import (
+    AuthFailed,
+    ConnClosed,
+    LinkStats,
+    ReaderError,
+    SendCoalesced,
+    SendDropped,
+)
 from diloco_chaos.harness.wire.frame_auth import FrameAuth
 from diloco_chaos.harness.wire.framing import (
     HEADER,
@@ -188,7 +197,7 @@ class Transport:
             self._read(conn)
         except BaseException as e:
             # logged even when the connection was closed already (replaced, or the run ending): a bug all the same
-            self.events.log("reader_error", learner=conn.learner, peer=conn.peer, error=f"{type(e).__name__}: {e}")
+            self.events.write(ReaderError(learner=conn.learner, peer=conn.peer, error=f"{type(e).__name__}: {e}"))
             self.close(conn, f"reader failed: {type(e).__name__}: {e}")
             if conn.learner is not None:
                 self.log_link_stats(conn)
@@ -199,8 +208,8 @@ class Transport:
         try:
             learner, conn.auth = self._handshake(conn)
         except (OSError, FrameError, ConnectionClosed, ConnectionError, KeyError, ValueError) as e:
-            kind = {"kind": e.kind} if isinstance(e, FrameError) else {}
-            self.events.log("auth_failed", peer=conn.peer, error=f"{type(e).__name__}: {e}", **kind)
+            self.events.write(AuthFailed(peer=conn.peer, error=f"{type(e).__name__}: {e}",
+                                         kind=e.kind if isinstance(e, FrameError) else None))
             self.close(conn, "handshake failed")
             return
         conn.learner = learner
@@ -214,8 +223,8 @@ class Transport:
                 if conn.closed.is_set():  # closed under the read (replaced, or the run ending): cut short, not bad
                     break
                 self.frames_rejected += 1
-                self.events.log("frame_rejected", learner=learner, side="syncer", peer=conn.peer, kind=e.kind,
-                                error=str(e))
+                self.events.write(FrameRejected(learner=learner, side="syncer", peer=conn.peer, kind=e.kind,
+                                                error=str(e)))
                 self.close(conn, f"rejected frame: {e.kind}")
                 break
             except (OSError, ConnectionClosed) as e:
@@ -227,14 +236,14 @@ class Transport:
                     msg = conn.codec.decode(msg)
                 except WireDecodeError as e:
                     self.frames_rejected += 1
-                    self.events.log("frame_rejected", learner=learner, side="syncer", peer=conn.peer,
-                                    kind="bad_wire_encoding", error=str(e))
+                    self.events.write(FrameRejected(learner=learner, side="syncer", peer=conn.peer,
+                                                    kind="bad_wire_encoding", error=str(e)))
                     self.close(conn, "rejected frame: bad_wire_encoding")
                     break
             if msg.type not in FROM_LEARNERS:
                 self.frames_rejected += 1
-                self.events.log("frame_rejected", learner=learner, side="syncer", peer=conn.peer,
-                                kind="wrong_direction", error=f"a {msg.type.name}, which learners never send")
+                self.events.write(FrameRejected(learner=learner, side="syncer", peer=conn.peer, kind="wrong_direction",
+                                                error=f"a {msg.type.name}, which learners never send"))
                 self.close(conn, "rejected frame: wrong_direction")
                 break
             if msg.type is MsgType.PING:
@@ -258,10 +267,10 @@ class Transport:
             if conn.stats_logged or conn.learner is None:
                 return
             conn.stats_logged = True
-        self.events.log("link_stats", learner=conn.learner, peer=conn.peer,
-                        seconds=round(time.monotonic() - conn.opened_at, 6), bytes_in=conn.bytes_in,
-                        bytes_out=conn.bytes_out, data_frames=conn.data_frames, data_bytes=conn.data_bytes,
-                        data_late_bytes=conn.data_late_bytes, data_rx_s=round(conn.data_rx_s, 6))
+        self.events.write(LinkStats(learner=conn.learner, peer=conn.peer,
+                                    seconds=round(time.monotonic() - conn.opened_at, 6), bytes_in=conn.bytes_in,
+                                    bytes_out=conn.bytes_out, data_frames=conn.data_frames, data_bytes=conn.data_bytes,
+                                    data_late_bytes=conn.data_late_bytes, data_rx_s=round(conn.data_rx_s, 6)))
 
     def _writer(self, conn: Conn) -> None:
         try:
@@ -304,7 +313,7 @@ class Transport:
         except OSError:
             pass
         conn.sock.close()
-        self.events.log("conn_closed", learner=conn.learner, peer=conn.peer, reason=reason)
+        self.events.write(ConnClosed(learner=conn.learner, peer=conn.peer, reason=reason))
         # here, not only when its reader thread ends: the syncer may exit before a closed connection's
         # reader wakes, and the link's bytes must still reach the run's record
         self.log_link_stats(conn)
@@ -324,7 +333,8 @@ class Transport:
         with conn.latest_lock:
             waiting = p in conn.latest
             if waiting:
-                self.events.log("send_coalesced", learner=conn.learner, fragment=p)
+                assert conn.learner is not None  # queued sends go to authenticated connections only
+                self.events.write(SendCoalesced(learner=conn.learner, fragment=p))
             conn.latest[p] = msg
         if not waiting:
             self.send(conn, ("latest", p))  # type: ignore[arg-type]
@@ -348,5 +358,6 @@ class Transport:
                 conn.outq.get_nowait()
             except queue.Empty:
                 pass
-            self.events.log("send_dropped", learner=conn.learner, reason="outbound queue full")
+            assert conn.learner is not None  # queued sends go to authenticated connections (the handshake's are direct)
+            self.events.write(SendDropped(learner=conn.learner, reason="outbound queue full"))
             conn.outq.put_nowait(msg)
