@@ -67,7 +67,7 @@ def test_an_event_without_a_kind_is_refused() -> None:
 def test_read_records_skips_a_torn_last_line_and_names_a_bad_one(tmp_path: Path) -> None:
     path = tmp_path / EVENTS_FILE
     log = EventLog(path, "learner0.chip0")
-    log.log("step", **{k: v for k, v in STEP.items() if k not in BASE and k != "ev"})
+    log.write(Step(**{k: v for k, v in STEP.items() if k not in BASE and k != "ev"}))
     log.close()
     with open(path, "ab") as f:
         f.write(b'{"t": 1, "ev": "ste')  # a writer killed mid-line
@@ -95,15 +95,22 @@ def test_every_field_of_every_record_is_documented() -> None:
 
 
 def _emitted() -> dict[str, list[tuple[str, set[str]]]]:
-    """kind -> (where, keywords) of every `*.log("kind", ...)` / `on_event("kind", ...)` / `*.write(Record(...))` call
-    in the code."""
+    """kind -> (where, keywords) of every `on_event("kind", ...)` (the chaos layer's, written by `EventLog.named`) /
+    `*.write(Record(...))` call in the code (a record imported under another name, `Push as PushEvent`, counted as
+    its own)."""
     out: dict[str, list[tuple[str, set[str]]]] = {}
-    kinds = {cls.__name__: kind for kind, cls in REGISTRY.items()}
+    by_class = {cls.__name__: kind for kind, cls in REGISTRY.items()}
     for pkg in ("harness", "trainers", "chaos"):
         for path in sorted((ROOT / "diloco_chaos" / pkg).rglob("*.py")):
-            for n in ast.walk(ast.parse(path.read_text())):
-                if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("log", "on_event")
-                        and n.args and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str)):
+            tree = ast.parse(path.read_text())
+            kinds = dict(by_class)
+            kinds.update({a.asname: by_class[a.name] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                          and (n.module or "").startswith("diloco_chaos.harness.record")
+                          for a in n.names if a.asname and a.name in by_class})
+            for n in ast.walk(tree):
+                if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                        and n.func.attr in ("named", "on_event") and n.args and isinstance(n.args[0], ast.Constant)
+                        and isinstance(n.args[0].value, str)):
                     where = f"{path.relative_to(ROOT)}:{n.lineno}"
                     out.setdefault(n.args[0].value, []).append((where, {k.arg for k in n.keywords if k.arg}))
                 elif (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)  # events.write(Record(...))
@@ -159,11 +166,13 @@ def test_strict_event_log_refuses_a_drifting_emitter_before_writing(tmp_path: Pa
     path = tmp_path / EVENTS_FILE
     log = EventLog(path, "learner0.chip0", strict=True)
     fields = {k: v for k, v in STEP.items() if k not in BASE and k != "ev"}
-    log.log("step", **fields)
+    log.write(Step(**fields))
+    with pytest.raises(EventSchemaError, match="event 'step', field 'loss': expected number"):
+        log.write(Step(**{**fields, "loss": "2.5"}))  # mistyped: only the strict parse of the line sees it
     with pytest.raises(EventSchemaError, match="event 'step', field 'loss_': unknown field"):
-        log.log("step", **{**fields, "loss_": 1.0})
+        log.named("step", **{**fields, "loss_": 1.0})
     with pytest.raises(EventSchemaError, match="event 'stepp'"):
-        log.log("stepp", **fields)
+        log.named("stepp", **fields)
     log.close()
     assert len(read_records(path)) == 1
 

@@ -12,6 +12,8 @@ from conftest import as_records, complete
 
 from diloco_chaos.harness.config.scenario import Scenario
 from diloco_chaos.harness.record.events import EVENTS_FILE, EventLog, EventTail, read_events
+from diloco_chaos.harness.record.learner import LinkUp, Resume, Step
+from diloco_chaos.harness.record.syncer import Merge
 from diloco_chaos.harness.report.run_report import build_report, longest_gap
 from diloco_chaos.harness.run.rundir import CONFIG_FILE, write_json
 
@@ -130,11 +132,11 @@ def test_build_report_without_merges_or_evals(tmp_path: Path) -> None:
 
 def test_two_event_logs_on_one_file_all_parse(tmp_path: Path) -> None:
     path = tmp_path / EVENTS_FILE
-    a, b = EventLog(path, "learner0.chip0", strict=False), EventLog(path, "syncer", strict=False)  # made-up fields
+    a, b = EventLog(path, "learner0.chip0"), EventLog(path, "syncer")
     try:
         for i in range(50):
-            a.log("step", learner=0, step=i, extra={1, 3, 2})
-            b.log("merge", fragment=i % 4, tokens_merged=float(i), pair=(1, 2))
+            a.write(Step(learner=0, step=i, loss=1.0, tokens=8, chips=1, compute_s=0.1, sync_s=0.0))
+            b.write(_merge(i))
     finally:
         a.close()
         b.close()
@@ -143,21 +145,27 @@ def test_two_event_logs_on_one_file_all_parse(tmp_path: Path) -> None:
     assert len(path.read_bytes().splitlines()) == 100
     assert [e["step"] for e in evs if e["proc"] == "learner0.chip0"] == list(range(50))
     assert [e["tokens_merged"] for e in evs if e["proc"] == "syncer"] == [float(i) for i in range(50)]
-    assert evs[0]["extra"] == [1, 2, 3] and evs[1]["pair"] == [1, 2]
+    assert evs[1]["step_ranges"] == [[1, 2]] and evs[1]["digest"] is None  # a tuple as a list; unset as null
     assert all({"t", "wall", "pid", "proc", "ev"} <= set(e) for e in evs)
-    a.log("after_close")  # a closed log writes nothing
+    a.write(Resume(learner=0, step=1))  # a closed log writes nothing
     assert len(read_events(path)) == 100
+
+
+def _merge(i: int) -> Merge:
+    ranges: list[Any] = [(1, 2)]  # the writer's JSON turns a tuple into a list
+    return Merge(fragment=i % 4, version=i, merges=i, participants=[0], tokens=8.0, c_tokens=[8.0],
+                 tokens_merged=float(i), round=i, step_ranges=ranges)
 
 
 def test_torn_last_line_is_skipped(tmp_path: Path) -> None:
     path = tmp_path / EVENTS_FILE
-    log = EventLog(path, "p", strict=False)  # made-up kinds
-    log.log("one")
-    log.log("two")
+    log = EventLog(path, "p")
+    log.write(Resume(learner=0, step=1))
+    log.write(LinkUp(learner=0, connects=1))
     log.close()
     with open(path, "ab") as f:
         f.write(b'{"t": 3.0, "ev": "thr')
-    assert [e["ev"] for e in read_events(path)] == ["one", "two"]
+    assert [e["ev"] for e in read_events(path)] == ["resume", "link_up"]
 
 
 def test_garbled_complete_line_is_skipped(tmp_path: Path) -> None:
@@ -170,13 +178,13 @@ def test_event_tail_returns_only_new_lines(tmp_path: Path) -> None:
     path = tmp_path / EVENTS_FILE
     tail = EventTail(path)
     assert tail.poll() == []  # no file yet
-    log = EventLog(path, "p", strict=False)  # made-up kinds
-    log.log("a")
-    log.log("b")
-    assert [e["ev"] for e in tail.poll()] == ["a", "b"]
+    log = EventLog(path, "p")
+    log.write(Resume(learner=0, step=1))
+    log.write(Resume(learner=0, step=2))
+    assert [e["step"] for e in tail.poll()] == [1, 2]
     assert tail.poll() == []
-    log.log("c")
-    assert [e["ev"] for e in tail.poll()] == ["c"]
+    log.write(LinkUp(learner=0, connects=1))
+    assert [e["ev"] for e in tail.poll()] == ["link_up"]
     log.close()
     with open(path, "ab") as f:
         f.write(b'{"ev": "d", "x"')

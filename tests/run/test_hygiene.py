@@ -9,16 +9,18 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from diloco_chaos.harness.record.events import EVENTS_FILE, EventLog
+from diloco_chaos.harness.record.run import LinksReady, StoreReady
+from diloco_chaos.harness.record.syncer import SyncerStart
 from diloco_chaos.harness.testing.hygiene import leftovers, run_ports
 
 
 def test_leftovers_reports_live_processes_and_bound_ports(tmp_path: Path) -> None:
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
-    ev = EventLog(tmp_path / EVENTS_FILE, "supervisor", strict=False)  # only the port fields matter here
-    ev.log("store_ready", port=port)
-    ev.log("syncer_start", port=1)  # nothing listens there
-    ev.log("links_ready", backend="embedded", url="http://127.0.0.1:2", version="x", proxies={"0": 3})
+    ev = EventLog(tmp_path / EVENTS_FILE, "supervisor")  # only the port fields matter here
+    ev.write(StoreReady(port=port))
+    ev.write(SyncerStart(port=1, algorithm="decoupled", fragments=2))  # nothing listens there
+    ev.write(LinksReady(backend="embedded", url="http://127.0.0.1:2", version="x", proxies={"0": 3}))
     ev.close()
     assert run_ports(tmp_path) == {port, 1, 2, 3}
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

@@ -9,6 +9,7 @@ or Infinity; a META without its step) used to kill the syncer's reader thread, l
 
 from __future__ import annotations
 
+import json
 import math
 import socket
 import threading
@@ -157,11 +158,14 @@ class _WatchedLog(EventLog):
         self.events: list[dict[str, Any]] = []
         self._cv = threading.Condition()
 
-    def log(self, kind: str, /, **fields: Any) -> None:
-        super().log(kind, **fields)
+    def _append(self, kind: str, fields: dict[str, Any]) -> str:
+        """The writer's one write path (typed records and the chaos layer's `named` both end here): keep each
+        event as the line written decodes."""
+        text = super()._append(kind, fields)
         with self._cv:
-            self.events.append({"ev": kind, **fields})
+            self.events.append(json.loads(text))
             self._cv.notify_all()
+        return text
 
     def wait_for(self, pred: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
         with self._cv:
