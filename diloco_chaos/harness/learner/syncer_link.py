@@ -30,7 +30,7 @@ from torch import Tensor
 
 from diloco_chaos.harness.config.scenario import Timeouts
 from diloco_chaos.harness.record.events import EventLog
-from diloco_chaos.harness.wire.codec import (
+from diloco_chaos.harness.wire.convert import (
     exchange_id,
     grads_request,
     message_to_merged,
