@@ -39,12 +39,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from diloco_chaos.chaos.repair_times import REPAIR_DISTRIBUTIONS, draw_one
 from diloco_chaos.chaos.schedule import ScheduleError, config_table
 
 RANDOM_ACTIONS = ("kill_chip", "kill_learner", "crash_host", "freeze")
 """Process faults a random failure can be (diloco_chaos/chaos/schedule.py PROCESS_ACTIONS, less `slow`)."""
-
-REPAIR_DISTRIBUTIONS = ("fixed", "exponential", "lognormal")
 
 MAX_FAULTS = 10_000
 """Most entries a `[random_faults]` table may expand into (expected count, or max_faults)."""
@@ -193,15 +192,9 @@ def validate(raw: Any, key: str, learners: int, chips: int, steps: int) -> Rando
 
 
 def _duration(rng: random.Random, cfg: RandomFaultsConfig, mean: float) -> float:
-    """One draw of how long a failure lasts, mean `mean`, clamped; rounded to ms for readable entries."""
-    if cfg.repair == "exponential":
-        d = rng.expovariate(1.0 / mean)
-    elif cfg.repair == "lognormal":  # mu, sigma from the mean and sd (the sd scales with the mean)
-        cv = cfg.repair_sd_s / cfg.repair_mean_s
-        sigma2 = math.log1p(cv * cv)
-        d = rng.lognormvariate(math.log(mean) - sigma2 / 2, math.sqrt(sigma2))
-    else:
-        d = mean
+    """One draw of how long a failure lasts, mean `mean`, clamped; rounded to ms for readable entries. The sd
+    scales with the mean (lognormal: the repairs' sd / mean)."""
+    d = draw_one(rng, cfg.repair, mean, cfg.repair_sd_s / cfg.repair_mean_s)
     return min(max(round(d, 3), cfg.repair_min_s), cfg.repair_max_s)
 
 

@@ -1,9 +1,10 @@
 """The typed messages a learner and the syncer exchange, and the flat-tensor helpers they use.
 
 They live apart from the learner's loops so the syncer side (trainers' syncer cores, diloco_chaos/harness/syncer/,
-the wire codec) can name them without importing the learner: `FragmentPush` (a learner's copy of a
-fragment, Decoupled DiLoCo), `MergedFragment` (a global fragment back), `Snapshot` (the host-RAM state a
-link answers pulls from) and `STATE_STEP_KEY` (elastic_ddp's marker for a state answer).
+the wire conversions in diloco_chaos/harness/wire/convert.py) can name them without importing the learner:
+`FragmentPush` (a learner's copy of a fragment, Decoupled DiLoCo), `MergedFragment` (a global fragment back),
+`Snapshot` (the host-RAM state a link answers pulls from) and `STATE_STEP_KEY` (elastic_ddp's marker for a state
+answer).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from diloco_chaos.harness.record.learner import Step
 from diloco_chaos.harness.record.run import RunStart
 from diloco_chaos.harness.record.syncer import Push, PushSuperseded
 from diloco_chaos.harness.run.supervisor import run_scenario
-from diloco_chaos.trainers.syncers.decoupled import PushOutcome, SupersededCause
+from diloco_chaos.trainers.syncers.decoupled_records import PushOutcome, SupersededCause
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = {"t": 1.5, "wall": 1e9, "pid": 42, "proc": "learner0.chip0"}

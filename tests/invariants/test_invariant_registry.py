@@ -162,7 +162,7 @@ def test_updates_accounted_reads_a_superseded_push_by_its_typed_cause() -> None:
     """The cause decides; the human-readable reason is only read for run directories recorded without one."""
     from diloco_chaos.harness.invariants.checks.updates_accounted import _pool_of
     from diloco_chaos.harness.record.syncer import PushSuperseded
-    from diloco_chaos.trainers.syncers.decoupled import SupersededCause
+    from diloco_chaos.trainers.syncers.decoupled_records import SupersededCause
 
     def superseded(**fields: str) -> PushSuperseded:
         rec = as_records([{"ev": "push_superseded", **fields}])[0]

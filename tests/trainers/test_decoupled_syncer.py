@@ -16,7 +16,8 @@ from torch.testing import assert_close
 from diloco_chaos.trainers.config import DilocoConfig
 from diloco_chaos.trainers.messages import FragmentPush
 from diloco_chaos.trainers.model import ModelConfig
-from diloco_chaos.trainers.syncers.decoupled import DecoupledSyncer, PushOutcome
+from diloco_chaos.trainers.syncers.decoupled import DecoupledSyncer
+from diloco_chaos.trainers.syncers.decoupled_records import PushOutcome
 
 MODEL = ModelConfig(seq_len=8, d_model=16, n_layers=1, n_heads=2, d_ff=32)
 P = 4  # fragments; with H = 4, fragment s % 4 is due after step s

@@ -101,7 +101,8 @@ def test_a_shard_core_runs_only_its_own_fragments():
     from diloco_chaos.trainers.config import DilocoConfig
     from diloco_chaos.trainers.messages import FragmentPush
     from diloco_chaos.trainers.model import ModelConfig
-    from diloco_chaos.trainers.syncers.decoupled import DecoupledSyncer, PushOutcome
+    from diloco_chaos.trainers.syncers.decoupled import DecoupledSyncer
+    from diloco_chaos.trainers.syncers.decoupled_records import PushOutcome
 
     cfg = DilocoConfig(fragments=4, sync_every=4, overlap=2, min_quorum=1)
     s = DecoupledSyncer(ModelConfig(seq_len=8, d_model=16, n_layers=1, n_heads=2, d_ff=32), cfg, seed=3,

@@ -22,7 +22,7 @@ import torch
 from diloco_chaos.harness.record.events import EventLog
 from diloco_chaos.harness.syncer.fragment_checkpoint import state_to_message
 from diloco_chaos.harness.syncer.service import SyncerService
-from diloco_chaos.harness.wire.codec import grads_request, merged_to_message, params_request, push_to_message
+from diloco_chaos.harness.wire.convert import grads_request, merged_to_message, params_request, push_to_message
 from diloco_chaos.harness.wire.frame_auth import FrameAuth
 from diloco_chaos.harness.wire.framing import (
     BadMessage,

@@ -182,7 +182,7 @@ def _random_allowed(f: dataclasses.Field) -> str:
     if f.name in LIMITS:
         return LIMITS[f.name].text()
     if f.name == "repair":
-        from diloco_chaos.chaos.fault_generator import REPAIR_DISTRIBUTIONS
+        from diloco_chaos.chaos.repair_times import REPAIR_DISTRIBUTIONS
 
         return "one of " + ", ".join(f'"{c}"' for c in REPAIR_DISTRIBUTIONS)
     if f.name == "actions":

@@ -35,7 +35,7 @@ from diloco_chaos.harness.record.learner import (
     Step,
 )
 from diloco_chaos.harness.run.procutil import become_run_process, cpu_seconds, print_error, stderr_to_file
-from diloco_chaos.harness.syncer.service import max_frame_bytes
+from diloco_chaos.harness.wire.frame_limit import max_frame_bytes
 from diloco_chaos.harness.wire.precision import wire_dtype_for
 from diloco_chaos.trainers.learner.core import CollectiveFailed, LearnerCore
 from diloco_chaos.trainers.learner.lockstep import await_round, due_here

@@ -63,7 +63,7 @@ from diloco_chaos.harness.learner.syncer_link import LinkFatal, SyncerLink
 from diloco_chaos.harness.record.events import EventLog
 from diloco_chaos.harness.record.learner import FragmentRefused, LinkCpu, LinkProcessStart
 from diloco_chaos.harness.run.procutil import cpu_seconds, die_with_parent, reset_compute_pool, stderr_to_file
-from diloco_chaos.harness.wire.codec import (
+from diloco_chaos.harness.wire.convert import (
     exchange_id,
     grads_request,
     message_to_merged,

@@ -43,7 +43,7 @@ from diloco_chaos.harness.record.learner import (
     StopReceived,
 )
 from diloco_chaos.harness.record.learner import LinkFatal as LinkFatalEvent
-from diloco_chaos.harness.wire.codec import (
+from diloco_chaos.harness.wire.convert import (
     exchange_id,
     grads_request,
     message_to_merged,

@@ -14,8 +14,10 @@ import inspect
 import logging
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
+from diloco_chaos.chaos import faults
 from diloco_chaos.harness.record import REGISTRY, SCHEMA_VERSION
 from diloco_chaos.harness.record.base import Event, hints, required, type_name
 
@@ -23,8 +25,26 @@ DOC = Path(__file__).resolve().parents[3] / "docs" / "events.md"
 log = logging.getLogger(__name__)
 
 
+KIND_LISTS: dict[str, Callable[[], tuple[str, ...]]] = {
+    "{fault_kinds}": faults.names,
+    "{link_fault_kinds}": lambda: faults.names(lambda k: k.target == "link"),
+    "{process_fault_kinds}": lambda: faults.names(lambda k: k.target != "link"),
+}
+"""Placeholders a field's docstring may hold for a list of fault kinds, filled from the fault registry
+(diloco_chaos/chaos/faults/) so the documentation lists every registered kind and never a stale hand-written
+subset."""
+
+
+def _fill(text: str) -> str:
+    for token, kinds in KIND_LISTS.items():
+        if token in text:
+            text = text.replace(token, ", ".join(kinds()))
+    return text
+
+
 def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each annotated field of `cls` and its bases (the nearest class wins)."""
+    """The docstring under each annotated field of `cls` and its bases (the nearest class wins), with any
+    `KIND_LISTS` placeholder filled."""
     out: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if klass is object or not dataclasses.is_dataclass(klass):
@@ -34,7 +54,7 @@ def field_docs(cls: type) -> dict[str, str]:
         for a, b in zip(body, body[1:], strict=False):
             if (isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name) and isinstance(b, ast.Expr)
                     and isinstance(b.value, ast.Constant) and isinstance(b.value.value, str)):
-                out[a.target.id] = " ".join(b.value.value.split())
+                out[a.target.id] = _fill(" ".join(b.value.value.split()))
     return out
 
 

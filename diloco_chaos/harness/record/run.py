@@ -226,8 +226,7 @@ class _FaultTransition(Event):
     index: int
     """The fault's index in the scenario's `faults`."""
     action: str
-    """Its action (diloco_chaos/chaos/schedule.py ACTIONS): degrade, partition, flap, reset_peer, slice, limit_data,
-    kill_chip, kill_learner, crash_host, freeze, slow, kill_syncer."""
+    """Its action, a fault kind of the registry (diloco_chaos/chaos/faults/): {fault_kinds}."""
     learner: int | None
     """The learner it hits (None: kill_syncer)."""
     describe: str
@@ -280,7 +279,7 @@ class ProcessFault(Event):
     """A process fault acted: signals sent (kill_*, freeze) or a slow-down started."""
 
     kind: str
-    """kill_chip, kill_learner, crash_host, freeze, kill_syncer or slow."""
+    """A process fault kind (diloco_chaos/chaos/faults/): {process_fault_kinds}."""
     learner: int | None
     """The learner hit (None: kill_syncer)."""
     pids: list[int] | None = None
@@ -349,8 +348,7 @@ class LinkFaultOn(Event):
     learner: int
     """The learner whose link it hits."""
     kind: str
-    """The fault kind (diloco_chaos/chaos/faults/): degrade, partition, flap, reset_peer, slice, limit_data, corrupt,
-    ..."""
+    """The link fault kind (diloco_chaos/chaos/faults/): {link_fault_kinds}."""
     latency_ms: float | None = None
     """degrade: added round-trip time."""
     jitter_ms: float | None = None

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from diloco_chaos.harness.record.base import Event, event
-from diloco_chaos.trainers.syncers.decoupled import PushOutcome, SupersededCause
+from diloco_chaos.trainers.syncers.decoupled_records import PushOutcome, SupersededCause
 
 _SHARD_PROC = re.compile(r"syncer\.s(\d+)$")
 

@@ -39,6 +39,8 @@ from typing import Literal
 
 import numpy as np
 
+from diloco_chaos.chaos.repair_times import draw_many
+
 YEAR_S = 365.25 * 86400.0
 """Seconds in a year: the paper's per-chip MTBI is one year."""
 
@@ -179,13 +181,8 @@ def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
 def draw_repairs(rng: np.random.Generator, n: int, fp: FaultProcess) -> np.ndarray:
     """n repair times, seconds, with mean `repair_mean_s` (exp_weibull: scaled so its mean is that), clamped."""
     mean = fp.repair_mean_s
-    if fp.repair == "fixed" or mean == 0.0:
-        out = np.full(n, mean)
-    elif fp.repair == "exponential":
-        out = rng.exponential(mean, n)
-    elif fp.repair == "lognormal":
-        sigma2 = math.log1p((fp.repair_sd_s / mean) ** 2)
-        out = rng.lognormal(math.log(mean) - sigma2 / 2, math.sqrt(sigma2), n)
+    if fp.repair != "exp_weibull" or mean == 0.0:  # the generator's distributions (diloco_chaos/chaos/repair_times.py)
+        out = draw_many(rng, fp.repair, n, mean, fp.repair_sd_s / mean if mean else 0.0)
     else:
         # Inverse CDF of the exponentiated Weibull F(x) = (1 - exp(-x^k))^a, unit scale, then scaled to the mean.
         k, a = fp.repair_weibull_k, fp.repair_weibull_a

@@ -30,7 +30,7 @@ from diloco_chaos.harness.record.syncer import Push as PushEvent
 from diloco_chaos.harness.syncer.accounting import Accounting, fragment_digest
 from diloco_chaos.harness.syncer.shards import fragment_owners, state_dir
 from diloco_chaos.harness.syncer.transport import Conn, Transport
-from diloco_chaos.harness.wire.codec import merged_to_message, message_to_push, push_round
+from diloco_chaos.harness.wire.convert import merged_to_message, message_to_push, push_round
 from diloco_chaos.harness.wire.framing import Message, MsgType
 from diloco_chaos.trainers.syncers.decoupled import DecoupledSyncer
 from diloco_chaos.trainers.syncers.decoupled_records import MergeRecord, Pull, PushOutcome, SupersededCause

@@ -28,7 +28,6 @@ from diloco_chaos.trainers.task import (
     recalibration_batches,
 )
 from diloco_chaos.trainers.task import evaluate as task_evaluate
-from diloco_chaos.trainers.tasks.byte_lm import EVAL_SEQS  # noqa: F401 - re-exported by diloco_chaos.harness.syncer.service
 
 
 def evaluate(task: Task, model: torch.nn.Module, params: Mapping[str, torch.Tensor], batches: list[Batch],

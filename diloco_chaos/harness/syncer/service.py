@@ -10,9 +10,6 @@ asks it for time-driven merges; accounting and crash-safe persistence are diloco
 
 A learner is *alive* while it has an authenticated connection that has not said BYE. A syncer started with
 `restore` loads the newest valid per-fragment slots, binds the same port and carries on.
-
-This module keeps the names other code imports: `SyncerService`, `SyncerSpec`, `syncer_main`,
-`max_frame_bytes`, `evaluate`, `fragment_digest`, `Conn`, `STATE_DIR`.
 """
 
 from __future__ import annotations
@@ -38,16 +35,14 @@ from diloco_chaos.harness.record.syncer import (
     UnexpectedMessage,
 )
 from diloco_chaos.harness.run.procutil import cpu_seconds
-from diloco_chaos.harness.syncer.accounting import STATE_DIR, fragment_digest
 from diloco_chaos.harness.syncer.dispatch import AlgorithmHandler
 from diloco_chaos.harness.syncer.eval_schedule import EvalSchedule
-from diloco_chaos.harness.syncer.evaluator import EVAL_SEQS, Evaluator, evaluate
+from diloco_chaos.harness.syncer.evaluator import Evaluator
 from diloco_chaos.harness.syncer.shards import assembled_params, checkpoint_name, fragment_owners, proc_name
-from diloco_chaos.harness.syncer.transport import OUTQ_MAX, Conn, InboxItem, Transport, max_frame_bytes
+from diloco_chaos.harness.syncer.transport import Conn, InboxItem, Transport
 from diloco_chaos.harness.wire.framing import Message, MsgType
 
-__all__ = ["EVAL_SEQS", "OUTQ_MAX", "STATE_DIR", "Conn", "SyncerService", "SyncerSpec", "evaluate",
-           "fragment_digest", "max_frame_bytes", "syncer_main"]
+__all__ = ["SyncerService", "SyncerSpec", "syncer_main"]
 
 
 class SyncerService:

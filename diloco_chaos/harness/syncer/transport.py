@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from diloco_chaos.harness.config.scenario import Scenario
-from diloco_chaos.harness.config.task_check import param_count
 from diloco_chaos.harness.record.events import EventLog
 from diloco_chaos.harness.record.learner import FrameRejected
 from diloco_chaos.harness.record.syncer import (
@@ -33,6 +32,7 @@ from diloco_chaos.harness.record.syncer import (
     SendDropped,
 )
 from diloco_chaos.harness.wire.frame_auth import FrameAuth
+from diloco_chaos.harness.wire.frame_limit import max_frame_bytes
 from diloco_chaos.harness.wire.framing import (
     HEADER,
     ConnectionClosed,
@@ -90,12 +90,6 @@ class InboxItem:
     conn: Conn
     msg: Message | None = None
     """The frame, for kind "msg"."""
-
-
-def max_frame_bytes(sc: Scenario) -> int:
-    """Largest legal frame: three model-sized float32 tensor sets (a ddp resume: parameters and both AdamW
-    moments) plus generous metadata room. Anything larger is refused before its payload is read."""
-    return 3 * param_count(sc) * 4 + 1_000_000
 
 
 class Transport:

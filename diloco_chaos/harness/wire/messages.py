@@ -123,7 +123,7 @@ SCHEMAS: dict[MsgType, dict[str, Field]] = {
     MsgType.AUTH: {"learner": COUNT, "sig": Field(str, pattern="[0-9a-f]{64}")},
     MsgType.WELCOME: {"algorithm": TEXT, "connects": _optional(COUNT)},
     MsgType.REJECT: {"reason": TEXT},
-    # Decoupled DiLoCo (diloco_chaos/harness/wire/codec.py)
+    # Decoupled DiLoCo (diloco_chaos/harness/wire/convert.py)
     MsgType.PUSH: {**{k: COUNT for k in ("learner", "fragment", "base_version", "c_steps", "c_tokens", "first_step",
                                          "last_step")},
                    "step_time_s": SECONDS, "final": Field(bool, required=False), "round": _optional(COUNT, True)},
@@ -150,7 +150,7 @@ SCHEMAS: dict[MsgType, dict[str, Field]] = {
 """Per message type, the fields its receivers read."""
 
 _ONE_OF: dict[MsgType, tuple[str, str]] = {MsgType.ERROR: ("step", "round")}
-"""Types that must name exactly one of two fields: an ERROR answers one exchange (diloco_chaos/harness/wire/codec.py
+"""Types that must name exactly one of two fields: an ERROR answers one exchange (diloco_chaos/harness/wire/convert.py
 `exchange_id`), a ddp step or a diloco round."""
 
 

@@ -59,13 +59,7 @@ from diloco_chaos.trainers.merge.outer_optimizer import NesterovOuterOptimizer, 
 from diloco_chaos.trainers.merge.quorum import Action, EwmaEstimator, QuorumConfig, RoundState, StepTimeTracker, decide
 from diloco_chaos.trainers.messages import FragmentPush
 from diloco_chaos.trainers.model import ModelConfig
-from diloco_chaos.trainers.syncers.decoupled_records import (
-    MergeRecord,
-    OpenRound,
-    Pull,
-    PushOutcome,
-    SupersededCause,  # noqa: F401 - re-exported
-)
+from diloco_chaos.trainers.syncers.decoupled_records import MergeRecord, OpenRound, Pull, PushOutcome
 from diloco_chaos.trainers.task import Task, embedding_names, parameters
 from diloco_chaos.trainers.tasks import as_task
 

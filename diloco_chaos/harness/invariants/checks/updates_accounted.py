@@ -23,8 +23,7 @@ from diloco_chaos.harness.record.syncer import (
     SyncerRestore,
     shard_of,
 )
-from diloco_chaos.trainers.syncers.decoupled import PushOutcome
-from diloco_chaos.trainers.syncers.decoupled_records import SupersededCause
+from diloco_chaos.trainers.syncers.decoupled_records import PushOutcome, SupersededCause
 
 
 class Contribution(NamedTuple):

@@ -1,4 +1,5 @@
-"""Conversions between the trainers' dataclasses and wire messages.
+"""Conversions between the trainers' dataclasses and wire messages (not the per-connection precision codec, which
+is diloco_chaos/harness/wire/precision.py's `WireCodec`).
 
 Kept apart from both sides so that `diloco_chaos/trainers/` never imports the wire format
 and the syncer and the learner link agree on one mapping.
