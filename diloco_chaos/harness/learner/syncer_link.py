@@ -271,7 +271,7 @@ class SyncerLink:
             raise LinkFatal(self.fatal)
 
     def exchange(self, msg: Message) -> dict[str, Tensor]:
-        """Send a GRADS or PARAMS request (codec's grads_request / params_request) and block, at most
+        """Send a GRADS or PARAMS request (wire/convert.py grads_request / params_request) and block, at most
         barrier_s, for its answer's tensors; the request is sent again after a reconnect."""
         self._check_fatal()
         key = exchange_id(msg)
