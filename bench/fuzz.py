@@ -108,7 +108,8 @@ def fuzz_documents(n: int, seed: int) -> dict[str, object]:
     from hypothesis import HealthCheck, given, settings
     from hypothesis import seed as hyp_seed
 
-    from diloco_chaos.harness.config.scenario import ScenarioError, from_dict
+    from diloco_chaos.harness.config.scenario import from_dict
+    from diloco_chaos.harness.config.sections import ScenarioError
     from tests.config.scenario_strategies import documents
 
     counts: Counter[str] = Counter()

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from diloco_chaos.harness.chaos_run import INVARIANTS, ChaosRun
-    from diloco_chaos.harness.config.scenario import Scenario, ScenarioError, builtin, builtin_names, from_dict, load
+    from diloco_chaos.harness.config.scenario import Scenario, builtin, builtin_names, from_dict, load
+    from diloco_chaos.harness.config.sections import ScenarioError
     from diloco_chaos.harness.config.task_check import MemoryEstimate, check_memory, memory_estimate, scenario_task
     from diloco_chaos.harness.invariants import (
         InvariantResult,
@@ -47,7 +48,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "read_records": ("diloco_chaos.harness.record", "read_records"),
     **{n: ("diloco_chaos.harness.report.results", n) for n in ("ResultsFile", "RunRow", "read_results", "run_row",
                                                         "write_results")},
-    **{n: ("diloco_chaos.harness.config.scenario", n) for n in ("Scenario", "ScenarioError", "builtin", "builtin_names",
+    "ScenarioError": ("diloco_chaos.harness.config.sections", "ScenarioError"),
+    **{n: ("diloco_chaos.harness.config.scenario", n) for n in ("Scenario", "builtin", "builtin_names",
                                                          "from_dict", "load")},
     **{n: ("diloco_chaos.harness.run.supervisor", n) for n in ("RunFailed", "RunResult", "Supervisor")},
     **{n: ("diloco_chaos.harness.config.task_check", n) for n in ("MemoryEstimate", "check_memory", "memory_estimate",

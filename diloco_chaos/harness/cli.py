@@ -39,6 +39,7 @@ import sys
 from diloco_chaos.harness.algorithms import base as algorithms
 from diloco_chaos.harness.config import doc as scenario_doc
 from diloco_chaos.harness.config import scenario as scenario_mod
+from diloco_chaos.harness.config.sections import ScenarioError, read_toml
 from diloco_chaos.harness.run.progress import Progress, error_lines, faults_table, summary_table, verdict_lines
 from diloco_chaos.harness.run.rundir import FinishedRun
 from diloco_chaos.harness.run.supervisor import RunFailed, RunResult, run_scenario
@@ -71,13 +72,14 @@ def _port(value: str) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     """Check scenario files (and an incident file on top of each) without running anything: every error of
     every file, one line each, prefixed with the file; 0 if all are valid, else 2."""
-    from diloco_chaos.harness.config.check import check, incident_problems
+    from diloco_chaos.harness.config.check import incident_problems
+    from diloco_chaos.harness.config.scenario import build
 
     bad = 0
     for path in args.files:
         try:
-            sc, errors = check(scenario_mod.apply_overrides(scenario_mod.read_toml(path, "scenario file"), args.set))
-        except scenario_mod.ScenarioError as unreadable:
+            sc, errors = build(scenario_mod.apply_overrides(read_toml(path, "scenario file"), args.set))
+        except ScenarioError as unreadable:
             sc, errors = None, [unreadable]
         if args.incident:
             errors += incident_problems(args.incident, sc)
@@ -91,7 +93,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return EXIT_BAD_CONFIG if bad else 0
 
 
-def _invalid(e: scenario_mod.ScenarioError) -> int:
+def _invalid(e: ScenarioError) -> int:
     """Print each error of a refused scenario on its own line; the exit code for a bad config."""
     for p in e.problems:
         print(f"diloco-chaos: invalid scenario: {p}", file=sys.stderr)
@@ -115,7 +117,7 @@ def _load(args: argparse.Namespace) -> scenario_mod.Scenario:
 def cmd_run(args: argparse.Namespace) -> int:
     try:
         sc = _load(args)
-    except scenario_mod.ScenarioError as e:
+    except ScenarioError as e:
         return _invalid(e)
     res = _execute(sc, args, "run")
     if isinstance(res, int):
@@ -163,7 +165,7 @@ def _execute(sc: scenario_mod.Scenario, args: argparse.Namespace, verb: str) -> 
     progress = None if args.quiet else Progress(sc.topology.learners)
     try:
         return run_scenario(sc, args.runs_dir, progress)
-    except scenario_mod.ScenarioError as e:  # refused before it started (the memory check)
+    except ScenarioError as e:  # refused before it started (the memory check)
         return _invalid(e)
     except RunFailed as e:
         print(f"diloco-chaos: {verb} failed: {e}", file=sys.stderr)
@@ -189,7 +191,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         sc = recorded_scenario(args.run_dir)
         first = finished_run(args.run_dir)
         against = finished_run(args.against) if args.against else None
-    except scenario_mod.ScenarioError as e:
+    except ScenarioError as e:
         print(f"diloco-chaos: cannot replay: {e}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     if against is None:
@@ -252,7 +254,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         sc = scenario_mod.load(args.scenario) if args.scenario else scenario_mod.builtin(args.builtin)
         if args.seed is not None:
             sc = sc.replace(seed=args.seed)
-    except scenario_mod.ScenarioError as e:
+    except ScenarioError as e:
         return _invalid(e)
     try:
         rows = compare(sc, args.runs_dir, baseline=not args.no_baseline,

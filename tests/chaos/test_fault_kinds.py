@@ -18,7 +18,8 @@ from diloco_chaos.chaos import faults
 from diloco_chaos.chaos.faults.base import FaultKind
 from diloco_chaos.chaos.schedule import ACTION_PARAMS, ACTIONS, KILL_ACTIONS, LINK_ACTIONS, PROCESS_ACTIONS, parse_fault
 from diloco_chaos.harness import cli
-from diloco_chaos.harness.config.scenario import ScenarioError, from_dict
+from diloco_chaos.harness.config.scenario import from_dict
+from diloco_chaos.harness.config.sections import ScenarioError
 
 BUILTIN = ("degrade", "partition", "flap", "reset_peer", "slice", "limit_data", "kill_chip", "kill_learner",
            "crash_host", "freeze", "slow", "kill_syncer")

@@ -23,7 +23,8 @@ from diloco_chaos.chaos.schedule import (
     reached,
 )
 from diloco_chaos.harness.config.check import incident_problems
-from diloco_chaos.harness.config.scenario import ScenarioError, from_dict
+from diloco_chaos.harness.config.scenario import from_dict
+from diloco_chaos.harness.config.sections import ScenarioError
 from diloco_chaos.harness.record.events import EVENTS_FILE, read_events
 from diloco_chaos.harness.run.replay import load_incident
 from diloco_chaos.harness.run.supervisor import run_scenario

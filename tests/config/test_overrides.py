@@ -14,7 +14,8 @@ import pytest
 from conftest import tiny_table
 
 from diloco_chaos.harness.cli import main
-from diloco_chaos.harness.config.scenario import ScenarioError, apply_overrides, from_dict, load, parse_override
+from diloco_chaos.harness.config.scenario import apply_overrides, from_dict, load, parse_override
+from diloco_chaos.harness.config.sections import ScenarioError
 from diloco_chaos.harness.record.events import EVENTS_FILE, read_events
 from diloco_chaos.harness.run.replay import recorded_scenario
 from tests.report.test_results import write_toml

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from diloco_chaos.harness.config.scenario import Scenario, ScenarioError, builtin, builtin_names, from_dict, load
+from diloco_chaos.harness.config.scenario import Scenario, builtin, builtin_names, from_dict, load
+from diloco_chaos.harness.config.sections import ScenarioError
 
 BASE: dict[str, Any] = {
     "name": "t",
@@ -221,7 +222,7 @@ def test_kill_syncer_needs_decoupled_and_a_restart_policy():
     ("fail", "ddp", "fail"),
 ])
 def test_learner_policy_resolves_elastic_per_algorithm(policy: str, algorithm: str, resolved: str) -> None:
-    from diloco_chaos.harness.config.scenario import learner_policy
+    from diloco_chaos.harness.config.sections import learner_policy
 
     got, why = learner_policy(policy, algorithm)
     assert got == resolved and algorithm in why if policy == "elastic" else got == resolved

@@ -12,7 +12,8 @@ from conftest import tiny_table
 from diloco_chaos.chaos.fault_generator import LIMITS, RandomFaultsConfig
 from diloco_chaos.harness import cli
 from diloco_chaos.harness.config.doc import DOC, REGENERATE, Key, keys, render, sections
-from diloco_chaos.harness.config.scenario import Scenario, ScenarioError, from_dict
+from diloco_chaos.harness.config.scenario import Scenario, from_dict
+from diloco_chaos.harness.config.sections import ScenarioError
 from diloco_chaos.trainers.config import DilocoConfig
 
 

@@ -9,8 +9,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from diloco_chaos.harness.config.check import MAX_REPORTED, check
-from diloco_chaos.harness.config.scenario import Scenario, ScenarioError, from_dict, load
+from diloco_chaos.harness.config.scenario import Scenario, build, from_dict, load
+from diloco_chaos.harness.config.sections import MAX_REPORTED, ScenarioError
 from tests.config.scenario_strategies import documents
 
 
@@ -29,7 +29,7 @@ def test_a_document_is_a_scenario_or_a_scenario_error(doc: dict[str, Any]) -> No
 @given(doc=documents())
 def test_every_error_of_a_document_is_a_scenario_error_and_there_is_one_iff_it_is_refused(
         doc: dict[str, Any]) -> None:
-    sc, errors = check(doc)
+    sc, errors = build(doc)
     assert (sc is None) == bool(errors)
     assert len(errors) <= MAX_REPORTED + 1
     assert all(isinstance(e, ScenarioError) and str(e) for e in errors)

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from diloco_chaos.harness import cli
-from diloco_chaos.harness.config.scenario import ScenarioError, from_dict
+from diloco_chaos.harness.config.scenario import from_dict
+from diloco_chaos.harness.config.sections import ScenarioError
 from diloco_chaos.harness.config.task_check import check_memory, memory_estimate, scenario_task, with_task_path
 from diloco_chaos.trainers.config import DilocoConfig, TrainConfig
 from diloco_chaos.trainers.learner.core import LearnerCore

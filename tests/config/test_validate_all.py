@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from diloco_chaos.harness import cli
-from diloco_chaos.harness.config.check import MAX_REPORTED, check
-from diloco_chaos.harness.config.scenario import ScenarioError, from_dict
+from diloco_chaos.harness.config.scenario import build, from_dict
+from diloco_chaos.harness.config.sections import MAX_REPORTED, ScenarioError
 
 DEFAULT = str(Path(cli.__file__).parent / "config" / "scenarios" / "default.toml")
 
@@ -110,14 +110,14 @@ def test_an_incident_is_checked_even_when_the_scenario_has_errors(tmp_path: Path
     ({"topology": {"learners": 10**8}, "random_faults": {"mtbf_steps": 1}}, "topology.learners", "random_faults"),
 ])
 def test_consequential_errors_are_not_reported(doc: dict, reported: str, not_reported: str) -> None:
-    sc, errors = check(doc)
+    sc, errors = build(doc)
     assert sc is None
     assert len(errors) == 1, errors
     assert reported in str(errors[0]) and not_reported not in str(errors[0]), errors
 
 
 def test_rules_still_run_when_their_inputs_are_valid() -> None:
-    _, errors = check({"seed": -1, "topology": {"learners": 2}, "diloco": {"min_quorum": 3},
+    _, errors = build({"seed": -1, "topology": {"learners": 2}, "diloco": {"min_quorum": 3},
                        "faults": [{"action": "partition", "learner": 5}, {"action": "partition", "learner": 0,
                                                                             "at": {"step": 10**6}}]})
     text = [str(e) for e in errors]
@@ -131,12 +131,12 @@ def test_rules_still_run_when_their_inputs_are_valid() -> None:
 def test_a_valid_document_gives_the_same_scenario_as_before() -> None:
     import tomllib
 
-    sc, errors = check(tomllib.loads(Path(DEFAULT).read_text()))
+    sc, errors = build(tomllib.loads(Path(DEFAULT).read_text()))
     assert errors == [] and sc is not None and sc == from_dict(sc.to_dict())
 
 
 def test_the_number_of_errors_reported_is_capped() -> None:
-    _, errors = check({"faults": [{"action": "nope", "learner": 0}] * (MAX_REPORTED + 30)})
+    _, errors = build({"faults": [{"action": "nope", "learner": 0}] * (MAX_REPORTED + 30)})
     assert len(errors) == MAX_REPORTED + 1
     assert str(errors[-1]) == f"... and 30 more errors (first {MAX_REPORTED} shown)"
 
@@ -156,12 +156,12 @@ def test_the_errors_of_drawn_faults_are_reported_once_per_kind_as_the_tables() -
     doc = {"topology": {"learners": 2, "chips_per_learner": 2}, "train": {"steps": 400},
            "recovery": {"max_restarts": 50}, "random_faults": {"mtbf_steps": 100, "min_gap_steps": 5},
            "faults": [{"action": "kill_chip", "learner": 0, "chip": 0}]}
-    _, errors = check(doc)
+    _, errors = build(doc)
     text = [str(e) for e in errors]
     assert len(text) == 2, text
     assert text[0].startswith("faults[0].action = 'kill_chip': needs recovery.policy = 'restart'")
     assert text[1].startswith("random_faults: the draw's faults[1].action = 'kill_chip': needs recovery.policy")
     assert text[1].endswith("more drawn faults alike)")
     doc["recovery"] = {"max_restarts": 50, "policy": "restart"}
-    sc, errors = check(doc)
+    sc, errors = build(doc)
     assert errors == [] and sc is not None and len(sc.faults) > 2 and sc.random_faults_source

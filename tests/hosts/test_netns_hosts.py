@@ -23,7 +23,8 @@ import pytest
 from diloco_chaos.chaos import faults
 from diloco_chaos.chaos.kernel_links import TABLE, HostLink, KernelToxics, sh
 from diloco_chaos.chaos.links import LinkChaos, proxy_name
-from diloco_chaos.harness.config.scenario import ScenarioError, from_dict
+from diloco_chaos.harness.config.scenario import from_dict
+from diloco_chaos.harness.config.sections import ScenarioError
 from diloco_chaos.harness.hosts.netns import INNER_DEV, NetnsHosts, availability
 from diloco_chaos.harness.hosts.netns import remaining as residue
 

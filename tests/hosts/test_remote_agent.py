@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from diloco_chaos.harness.config.scenario import ScenarioError, from_dict
+from diloco_chaos.harness.config.scenario import from_dict
+from diloco_chaos.harness.config.sections import ScenarioError
 from diloco_chaos.harness.hosts import agent_wire as w
 from diloco_chaos.harness.hosts.agent import AgentError
 from diloco_chaos.harness.hosts.remote import AgentConnection, clock_offset, read_secret, shift_lines

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from diloco_chaos.harness.config.scenario import ScenarioError, from_dict
+from diloco_chaos.harness.config.scenario import from_dict
+from diloco_chaos.harness.config.sections import ScenarioError
 from diloco_chaos.harness.hosts.agent import AgentClient, AgentError, AgentSpec, agent_main
 from diloco_chaos.harness.hosts.workers import LAUNCHER_MODULE, WORKER_MODULE, torchrun_command
 from diloco_chaos.harness.wire.handshake import new_secret

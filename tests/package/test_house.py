@@ -1,5 +1,5 @@
 """The shape of the house, checked: no folder of the project holds more than 20 Python modules, no module of the
-package is over 500 lines, and no import circle joins modules of different sub-packages. Each limit is the brief's
+package is over 500 lines, and no import circle joins any two modules. Each limit is the brief's
 (a folder per job, small modules, dependencies pointing one way); a test fails naming the folder, module or
 circle, so the tree cannot drift back to a flat folder of prefixed names."""
 
@@ -125,12 +125,14 @@ def test_no_module_is_over_500_lines() -> None:
     assert not big, f"modules over {MAX_LINES} lines: {big}"
 
 
-def test_no_import_circle_between_sub_packages() -> None:
+def test_no_import_circle() -> None:
+    """Stricter than the brief's "none across sub-packages": none at all, so a module can always be read (and
+    tested) after the modules it imports; the circles across sub-packages are listed first when there are."""
     graph = import_graph()
     assert "diloco_chaos.harness.run.supervisor" in graph and graph["diloco_chaos.harness.run.supervisor"]
-    bad = [c for c in circles(graph) if len({_package_of(m, graph) for m in c}) > 1]
-    assert not bad, "import circles across sub-packages (module-level imports):\n" + "\n".join(
-        "  " + " <-> ".join(c) for c in bad)
+    found = sorted(circles(graph), key=lambda c: len({_package_of(m, graph) for m in c}) == 1)
+    assert not found, "import circles (deferred imports included):\n" + "\n".join(
+        "  " + " <-> ".join(c) for c in found)
 
 
 def test_the_circle_finder_finds_a_circle() -> None:

@@ -12,7 +12,7 @@ import pytest
 from conftest import tiny
 
 from diloco_chaos.harness import cli
-from diloco_chaos.harness.config.scenario import ScenarioError
+from diloco_chaos.harness.config.sections import ScenarioError
 from diloco_chaos.harness.report.results import InvariantFigure, recorded_invariants
 from diloco_chaos.harness.run.replay import (
     RunVerdicts,

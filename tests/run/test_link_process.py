@@ -46,7 +46,7 @@ def test_link_process_gone_is_fatal_at_once(tmp_path) -> None:
     refused with LinkFatal naming the cause."""
     import time
 
-    from diloco_chaos.harness.config.scenario import Timeouts
+    from diloco_chaos.harness.config.sections import Timeouts
     from diloco_chaos.harness.learner.link_process import LinkProcess
     from diloco_chaos.harness.learner.syncer_link import LinkFatal
     from diloco_chaos.trainers.messages import FragmentPush

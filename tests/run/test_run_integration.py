@@ -84,7 +84,7 @@ def test_a_scheduled_fault_that_never_fires_fails_the_run(runs_dir):
 
 
 def test_a_fault_past_the_last_step_is_refused_before_the_run(runs_dir):
-    from diloco_chaos.harness.config.scenario import ScenarioError
+    from diloco_chaos.harness.config.sections import ScenarioError
 
     with pytest.raises(ScenarioError, match=r"faults\[0\].at.step = 10000: never reached, train.steps = 30"):
         tiny("decoupled", learners=2, chips=1, steps=30).replace(

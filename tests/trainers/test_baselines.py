@@ -435,7 +435,8 @@ def _fault(action: str) -> dict[str, object]:
 @pytest.mark.parametrize("action", ["kill_chip", "kill_learner", "crash_host", "freeze", "slow", "partition",
                                     "degrade", "flap", "reset_peer", "slice", "limit_data", "kill_syncer"])
 def test_elastic_ddp_accepts_exactly_the_faults_ddp_accepts(action: str) -> None:
-    from diloco_chaos.harness.config.scenario import ScenarioError, from_dict
+    from diloco_chaos.harness.config.scenario import from_dict
+    from diloco_chaos.harness.config.sections import ScenarioError
 
     def verdict(algorithm: str) -> str:
         try:

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from diloco_chaos.harness.config.scenario import ScenarioError, from_dict
+from diloco_chaos.harness.config.scenario import from_dict
+from diloco_chaos.harness.config.sections import ScenarioError
 from diloco_chaos.trainers import mutations
 from diloco_chaos.trainers.config import DilocoConfig, TrainConfig
 from diloco_chaos.trainers.learner.core import LearnerCore

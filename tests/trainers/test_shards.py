@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from diloco_chaos.chaos.links import proxy_name, shard_rate
-from diloco_chaos.harness.config.scenario import ScenarioError, from_dict
+from diloco_chaos.harness.config.scenario import from_dict
+from diloco_chaos.harness.config.sections import ScenarioError
 from diloco_chaos.harness.record.syncer import shard_of
 from diloco_chaos.harness.syncer.shards import (
     assemble_final,

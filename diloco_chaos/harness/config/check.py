@@ -1,28 +1,30 @@
 """Every error of a scenario document at once: what `diloco-chaos validate` prints and `from_dict` raises.
 
-A person fixing a scenario file should see all its mistakes in one run, not one per run. `check(table)` walks
-the whole parsed document and collects each error as a `ScenarioError` naming its key: every unknown key or
+A person fixing a scenario file should see all its mistakes in one run, not one per run. The builder
+(diloco_chaos/harness/config/scenario.py `build(table)`) walks the whole parsed document with this module's
+`read_section` / `entry_value` and collects each error as a `ScenarioError` naming its key: every unknown key or
 table, every bad value of every table (each table checked on its own), every `[[faults]]` entry on its own,
-then the rules that tie fields together (K <= M, the timeout hierarchy, faults that can fire, ...). A rule runs
-only when all of its inputs were valid, so an error that merely follows from one already reported (a fault's
-learner out of range when topology.learners itself was refused) is not reported again.
+then the rules here that tie fields together (K <= M, the timeout hierarchy, faults that can fire, ...). A rule
+runs only when all of its inputs were valid, so an error that merely follows from one already reported (a
+fault's learner out of range when topology.learners itself was refused) is not reported again.
 
 What the size of the work depends on is checked before the work is done: a `[random_faults]` table is drawn
 only once topology and train.steps have passed their range checks, so no input can make validation allocate
 more than the caps allow. The errors of faults the draw made are the table's, reported once per kind with a
 count; at most MAX_REPORTED errors are kept per document.
+
+Imports point down only: scenario.py -> check.py -> sections.py (and task_check.py); the rules read a
+`Scenario` without importing its module.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
-import re
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from diloco_chaos.chaos import faults
 from diloco_chaos.chaos.schedule import (
@@ -35,76 +37,28 @@ from diloco_chaos.chaos.schedule import (
 )
 from diloco_chaos.chaos.toxiproxy_backend import resolve_backend
 from diloco_chaos.harness.algorithms import base as algorithms
-from diloco_chaos.harness.config.scenario import (
-    _DATA_RANGES,
-    _MODEL_RANGES,
+from diloco_chaos.harness.config.sections import (
+    DATA_RANGES,
+    MODEL_RANGES,
     NAME_PATTERN,
-    RecoveryConfig,
-    Scenario,
+    Found,
     ScenarioError,
     Topology,
     learner_policy,
     read_toml,
 )
 from diloco_chaos.harness.config.task_check import task_rules
-from diloco_chaos.trainers.config import TrainConfig, did_you_mean
+from diloco_chaos.trainers.config import did_you_mean
 from diloco_chaos.trainers.data import CORPUS_NAMES
 
-MAX_REPORTED = 50
-"""Most errors reported for one document; past it one more line says how many were left out."""
+if TYPE_CHECKING:
+    from diloco_chaos.harness.config.scenario import Scenario
 
-_SECTION_RANGES: dict[str, dict[str, tuple[float, float]]] = {"model": _MODEL_RANGES, "data": _DATA_RANGES}
-_MAX_LEARNERS = int(next(f for f in dataclasses.fields(Topology) if f.name == "learners").metadata["range"][1])
-
-
-class Found:
-    """The errors found so far, and the keys whose values were refused (rules reading them are skipped)."""
-
-    def __init__(self) -> None:
-        self.errors: list[ScenarioError] = []
-        """Each error, in the order found."""
-        self.bad: set[str] = set()
-        """Keys (`topology.learners`, `topology`, `faults[2]`) whose value was reported as wrong."""
-        self.keys: list[str] = []
-        """The key of each error in `errors`."""
-
-    def add(self, key: str, message: str) -> None:
-        self.errors.append(ScenarioError(message))
-        self.keys.append(key)
-        self.bad.add(key)
-
-    def fold_drawn(self, first: int) -> None:
-        """Report the errors of faults drawn by `[random_faults]` (faults[first] on) as the table's: one line
-        per kind of error with how many draws it hit, not one per draw (a draw can hold 10,000 faults)."""
-        kept: list[tuple[str, ScenarioError | str]] = []  # a str: what a drawn fault's error says after its key
-        seen: dict[str, tuple[str, int]] = {}  # that text -> the first drawn key, and how many draws said it
-        for key, e in zip(self.keys, self.errors, strict=True):
-            m = re.fullmatch(r"faults\[(\d+)\]", key)
-            if m is None or int(m.group(1)) < first or not str(e).startswith(key):
-                kept.append((key, e))
-                continue
-            what = str(e)[len(key):]
-            if what not in seen:
-                kept.append(("random_faults", what))
-            first_key, n = seen.get(what, (key, 0))
-            seen[what] = (first_key, n + 1)
-        self.keys = [k for k, _ in kept]
-        self.errors = [e if isinstance(e, ScenarioError) else ScenarioError(
-            f"random_faults: the draw's {seen[e][0]}{e}"
-            + (f" (and {seen[e][1] - 1} more drawn faults alike)" if seen[e][1] > 1 else "")) for _, e in kept]
-
-    def ok(self, *keys: str) -> bool:
-        """Whether none of `keys`, nor a table holding one, was reported: a rule on them may run."""
-        return not any(k == b or k.startswith(b + ".") or k.startswith(b + "[") for k in keys for b in self.bad)
-
-    def capped(self) -> list[ScenarioError]:
-        if len(self.errors) <= MAX_REPORTED:
-            return list(self.errors)
-        left = len(self.errors) - MAX_REPORTED
-        return [*self.errors[:MAX_REPORTED], ScenarioError(f"... and {left} more errors (first {MAX_REPORTED} shown)")]
+SECTION_RANGES: dict[str, dict[str, tuple[float, float]]] = {"model": MODEL_RANGES, "data": DATA_RANGES}
+MAX_LEARNERS = int(next(f for f in dataclasses.fields(Topology) if f.name == "learners").metadata["range"][1])
 
 
-def _value(key: str, f: dataclasses.Field, value: Any, ranges: dict[str, tuple[float, float]]) -> Any:
+def entry_value(key: str, f: dataclasses.Field, value: Any, ranges: dict[str, tuple[float, float]]) -> Any:
     """One entry's value, type-checked and range-checked; raises ScenarioError naming `key`."""
     default = f.default
     if isinstance(default, bool):
@@ -137,7 +91,7 @@ def _range(key: str, f: dataclasses.Field, value: Any, ranges: dict[str, tuple[f
         raise ScenarioError(f"{key} = {value!r}: must be one of {', '.join(choices)}")
 
 
-def _section(cls: type, table: Any, prefix: str, found: Found) -> Any:
+def read_section(cls: type, table: Any, prefix: str, found: Found) -> Any:
     """`cls` from the valid entries of `table`, defaults for the rest; every bad entry reported."""
     if not isinstance(table, dict):
         found.add(prefix, f"{prefix}: must be a table")
@@ -150,111 +104,26 @@ def _section(cls: type, table: Any, prefix: str, found: Found) -> Any:
     for name, value in table.items():
         if name in fields:
             try:
-                kwargs[name] = _value(f"{prefix}.{name}", fields[name], value, _SECTION_RANGES.get(prefix, {}))
+                kwargs[name] = entry_value(f"{prefix}.{name}", fields[name], value, SECTION_RANGES.get(prefix, {}))
             except ScenarioError as e:
                 found.add(f"{prefix}.{name}", str(e))
     return cls(**kwargs)
 
 
-def _name(value: Any, found: Found) -> None:
+def check_name(value: Any, found: Found) -> None:
     if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
         found.add("name", f"name = {value!r}: must be a letter or digit, then letters, digits, '.', '_' or '-', "
                           "at most 64 characters (it names the run directory)")
 
 
-def check(table: Any) -> tuple[Scenario | None, list[ScenarioError]]:
-    """The Scenario a parsed document describes and every error in it: (scenario, []) or (None, errors)."""
-    found = Found()
-    if not isinstance(table, dict):
-        found.add("scenario", "scenario: must be a table")
-        return None, found.capped()
-    fields = {f.name: f for f in dataclasses.fields(Scenario)}
-    allowed = [*fields, "random_faults"]
-    for name in sorted(set(table) - set(allowed), key=str):
-        found.add(name, f"unknown key {name}{did_you_mean(name, allowed)} in the top level; "
-                        f"allowed: {', '.join(allowed)}")
-    kwargs: dict[str, Any] = {}
-    for name, value in table.items():
-        f = fields.get(name)
-        if f is None or name == "faults":
-            continue
-        if f.default_factory is not dataclasses.MISSING:  # a nested table
-            kwargs[name] = _section(type(f.default_factory()), value, name, found)  # type: ignore[misc]
-            continue
-        try:
-            kwargs[name] = _value(name, f, value, {})
-        except ScenarioError as e:
-            found.add(name, str(e))
-    if found.ok("name"):
-        _name(kwargs.get("name", Scenario.name), found)
-    raw_faults = table.get("faults", [])
-    if not isinstance(raw_faults, (list, tuple)):
-        found.add("faults", f"faults = {raw_faults!r}: must be an array of tables ([[faults]])")
-        raw_faults = []
-    raw_faults = list(raw_faults)
-    written = len(raw_faults)
-    if "random_faults" in table:
-        drawn = _draw(table, kwargs, found)
-        if drawn is not None:
-            raw_faults += drawn
-            rf = table["random_faults"]
-            kwargs["random_faults_source"] = json.dumps(rf if isinstance(rf, dict) else str(rf), sort_keys=True,
-                                                        default=str)
-    topology = kwargs.get("topology", Topology())
-    learners = topology.learners if found.ok("topology.learners") else _MAX_LEARNERS
-    specs: list[tuple[str, FaultSpec]] = []
-    for i, raw in enumerate(raw_faults):
-        try:
-            specs.append((f"faults[{i}]", parse_fault(raw, f"faults[{i}]", learners)))
-        except ScheduleError as e:
-            found.add(f"faults[{i}]", str(e))
-    sc = Scenario(**kwargs, faults=tuple(s for _, s in specs))
-    rules(sc, [k for k, _ in specs], found)
-    found.fold_drawn(written)
-    return (None, found.capped()) if found.errors else (sc, [])
-
-
-def _draw(table: dict[str, Any], kwargs: dict[str, Any], found: Found) -> list[dict[str, Any]] | None:
-    """The `[[faults]]` entries a `[random_faults]` table draws, or None when it is refused or cannot be drawn
-    yet (what the draw's size depends on, topology and train.steps, was refused: it is not expanded)."""
-    from diloco_chaos.chaos.fault_generator import expand
-    from diloco_chaos.chaos.fault_generator import validate as validate_random
-
-    if not found.ok("topology.learners", "topology.chips_per_learner", "train.steps"):
-        return None
-    topology, train = kwargs.get("topology", Topology()), kwargs.get("train", TrainConfig())
-    learners, chips, steps = topology.learners, topology.chips_per_learner, train.steps
-    seed = kwargs.get("seed", 0) if found.ok("seed") else 0
-    try:
-        cfg = validate_random(table["random_faults"], "random_faults", learners, chips, steps)
-    except ValueError as e:
-        found.add("random_faults", str(e))
-        return None
-    drawn = expand(cfg, learners=learners, chips_per_learner=chips, steps=steps, seed=seed)
-    if not found.ok("recovery.max_restarts"):
-        return drawn
-    restarts = kwargs.get("recovery", RecoveryConfig()).max_restarts
-    kills: dict[int, int] = {}
-    for f in drawn:
-        if f["action"] in ("kill_chip", "kill_learner", "crash_host"):
-            kills[f["learner"]] = kills.get(f["learner"], 0) + 1
-    worst = max(kills.items(), key=lambda kv: kv[1], default=None)
-    if worst is not None and worst[1] > restarts:
-        found.add("random_faults", f"random_faults: the draw kills learner {worst[0]} {worst[1]} times, but "
-                                   f"recovery.max_restarts = {restarts}; raise it to at least {worst[1]}, "
-                                   "or raise random_faults.mtbf_steps")
-        return None
-    return drawn
-
-
 def scenario_problems(sc: Scenario) -> list[ScenarioError]:
     """Every error of an already built Scenario (e.g. one `Scenario.replace` made): ranges, faults, rules."""
     found = Found()
-    _name(sc.name, found)
+    check_name(sc.name, found)
     for f in dataclasses.fields(sc):
         value = getattr(sc, f.name)
         if dataclasses.is_dataclass(value):
-            ranges = _SECTION_RANGES.get(f.name, {})
+            ranges = SECTION_RANGES.get(f.name, {})
             for g in dataclasses.fields(value):
                 try:
                     _range(f"{f.name}.{g.name}", g, getattr(value, g.name), ranges)
@@ -265,7 +134,7 @@ def scenario_problems(sc: Scenario) -> list[ScenarioError]:
                 _range(f.name, f, value, {})
             except ScenarioError as e:
                 found.add(f.name, str(e))
-    learners = sc.topology.learners if found.ok("topology.learners") else _MAX_LEARNERS
+    learners = sc.topology.learners if found.ok("topology.learners") else MAX_LEARNERS
     specs: list[tuple[str, FaultSpec]] = []
     for i, spec in enumerate(sc.faults):
         try:
@@ -477,7 +346,7 @@ def incident_problems(path: str | os.PathLike[str], sc: Scenario | None) -> list
         raw = []
     if not isinstance(table.get("description", ""), str):
         found.add("description", f"{where}: description must be a string")
-    learners = sc.topology.learners if sc is not None else _MAX_LEARNERS
+    learners = sc.topology.learners if sc is not None else MAX_LEARNERS
     specs: list[tuple[str, FaultSpec]] = []
     for i, f in enumerate(raw):
         try:
@@ -491,3 +360,4 @@ def incident_problems(path: str | os.PathLike[str], sc: Scenario | None) -> list
         rules(dataclasses.replace(sc, faults=tuple(s for _, s in both)), [k for k, _ in both], on_top)
         found.errors += [ScenarioError(f"{where} on top of scenario {sc.name!r}: {e}") for e in on_top.errors]
     return found.capped()
+

@@ -28,7 +28,7 @@ from typing import Any, Literal
 from diloco_chaos.chaos import faults
 from diloco_chaos.chaos.fault_generator import LIMITS, RandomFaultsConfig
 from diloco_chaos.chaos.schedule import FaultSpec, Trigger
-from diloco_chaos.harness.config.check import _SECTION_RANGES
+from diloco_chaos.harness.config.check import SECTION_RANGES
 from diloco_chaos.harness.config.scenario import Scenario
 from diloco_chaos.harness.record.doc import field_docs
 from diloco_chaos.trainers.config import did_you_mean
@@ -152,7 +152,7 @@ def sections() -> list[Section]:
                    _keys("", Scenario, allowed_text, skip=tuple(f.name for f in tables) + ("faults",)))]
     for f in tables:
         cls = typing.cast(type, f.default_factory)
-        ranges = _SECTION_RANGES.get(f.name, {})
+        ranges = SECTION_RANGES.get(f.name, {})
         summary = top_docs.get(f.name) or _first_doc(cls)
         out.append(Section(f.name, f"`[{f.name}]`", summary,
                            _keys(f.name, cls, lambda g, r=ranges: allowed_text(g, r))))  # type: ignore[misc]

@@ -1,236 +1,52 @@
 """Scenario files: TOML in, one validated, frozen `Scenario` out.
 
-Validation happens before any process starts: unknown keys, wrong types,
-values out of range and cross-field rules (K <= M, the timeout hierarchy, a
-corpus that exists) each give a `ScenarioError` naming the key and what is
-allowed; diloco_chaos/harness/config/check.py collects every one of a document, and
-`from_dict` raises them together. The resolved scenario is written into every run directory,
-so a run can be replayed from its directory alone.
+Validation happens before any process starts: unknown keys, wrong types, values out of range and cross-field
+rules (K <= M, the timeout hierarchy, a corpus that exists) each give a `ScenarioError` naming the key and what
+is allowed. `build(table)` reads every section (diloco_chaos/harness/config/sections.py) and runs every rule
+(diloco_chaos/harness/config/check.py), collecting every error of a document, and `from_dict` raises them
+together. The resolved scenario is written into every run directory, so a run can be replayed from its
+directory alone.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import os
 import re
 import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any
 
 from diloco_chaos.chaos.schedule import FaultSpec, ScheduleError, parse_fault
-from diloco_chaos.chaos.toxiproxy_backend import PROXY_MODES
 from diloco_chaos.harness.algorithms import base as algorithms
-from diloco_chaos.trainers.config import DilocoConfig, TrainConfig, bounded, choice
+from diloco_chaos.harness.config.check import (
+    MAX_LEARNERS,
+    check_name,
+    entry_value,
+    read_section,
+    rules,
+    scenario_problems,
+)
+from diloco_chaos.harness.config.sections import (
+    EvalConfig,
+    Found,
+    LaunchConfig,
+    LinksConfig,
+    RecoveryConfig,
+    ScenarioError,
+    SyncerConfig,
+    Timeouts,
+    Topology,
+    read_toml,
+)
+from diloco_chaos.trainers.config import DilocoConfig, TrainConfig, bounded, choice, did_you_mean
 from diloco_chaos.trainers.data import DataConfig
 from diloco_chaos.trainers.model import ModelConfig
 from diloco_chaos.trainers.task import TaskConfig
-
-_MODEL_RANGES: dict[str, tuple[float, float]] = {
-    "seq_len": (8, 4096),
-    "d_model": (8, 4096),
-    "n_layers": (1, 64),
-    "n_heads": (1, 64),
-    "d_ff": (8, 16384),
-}
-_DATA_RANGES: dict[str, tuple[float, float]] = {"holdout_fraction": (0.01, 0.5), "batch_size": (1, 4096)}
-
-
-class ScenarioError(ValueError):
-    """A scenario value is missing, unknown or out of range; the message names the key.
-
-    One raised for a whole document holds each of its errors in `problems` (its message: one per line)."""
-
-    def __init__(self, message: str, problems: tuple[ScenarioError, ...] = ()) -> None:
-        super().__init__(message)
-        self.problems: tuple[ScenarioError, ...] = problems or (self,)
-        """Each error on its own, each naming its key (just this one when it is a single error)."""
-
-    @classmethod
-    def of(cls, errors: list[ScenarioError]) -> ScenarioError:
-        """One error for a list of them (non-empty): the error itself when there is one."""
-        if len(errors) == 1:
-            return errors[0]
-        return cls("\n".join(str(e) for e in errors), tuple(errors))
-
-
-@dataclass(frozen=True)
-class Topology:
-    """How many learners and chips run, each a real process."""
-
-    learners: int = bounded(4, 1, 64)
-    """M: independent learners; each is its own Gloo group and has its own link to the syncer."""
-    chips_per_learner: int = bounded(2, 1, 64)
-    """C: chip processes per learner, data-parallel inside the learner (all-reduce every step)."""
-
-
-@dataclass(frozen=True)
-class Timeouts:
-    """One hierarchy of bounds; each level must be shorter than the one above it.
-
-    socket_op_s < liveness_s < gloo_s < barrier_s < run_s, heartbeat_s * 3 <= liveness_s,
-    socket_op_s < final_flush_s and barrier_s + gloo_s < run_s (validated before any process starts). In ddp,
-    elastic_ddp and diloco a chip's collectives are bounded by barrier_s + gloo_s, since its host may wait
-    barrier_s for the syncer. A socket call fails before the link is declared dead; a dead link is noticed before a Gloo
-    collective gives up; a blocked baseline learner gives up before the whole run's deadline kills
-    everything.
-    """
-
-    connect_s: float = bounded(2.0, 0.05, 600.0)
-    """TCP connect plus handshake with the syncer."""
-    socket_op_s: float = bounded(2.0, 0.05, 600.0)
-    """One frame's send or receive on an established link."""
-    heartbeat_s: float = bounded(0.5, 0.01, 600.0)
-    """A learner host sends a heartbeat when its link has been idle this long."""
-    liveness_s: float = bounded(3.0, 0.05, 600.0)
-    """The syncer counts a learner as not alive after this long without a frame from it."""
-    gloo_s: float = bounded(10.0, 0.5, 3600.0)
-    """Timeout of every Gloo collective inside a learner (never Gloo's 30-minute default)."""
-    barrier_s: float = bounded(60.0, 1.0, 36000.0)
-    """How long a synchronous baseline learner waits for the syncer's result before failing."""
-    startup_s: float = bounded(60.0, 1.0, 3600.0)
-    """All processes must have started and joined their Gloo group within this."""
-    final_flush_s: float = bounded(30.0, 0.1, 3600.0)
-    """How long a finished learner's link keeps its final pushes (and the BYE) while the syncer, or a shard of
-    it, is unreachable, waiting for it to come back (a restored syncer merges them); past it the link gives
-    them up and says so (`final_pushes_given_up`). Above socket_op_s (run_s, the run's deadline, bounds it
-    too); it must cover the syncer's repair time plus its restart (a few seconds here) for a learner that
-    finishes during a syncer outage to keep its work."""
-    run_s: float = bounded(900.0, 1.0, 86400.0)
-    """Hard deadline of the whole run; past it every process is killed and the run fails."""
-    shutdown_s: float = bounded(5.0, 0.1, 600.0)
-    """Grace between SIGTERM and SIGKILL when the run's processes are stopped."""
-
-
-@dataclass(frozen=True)
-class LinksConfig:
-    """The learner<->syncer links: one Toxiproxy proxy per learner, so any of them can be degraded."""
-
-    proxy: str = choice("auto", PROXY_MODES)
-    """auto: TOXIPROXY_URL, else toxiproxy-server on PATH, else the embedded server; embedded: always the
-    embedded server; off: learners connect to the syncer directly (no link faults possible)."""
-    http_timeout_s: float = bounded(5.0, 0.1, 600.0)
-    """Timeout of every call to the Toxiproxy HTTP API (toxiproxy-python sets none of its own)."""
-    step_time_s: float = bounded(0.15, 0.001, 3600.0)
-    """Inner-step time WAN profiles are scaled to (0.15 s: the default scenario on 2 cores)."""
-    backend: Literal["toxiproxy", "kernel"] = choice("toxiproxy", ("toxiproxy", "kernel"))
-    """What carries link faults. toxiproxy: a proxy per learner (`proxy` picks the server); kernel: tc and
-    nftables on each learner host's veth (diloco_chaos/chaos/kernel_links.py), which needs `[launch] hosts = "netns"`
-    and `proxy = "off"` (learners reach the syncer over the kernel's network path); each fault kind says which
-    backends carry it (docs/multi-host.md, the capability table)."""
-
-
-@dataclass(frozen=True)
-class LaunchConfig:
-    """How and where the run's processes start (docs/multi-host.md)."""
-
-    backend: Literal["local", "torchrun"] = choice("local", ("local", "torchrun"))
-    """local: the supervisor forks every process on this machine; torchrun: each learner's chips are started by
-    `torch.distributed.run` on its host (c10d rendezvous), process chaos goes through a per-host agent; needs
-    hosts = "netns" or "remote" and a recovery policy that restarts learners whole
-    (diloco_chaos/harness/hosts/torchrun.py)."""
-    hosts: Literal["local", "netns", "remote"] = choice("local", ("local", "netns", "remote"))
-    """local: every process shares this machine's network (loopback); netns: each learner host gets its own
-    Linux network namespace with a veth on a bridge, so learner<->syncer traffic crosses a real kernel network
-    path (diloco_chaos/harness/hosts/netns.py; needs root, `ip` and `nft`); remote: each learner host runs a host agent
-    an operator started there (`agents`), which starts the learner's torchrun and ships its events back
-    (diloco_chaos/harness/hosts/remote.py; needs backend = "torchrun" and links.proxy = "off")."""
-    agents: tuple[str, ...] = ()
-    """hosts = "remote": each learner's host agent, "host:port" (learner i's is the i-th; one per learner). The
-    supervisor's machine must reach every one through the same local address: the syncer and the rendezvous
-    store listen there."""
-    agent_secret_file: str = ""
-    """hosts = "remote": file (readable by its owner only) holding the secret, in hex, that every agent was
-    started with (`--secret-file`); the supervisor proves it holds it."""
-
-
-LearnerPolicy = Literal["fail", "restart", "shrink"]
-
-
-def learner_policy(policy: str, algorithm: str) -> tuple[LearnerPolicy, str]:
-    """The learner recovery in force for `algorithm` under `recovery.policy`, and why.
-
-    Pure: 'elastic' resolves to 'shrink' for the algorithms that are elastic inside a learner (their
-    descriptor's `elastic` trait, diloco_chaos/harness/algorithms/) and to 'restart' for the others (they wait for
-    the repair); every other value is taken as written (validation keeps 'shrink' to the elastic ones)."""
-    if policy == "elastic":
-        if algorithms.get(algorithm).elastic:
-            return "shrink", f"policy 'elastic': {algorithm} is elastic inside a learner"
-        return "restart", f"policy 'elastic': {algorithm} is not elastic inside a learner, it waits for the repair"
-    if policy in ("fail", "restart", "shrink"):
-        return cast(LearnerPolicy, policy), f"policy {policy!r} as written"
-    raise ValueError(f"recovery.policy = {policy!r}: not one of fail, restart, shrink, elastic")
-
-
-@dataclass(frozen=True)
-class RecoveryConfig:
-    """What the supervisor does when a learner fails (a chip process dies or its Gloo group breaks)."""
-
-    policy: Literal["fail", "restart", "shrink", "elastic"] = choice("fail", ("fail", "restart", "shrink",
-                                                                             "elastic"))
-    """fail: the run fails (any chip failure is a bug to see); restart: the whole learner is stopped and,
-    after repair_s, started again as a new Gloo group; it pulls the global model and resumes its steps;
-    shrink (decoupled and elastic_ddp only): when chips other than the host die, the survivors re-form a
-    smaller group on a fresh store prefix and keep training with fewer tokens per step; each lost chip is
-    started again after repair_s and joins at a step boundary. A lost host (chip 0, the link) falls back to
-    restart. elastic: each algorithm's own recovery, so one scenario compares them: shrink for the algorithms
-    that are elastic inside a learner (the `elastic` trait), restart for the others (ddp and diloco wait for
-    the repair); `learner_policy` resolves it."""
-    repair_s: float = bounded(2.0, 0.0, 3600.0)
-    """Repair delay: seconds between a learner's failure and its restart."""
-    max_restarts: int = bounded(3, 0, 1000)
-    """Restarts allowed per learner (and for the syncer); one more failure fails the run."""
-    syncer_policy: str = choice("fail", ("fail", "restart"))
-    """fail: a syncer that dies fails the run; restart: after syncer_repair_s the supervisor starts a new
-    syncer on the same port, which restores the per-fragment checkpoint (Decoupled DiLoCo only)."""
-    syncer_repair_s: float = bounded(1.0, 0.0, 3600.0)
-    """Seconds between the syncer's death and its restart (a kill_syncer fault's repair_s overrides it)."""
-    syncer_checkpoint: str = choice("every_merge", ("every_merge", "off"))
-    """every_merge: each merged fragment's state is written atomically (temp file, rename) before it is
-    broadcast, so a restarted syncer loses nothing any learner has seen; off: no syncer checkpoint."""
-    syncer_checkpoint_fsync: bool = False
-    """Also fdatasync each fragment checkpoint slot (and its directory when the slot file is created) before the
-    broadcast: survives the machine losing power, not only the syncer process dying (which the in-place write
-    alone covers: the page cache outlives the process), at the cost of a disk flush per merge."""
-
-
-MAX_SHARDS = 64
-"""Most synchronizer shards a scenario may ask for (each is a process, with one proxy per learner)."""
-
-
-@dataclass(frozen=True)
-class SyncerConfig:
-    """The synchronizer's processes (docs/sharded-syncer.md)."""
-
-    shards: int = bounded(1, 1, MAX_SHARDS)
-    """S: synchronizer shards, each its own process with its own port, checkpoint and restore, owning the
-    fragments diloco_chaos/trainers/syncers/shards.py assigns it (balanced by size). Every learner reaches every
-    shard, through
-    one proxy per shard. S > 1: algorithm = "decoupled" only, S <= diloco.fragments, and
-    recovery.syncer_checkpoint = "every_merge" (shard 0's evaluations read the other shards' fragments from
-    their checkpoint slots). 1: one syncer, as before."""
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    """Eval loss of the global model, computed by the syncer off the learners' hot path."""
-
-    points: int = bounded(24, 0, 10_000)
-    """Periodic evaluations spread evenly over the run's planned training: one each time its progress (tokens
-    merged for the synchronous algorithms, learner-steps reported for decoupled) passes another 1/points of
-    it, so a curve has about this many points whatever the run's length. 0: only `every_s` triggers."""
-    every_s: float = bounded(3.0, 0.1, 3600.0)
-    """Longest wall gap, in seconds, between two periodic evaluations of the global model (a wall-clock
-    trigger besides `points`, for stretches where nothing is merged)."""
-    max_share: float = bounded(0.05, 0.001, 1.0)
-    """Largest share of one core the `points` evaluations may take (the last one's CPU time over the gap since
-    it started): a milestone that comes sooner waits, so a run of a few seconds gets fewer points instead of
-    slower chips. The `every_s` evaluations are not held back."""
-    batches: int = bounded(4, 1, 10_000)
-    """Held-out batches (of 16 sequences) per periodic evaluation; the final one uses them all."""
 
 
 @dataclass(frozen=True)
@@ -290,15 +106,8 @@ class Scenario:
         return out
 
 
-NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-"""A scenario's name is part of its run directory's name: a letter or digit, then letters, digits, '.', '_' or
-'-', at most 64 characters (no '/', no '..' path, nothing a shell or a file system would read otherwise)."""
-
-
 def validate(sc: Scenario) -> None:
     """Check ranges and the rules that tie fields together. Raises ScenarioError holding every error found."""
-    from diloco_chaos.harness.config.check import scenario_problems
-
     errors = scenario_problems(sc)
     if errors:
         raise ScenarioError.of(errors)
@@ -351,27 +160,10 @@ def from_dict(table: dict[str, Any], overrides: Sequence[str] = ()) -> Scenario:
     """Build and validate a Scenario from a parsed TOML table (a `[random_faults]` table is drawn first, once
     what its size depends on is valid), with `overrides` (`KEY=VALUE`, `apply_overrides`) set on it first.
     Raises ScenarioError holding every error of the document (diloco_chaos/harness/config/check.py)."""
-    from diloco_chaos.harness.config.check import check
-
-    sc, errors = check(apply_overrides(table, overrides) if overrides else table)
+    sc, errors = build(apply_overrides(table, overrides) if overrides else table)
     if sc is None:
         raise ScenarioError.of(errors)
     return sc
-
-
-def read_toml(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
-    """Parse a TOML file; a missing file or bad TOML is a ScenarioError naming `what` and the path."""
-    p = Path(path)
-    if not p.is_file():
-        raise ScenarioError(f"{what} {str(p)!r} does not exist")
-    try:
-        return tomllib.loads(p.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as e:
-        raise ScenarioError(f"{what} {str(p)!r} is not valid TOML: {e}") from e
-    except UnicodeDecodeError as e:
-        raise ScenarioError(f"{what} {str(p)!r} is not UTF-8 text (byte {e.start}): TOML files are UTF-8") from e
-    except OSError as e:
-        raise ScenarioError(f"{what} {str(p)!r} cannot be read: {e.strerror or e}") from e
 
 
 def load(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Scenario:
@@ -393,3 +185,90 @@ def builtin(name: str = "default", overrides: Sequence[str] = ()) -> Scenario:
 def builtin_names() -> list[str]:
     return sorted(p.name[:-5] for p in resources.files(__package__).joinpath("scenarios").iterdir()
                   if p.name.endswith(".toml"))
+
+
+def build(table: Any) -> tuple[Scenario | None, list[ScenarioError]]:
+    """The Scenario a parsed document describes and every error in it: (scenario, []) or (None, errors)."""
+    found = Found()
+    if not isinstance(table, dict):
+        found.add("scenario", "scenario: must be a table")
+        return None, found.capped()
+    fields = {f.name: f for f in dataclasses.fields(Scenario)}
+    allowed = [*fields, "random_faults"]
+    for name in sorted(set(table) - set(allowed), key=str):
+        found.add(name, f"unknown key {name}{did_you_mean(name, allowed)} in the top level; "
+                        f"allowed: {', '.join(allowed)}")
+    kwargs: dict[str, Any] = {}
+    for name, value in table.items():
+        f = fields.get(name)
+        if f is None or name == "faults":
+            continue
+        if f.default_factory is not dataclasses.MISSING:  # a nested table
+            kwargs[name] = read_section(type(f.default_factory()), value, name, found)  # type: ignore[misc]
+            continue
+        try:
+            kwargs[name] = entry_value(name, f, value, {})
+        except ScenarioError as e:
+            found.add(name, str(e))
+    if found.ok("name"):
+        check_name(kwargs.get("name", Scenario.name), found)
+    raw_faults = table.get("faults", [])
+    if not isinstance(raw_faults, (list, tuple)):
+        found.add("faults", f"faults = {raw_faults!r}: must be an array of tables ([[faults]])")
+        raw_faults = []
+    raw_faults = list(raw_faults)
+    written = len(raw_faults)
+    if "random_faults" in table:
+        drawn = _draw(table, kwargs, found)
+        if drawn is not None:
+            raw_faults += drawn
+            rf = table["random_faults"]
+            kwargs["random_faults_source"] = json.dumps(rf if isinstance(rf, dict) else str(rf), sort_keys=True,
+                                                        default=str)
+    topology = kwargs.get("topology", Topology())
+    learners = topology.learners if found.ok("topology.learners") else MAX_LEARNERS
+    specs: list[tuple[str, FaultSpec]] = []
+    for i, raw in enumerate(raw_faults):
+        try:
+            specs.append((f"faults[{i}]", parse_fault(raw, f"faults[{i}]", learners)))
+        except ScheduleError as e:
+            found.add(f"faults[{i}]", str(e))
+    sc = Scenario(**kwargs, faults=tuple(s for _, s in specs))
+    rules(sc, [k for k, _ in specs], found)
+    found.fold_drawn(written)
+    return (None, found.capped()) if found.errors else (sc, [])
+
+
+def _draw(table: dict[str, Any], kwargs: dict[str, Any], found: Found) -> list[dict[str, Any]] | None:
+    """The `[[faults]]` entries a `[random_faults]` table draws, or None when it is refused or cannot be drawn
+    yet (what the draw's size depends on, topology and train.steps, was refused: it is not expanded)."""
+    from diloco_chaos.chaos.fault_generator import expand
+    from diloco_chaos.chaos.fault_generator import validate as validate_random
+
+    if not found.ok("topology.learners", "topology.chips_per_learner", "train.steps"):
+        return None
+    topology, train = kwargs.get("topology", Topology()), kwargs.get("train", TrainConfig())
+    learners, chips, steps = topology.learners, topology.chips_per_learner, train.steps
+    seed = kwargs.get("seed", 0) if found.ok("seed") else 0
+    try:
+        cfg = validate_random(table["random_faults"], "random_faults", learners, chips, steps)
+    except ValueError as e:
+        found.add("random_faults", str(e))
+        return None
+    drawn = expand(cfg, learners=learners, chips_per_learner=chips, steps=steps, seed=seed)
+    if not found.ok("recovery.max_restarts"):
+        return drawn
+    restarts = kwargs.get("recovery", RecoveryConfig()).max_restarts
+    kills: dict[int, int] = {}
+    for f in drawn:
+        if f["action"] in ("kill_chip", "kill_learner", "crash_host"):
+            kills[f["learner"]] = kills.get(f["learner"], 0) + 1
+    worst = max(kills.items(), key=lambda kv: kv[1], default=None)
+    if worst is not None and worst[1] > restarts:
+        found.add("random_faults", f"random_faults: the draw kills learner {worst[0]} {worst[1]} times, but "
+                                   f"recovery.max_restarts = {restarts}; raise it to at least {worst[1]}, "
+                                   "or raise random_faults.mtbf_steps")
+        return None
+    return drawn
+
+

@@ -27,6 +27,7 @@ import psutil
 import torch
 
 from diloco_chaos.harness.algorithms import base as algorithms
+from diloco_chaos.harness.config.sections import Found, ScenarioError
 from diloco_chaos.trainers.task import (
     Task,
     TaskContext,
@@ -38,7 +39,6 @@ from diloco_chaos.trainers.task import (
 )
 
 if TYPE_CHECKING:
-    from diloco_chaos.harness.config.check import Found
     from diloco_chaos.harness.config.scenario import Scenario
 
 _CACHE: dict[tuple[Any, ...], Task] = {}
@@ -122,9 +122,7 @@ def task_rules(sc: Scenario, found: Found) -> None:
         return
     key = (*_key(sc), sc.diloco.fragments, sc.diloco.embedding_tensors, found.ok("diloco.fragments"))
     if key not in _RULES_CACHE:
-        from diloco_chaos.harness.config.check import Found as Found_
-
-        mine = Found_()
+        mine = Found()
         _task_problems(sc, mine, found.ok("diloco.fragments"))
         if len(_RULES_CACHE) >= _CACHE_MAX:
             _RULES_CACHE.pop(next(iter(_RULES_CACHE)))
@@ -223,7 +221,6 @@ def memory_estimate(sc: Scenario) -> MemoryEstimate:
 
 def check_memory(sc: Scenario, available: int | None = None) -> MemoryEstimate:
     """The run's estimate; ScenarioError naming the figures when it exceeds the available RAM."""
-    from diloco_chaos.harness.config.scenario import ScenarioError
 
     est = memory_estimate(sc)
     avail = psutil.virtual_memory().available if available is None else available

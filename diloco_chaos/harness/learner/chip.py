@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from diloco_chaos.harness.algorithms import base as algorithms
 from diloco_chaos.harness.config import scenario as scenario_mod
+from diloco_chaos.harness.config.sections import learner_policy
 from diloco_chaos.harness.config.task_check import scenario_task
 from diloco_chaos.harness.learner.link_process import LinkProcess
 from diloco_chaos.harness.record.events import EVENTS_FILE, EventLog
@@ -213,7 +214,7 @@ def chip_main(spec: ChipSpec) -> None:
     # learner keeps the others waiting in the group's first collective only for the state transfer.
     task = scenario_task(sc)  # imported from task.path, as the supervisor resolved it
     core = LearnerCore(spec.learner, task, sc.train, sc.diloco, sc.seed,
-                       shrinkable=scenario_mod.learner_policy(sc.recovery.policy, sc.algorithm)[0] == "shrink")
+                       shrinkable=learner_policy(sc.recovery.policy, sc.algorithm)[0] == "shrink")
     task.train_batch(spec.learner, spec.rank, spec.start_step + 1)  # loads the task's data (a shard) now
     members = list(spec.members) or list(range(spec.size))
     link = None

@@ -56,7 +56,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from diloco_chaos.harness.config.scenario import Timeouts
+from diloco_chaos.harness.config.sections import Timeouts
 from diloco_chaos.harness.hosts.link_shards import ShardedLink
 from diloco_chaos.harness.learner.shared_state import Doorbell, SharedInbox, SharedSnapshot
 from diloco_chaos.harness.learner.syncer_link import LinkFatal, SyncerLink

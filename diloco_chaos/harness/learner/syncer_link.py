@@ -28,7 +28,7 @@ from typing import Any
 
 from torch import Tensor
 
-from diloco_chaos.harness.config.scenario import Timeouts
+from diloco_chaos.harness.config.sections import Timeouts
 from diloco_chaos.harness.record.events import EventLog
 from diloco_chaos.harness.record.learner import (
     FinalPushesGivenUp,

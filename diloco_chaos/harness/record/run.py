@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from diloco_chaos.harness.config.scenario import LearnerPolicy
+from diloco_chaos.harness.config.sections import LearnerPolicy
 from diloco_chaos.harness.record.base import Event, event
 
 SUPERVISOR = "supervisor (diloco_chaos/harness/run/supervisor.py)"

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from diloco_chaos.chaos.schedule import ScheduleError, never_fires, parse_fault
-from diloco_chaos.harness.config.scenario import Scenario, ScenarioError, from_dict, read_toml
+from diloco_chaos.harness.config.scenario import Scenario, from_dict
+from diloco_chaos.harness.config.sections import ScenarioError, read_toml
 from diloco_chaos.harness.record.events import EVENTS_FILE
 from diloco_chaos.harness.report.results import InvariantFigure, invariant_figures
 from diloco_chaos.harness.report.timeline import fault_timeline

@@ -31,7 +31,8 @@ from typing import Any
 import torch.distributed as dist
 
 from diloco_chaos.chaos.processes import ProcessChaos, syncer_repair_key
-from diloco_chaos.harness.config.scenario import Scenario, learner_policy, validate
+from diloco_chaos.harness.config.scenario import Scenario, validate
+from diloco_chaos.harness.config.sections import learner_policy
 from diloco_chaos.harness.hosts.base import Hosts, HostsUnavailable, Proc
 from diloco_chaos.harness.hosts.launch import open_hosts
 from diloco_chaos.harness.learner.chip import ChipSpec, members_key

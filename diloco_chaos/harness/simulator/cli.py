@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from diloco_chaos.harness.algorithms import base as algorithms
-from diloco_chaos.harness.config.scenario import learner_policy
+from diloco_chaos.harness.config.sections import learner_policy
 from diloco_chaos.harness.simulator.model import (
     METHODS,
     REPAIRS,

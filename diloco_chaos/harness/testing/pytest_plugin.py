@@ -64,7 +64,8 @@ import psutil
 import pytest
 
 from diloco_chaos.harness.chaos_run import INVARIANTS, ChaosRun, ChaosRunFailed, HygieneError
-from diloco_chaos.harness.config.scenario import Scenario, ScenarioError, builtin, from_dict, load
+from diloco_chaos.harness.config.scenario import Scenario, builtin, from_dict, load
+from diloco_chaos.harness.config.sections import ScenarioError
 from diloco_chaos.harness.hosts.toxiproxy_lock import LOCK_POLL_S, ToxiproxyServer, _ServerLock, _shared_url
 
 MARKERS = {
