@@ -458,5 +458,9 @@ class Supervisor:
 
 def run_scenario(sc: Scenario, run_root: str | os.PathLike[str] = "runs",
                  on_events: Callable[[list[dict[str, Any]]], None] | None = None) -> RunResult:
-    """Run `sc` with real processes; returns when every process of the run has exited."""
-    return Supervisor(sc, run_root, on_events).run()
+    """Run `sc` with real processes on its system under test (diloco_chaos/harness/targets/base.py: the builtin
+    one is `Supervisor`); returns when every process of the run has exited."""
+    from diloco_chaos.harness.targets.base import get, system_of
+
+    validate(sc)
+    return get(system_of(sc)).run(sc, run_root, on_events)
