@@ -96,8 +96,25 @@ class Lighthouse:
             time.sleep(POLL_S)  # polling a condition (the port) with a deadline, not synchronising on time
         self.ready_s = time.monotonic() - t0
 
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    @property
     def exitcode(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
+
+    def is_alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for it to exit (at most `timeout`): with pid, exitcode and is_alive, what the supervisor's
+        registry of the run's processes (processes.json, stopping them) needs."""
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                pass
 
     def stop(self) -> None:
         """SIGTERM its process group, SIGKILL it after timeouts.shutdown_s; safe to call twice."""

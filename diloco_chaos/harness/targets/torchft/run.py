@@ -21,7 +21,7 @@ from diloco_chaos.harness.record.events import EVENTS_FILE, EventTail
 from diloco_chaos.harness.record.torchft import LighthouseReady
 from diloco_chaos.harness.run.procutil import wait_any
 from diloco_chaos.harness.run.supervisor import POLL_S, RunFailed, Supervisor
-from diloco_chaos.harness.targets.torchft.lighthouse import Lighthouse, LighthouseFailed, free_port
+from diloco_chaos.harness.targets.torchft.lighthouse import PROC, Lighthouse, LighthouseFailed, free_port
 from diloco_chaos.harness.targets.torchft.trainer import TrainerSpec, trainer_main
 
 
@@ -37,10 +37,11 @@ class TorchftRun(Supervisor):
             self.lighthouse.start()
         except LighthouseFailed as e:
             raise RunFailed(str(e)) from e
-        proc = self.lighthouse.proc
-        assert proc is not None
-        self.events.write(LighthouseReady(port=self.lighthouse.port, child_pid=proc.pid,
+        pid = self.lighthouse.pid
+        assert pid is not None
+        self.events.write(LighthouseReady(port=self.lighthouse.port, child_pid=pid,
                                           ready_s=round(self.lighthouse.ready_s, 3)))
+        self.register_process(PROC, self.lighthouse)  # processes.json; stopped with the others
         size = sc.topology.chips_per_learner
         for m in range(sc.topology.learners):
             store_port = free_port()
@@ -69,7 +70,7 @@ class TorchftRun(Supervisor):
                 if self.on_events is not None:
                     self.on_events(tail.poll())
                 return
-            code = lighthouse.exitcode()
+            code = lighthouse.exitcode
             if code is not None:
                 raise RunFailed(f"the torchft lighthouse exited with code {code} (see logs/lighthouse.stderr)")
             if time.monotonic() - t0 > sc.timeouts.run_s:
@@ -77,7 +78,8 @@ class TorchftRun(Supervisor):
             wait_any([p for ranks in groups.values() for p in ranks if p.exitcode is None], POLL_S)
 
     def _stop_all(self) -> None:
-        """The trainers (as the builtin supervisor stops its processes), then the Lighthouse."""
+        """Every process as the builtin supervisor stops them (the Lighthouse included, by its pid), then the
+        Lighthouse's process group, in case it was not registered yet."""
         super()._stop_all()
         if self.lighthouse is not None:
             self.lighthouse.stop()
