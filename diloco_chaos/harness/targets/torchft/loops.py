@@ -135,7 +135,7 @@ def diloco_loop(r: Rank) -> None:
             r.on_step(core.step, loss, tokens, t2 - t1)
             if commit is not None:
                 g = global_params()
-                r.on_sync(core.step, commit.commit_result, digest(g[n] for n in sorted(g)))
+                r.on_sync(core.step, commit, digest(g[n] for n in sorted(g)))
 
 
 LOOPS: dict[MergeUnit, Callable[[Rank], None]] = {"step": ddp_loop, "round": diloco_loop}

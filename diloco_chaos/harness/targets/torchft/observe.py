@@ -38,8 +38,8 @@ class TorchftLogs(logging.Handler):
     def __init__(self, events: EventLog, learner: int, rank: int) -> None:
         super().__init__(logging.INFO)
         self.events, self.learner, self.rank = events, learner, rank
-        self.last_commit: TorchftCommit | None = None
-        """The latest commit record, until the loop takes it (`take_commit`)."""
+        self.last_commit: bool | None = None
+        """The latest commit decision (commit_result), until the loop takes it (`take_commit`)."""
 
     def emit(self, record: logging.LogRecord) -> None:
         f = record.__dict__
@@ -48,16 +48,16 @@ class TorchftLogs(logging.Handler):
                 self.events.write(TorchftQuorum(learner=self.learner, rank=self.rank, replica_id=str(f["replica_id"]),
                                                 quorum_id=int(f["quorum_id"]), step=int(f["step"])))
             elif record.name == "torchft_commits":
-                rec = TorchftCommit(learner=self.learner, rank=self.rank, replica_id=str(f["replica_id"]),
-                                    quorum_id=int(f["quorum_id"]), step=int(f["step"]),
-                                    commit_result=bool(f["commit_result"]))
-                self.events.write(rec)
-                self.last_commit = rec
+                result = bool(f["commit_result"])
+                self.events.write(TorchftCommit(learner=self.learner, rank=self.rank, replica_id=str(f["replica_id"]),
+                                                quorum_id=int(f["quorum_id"]), step=int(f["step"]),
+                                                commit_result=result))
+                self.last_commit = result
         except (KeyError, TypeError, ValueError):
             self.handleError(record)  # a torchft release that changed its fields: printed to stderr, not fatal
 
-    def take_commit(self) -> TorchftCommit | None:
-        """The commit decided since the last call, None if none."""
+    def take_commit(self) -> bool | None:
+        """The commit decided since the last call (whether it committed), None if none."""
         rec, self.last_commit = self.last_commit, None
         return rec
 
