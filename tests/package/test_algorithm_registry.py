@@ -25,6 +25,8 @@ from diloco_chaos.harness.run.rundir import REPORT_FILE
 PACKAGE = Path(diloco_chaos.__file__).parent
 REGISTRY_DIR = PACKAGE / "harness" / "algorithms"
 BUILTIN = ("decoupled", "diloco", "ddp", "elastic_ddp")
+TORCHFT = ("torchft_ddp", "torchft_diloco")
+"""The algorithms of the torchft system under test (diloco_chaos/harness/targets/torchft/)."""
 TOY = "toy_ddp"
 TOY_MODULE = "tests.package.toy_algorithm"
 BRANCH = re.compile(r'algorithm ?(==|!=) *"|in \("(' + "|".join(BUILTIN) + r')"')
@@ -66,10 +68,11 @@ def test_no_algorithm_list_or_branch_outside_the_registry() -> None:
 
 
 def test_the_built_in_descriptors() -> None:
-    assert algorithms.names() == BUILTIN
+    assert algorithms.names() == (*BUILTIN, *TORCHFT)
+    assert algorithms.with_trait("builtin_system") == BUILTIN and algorithms.with_trait("torchft_system") == TORCHFT
     assert algorithms.with_trait("elastic") == ("decoupled", "elastic_ddp")
     assert algorithms.with_trait("outer_step") == ("decoupled", "diloco")
-    assert algorithms.with_trait("data_parallel") == ("ddp", "elastic_ddp")
+    assert algorithms.with_trait("data_parallel") == ("ddp", "elastic_ddp", "torchft_ddp")
     assert algorithms.with_trait("fragmented") == algorithms.with_trait("shardable_syncer") == ("decoupled",)
     with pytest.raises(ValueError, match="unknown algorithm 'dpp'.*did you mean 'ddp'"):
         algorithms.get("dpp")
@@ -98,7 +101,7 @@ def toy(monkeypatch: pytest.MonkeyPatch) -> Iterator[algorithms.Algorithm]:
 
 
 def test_a_plugin_is_in_force_while_the_variable_names_it(toy: algorithms.Algorithm) -> None:
-    assert algorithms.names() == (*BUILTIN, TOY) and toy.run_learner is algorithms.get("ddp").run_learner
+    assert algorithms.names() == (*BUILTIN, *TORCHFT, TOY) and toy.run_learner is algorithms.get("ddp").run_learner
     assert [r.module for r in algorithms.plugin_refs()] == [TOY_MODULE]
 
 

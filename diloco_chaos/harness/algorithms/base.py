@@ -46,8 +46,12 @@ MergeUnit = Literal["fragment", "round", "step"]
 """What one `merge` event merges: a fragment (decoupled), a round of H steps (diloco), one step's gradients
 (ddp, elastic_ddp); it is also the unit the report and the invariants account work in."""
 
-Trait = Literal["fragmented", "data_parallel", "elastic", "outer_step", "shardable_syncer", "restorable_syncer"]
+Trait = Literal["fragmented", "data_parallel", "elastic", "outer_step", "shardable_syncer", "restorable_syncer",
+                "builtin_system", "torchft_system"]
 """The boolean traits by name: what an invariant may require (`register(requires=...)`) and a check may name."""
+
+System = Literal["builtin", "torchft"]
+"""The system under test that runs an algorithm (docs/targets.md): this package's learners and syncer, or torchft."""
 
 HandlerFactory = Callable[["Scenario", str, "EventLog", "Transport", int], "AlgorithmHandler"]
 """(scenario, run_dir, events, transport, shard) -> the syncer shard's handler (shard: 0 unless syncer.shards > 1)."""
@@ -94,6 +98,9 @@ class Algorithm:
     """compare's fault-free reference run is of this algorithm."""
     sim_method: Method | None = None
     """The failure simulator's method for it (diloco_chaos/harness/simulator/model.py), None if it has none."""
+    system: System = "builtin"
+    """The system under test that runs it (`target.system`, diloco_chaos/harness/targets/): builtin, or torchft
+    (whose trainer runs it; `run_learner`, `resume_learner` and `syncer_handler` are then never called)."""
 
     @property
     def fragmented(self) -> bool:
@@ -104,6 +111,17 @@ class Algorithm:
     def data_parallel(self) -> bool:
         """Every step is one merge of the participants' gradients (`merge` events carry `step`)."""
         return self.merge_unit == "step"
+
+    @property
+    def builtin_system(self) -> bool:
+        """Runs on this package's learners and syncer: the invariants of their protocol (merges, pushes, token
+        accounting) apply."""
+        return self.system == "builtin"
+
+    @property
+    def torchft_system(self) -> bool:
+        """Runs on torchft: the invariants of its history (replicas_agree) apply."""
+        return self.system == "torchft"
 
     def has(self, trait: Trait) -> bool:
         """Whether it has the boolean trait `trait`."""

@@ -47,6 +47,7 @@ from diloco_chaos.harness.config.sections import (
     learner_policy,
     read_toml,
 )
+from diloco_chaos.harness.config.target_check import target_rules
 from diloco_chaos.harness.config.task_check import task_rules
 from diloco_chaos.trainers.config import did_you_mean
 from diloco_chaos.trainers.data import CORPUS_NAMES
@@ -178,6 +179,7 @@ def rules(sc: Scenario, keys: Sequence[str], found: Found) -> None:
         if kind.target == "syncer" and shard is not None and shard >= sc.syncer.shards and found.ok("syncer.shards"):
             found.add(key, f"{key}.shard = {shard}: must be in [0, {sc.syncer.shards - 1}] (syncer.shards)")
     _shards(sc, found)
+    target_rules(sc, list(keys), found)
     if (sc.recovery.policy == "shrink" and found.ok("recovery.policy", "algorithm")
             and not algorithms.get(sc.algorithm).elastic):
         found.add("recovery.policy", f"recovery.policy = 'shrink': supported for {_having('elastic')} "

@@ -39,8 +39,10 @@ from diloco_chaos.harness.config.sections import (
     RecoveryConfig,
     ScenarioError,
     SyncerConfig,
+    TargetConfig,
     Timeouts,
     Topology,
+    TorchftConfig,
     read_toml,
 )
 from diloco_chaos.trainers.config import DilocoConfig, TrainConfig, bounded, choice, did_you_mean
@@ -75,6 +77,10 @@ class Scenario:
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     syncer: SyncerConfig = field(default_factory=SyncerConfig)
+    target: TargetConfig = field(default_factory=TargetConfig)
+    """`[target]`: the system under test (docs/targets.md)."""
+    torchft: TorchftConfig = field(default_factory=TorchftConfig)
+    """`[torchft]`: the torchft target's Lighthouse flags and timeouts (docs/targets/torchft.md)."""
     faults: tuple[FaultSpec, ...] = ()
     """Scheduled faults, `[[faults]]` tables (diloco_chaos/chaos/schedule.py): action, learner, at, until,
     parameters."""

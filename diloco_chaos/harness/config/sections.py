@@ -224,6 +224,47 @@ class EvalConfig:
     """Held-out batches (of 16 sequences) per periodic evaluation; the final one uses them all."""
 
 
+
+SYSTEMS = ("auto", "builtin", "torchft")
+"""`target.system` values: auto (the system the algorithm's descriptor names) or a system by name."""
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    """The system under test: what trains (docs/targets.md)."""
+
+    system: str = choice("auto", SYSTEMS)
+    """builtin: this package's learners and syncer; torchft: torchft 0.2.0 replica groups and its Lighthouse
+    (diloco_chaos/harness/targets/torchft/); auto: the system of the `algorithm` (torchft_ddp and torchft_diloco
+    run on torchft, every other one on builtin). A system the algorithm does not run on is refused."""
+
+
+@dataclass(frozen=True)
+class TorchftConfig:
+    """The torchft target's settings (`[torchft]`, used when the system is torchft): its Lighthouse's flags and
+    every timeout of its Manager and process group, explicit and short (torchft's defaults are 60 s)."""
+
+    min_replicas: int = bounded(1, 1, 64)
+    """Replica groups (learners) a quorum needs: the Lighthouse's --min_replicas; at most topology.learners."""
+    join_timeout_s: float = bounded(2.0, 0.05, 600.0)
+    """Lighthouse --join_timeout_ms: how long a quorum waits for heartbeating replicas that have not asked to join."""
+    heartbeat_timeout_s: float = bounded(2.0, 0.05, 600.0)
+    """Lighthouse --heartbeat_timeout_ms: a replica without a heartbeat this long is no longer healthy."""
+    quorum_tick_ms: int = bounded(100, 1, 10_000)
+    """Lighthouse --quorum_tick_ms: how often it re-evaluates the quorum; below the join and heartbeat timeouts."""
+    quorum_timeout_s: float = bounded(30.0, 0.5, 3600.0)
+    """Manager quorum_timeout: how long a quorum request waits (the crash delay when the Lighthouse is gone);
+    above heartbeat_timeout_s + join_timeout_s and timeout_s, below timeouts.run_s."""
+    timeout_s: float = bounded(10.0, 0.5, 3600.0)
+    """Manager timeout (should_commit, checkpoint and allreduce futures) and ProcessGroupGloo's timeout (every
+    collective, the store during reconfiguration): the stall when a participant freezes inside a collective."""
+    connect_timeout_s: float = bounded(10.0, 0.1, 600.0)
+    """Manager connect_timeout: connecting to the Lighthouse and the peers' manager servers; at most timeout_s."""
+    quorum_retries: int = bounded(0, 0, 100)
+    """Manager quorum_retries: failed quorum requests retried before the trainer fails (0: the Lighthouse is a
+    single point of failure)."""
+
+
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 """A scenario's name is part of its run directory's name: a letter or digit, then letters, digits, '.', '_' or
 '-', at most 64 characters (no '/', no '..' path, nothing a shell or a file system would read otherwise)."""

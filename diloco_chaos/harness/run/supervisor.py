@@ -174,18 +174,7 @@ class Supervisor:
                                    chips_per_learner=sc.topology.chips_per_learner, seed=sc.seed, learner_policy=policy,
                                    learner_policy_why=why, schema_version=SCHEMA_VERSION))
         try:
-            hosts = self._open_hosts_and_syncer()
-            procs = ProcessChaos(self._chip_pids, sc.topology.learners, on_event=self.events.named,
-                                 syncer_pids=self._syncer_pids, progress=self._progress, seed=sc.seed,
-                                 send=hosts.send)
-            self.procs_chaos = procs
-            self.faults = FaultRunner(sc.faults, hosts.link_chaos, self.events, procs)
-            for m in range(sc.topology.learners):
-                self._start_learner(m, generation=0, start_step=0)
-            self._watch(self._syncer_stop, t0)
-            never = self.faults.never_fired()
-            if never:
-                raise RunFailed("scheduled fault(s) never fired: " + "; ".join(never))
+            self.launch_and_watch(t0)
         except (KeyboardInterrupt, _Terminate) as e:
             self.events.write(RunInterrupted(reason=type(e).__name__))
             raise
@@ -210,6 +199,23 @@ class Supervisor:
         finally:
             self.events.close()
         return RunResult(self.run_dir, run.report, [p.pid for p in [*self.procs.values(), *self.retired]], run)
+
+    def launch_and_watch(self, t0: float) -> None:
+        """Start the run's processes and watch them until the run is done (returns) or failed (raises): the part of
+        `run` a target other than the builtin one replaces (diloco_chaos/harness/targets/torchft/run.py)."""
+        sc = self.sc
+        hosts = self._open_hosts_and_syncer()
+        procs = ProcessChaos(self._chip_pids, sc.topology.learners, on_event=self.events.named,
+                             syncer_pids=self._syncer_pids, progress=self._progress, seed=sc.seed,
+                             send=hosts.send)
+        self.procs_chaos = procs
+        self.faults = FaultRunner(sc.faults, hosts.link_chaos, self.events, procs)
+        for m in range(sc.topology.learners):
+            self._start_learner(m, generation=0, start_step=0)
+        self._watch(self._syncer_stop, t0)
+        never = self.faults.never_fired()
+        if never:
+            raise RunFailed("scheduled fault(s) never fired: " + "; ".join(never))
 
     def _open_hosts_and_syncer(self) -> Hosts:
         """The run's hosts (hosts/base.py), the store and the syncer's shards, and the learners' routes to them;
@@ -459,5 +465,9 @@ class Supervisor:
 
 def run_scenario(sc: Scenario, run_root: str | os.PathLike[str] = "runs",
                  on_events: Callable[[list[dict[str, Any]]], None] | None = None) -> RunResult:
-    """Run `sc` with real processes; returns when every process of the run has exited."""
-    return Supervisor(sc, run_root, on_events).run()
+    """Run `sc` with real processes on its system under test (diloco_chaos/harness/targets/base.py: the builtin
+    one is `Supervisor`); returns when every process of the run has exited."""
+    from diloco_chaos.harness.targets.base import get, system_of
+
+    validate(sc)
+    return get(system_of(sc)).run(sc, run_root, on_events)

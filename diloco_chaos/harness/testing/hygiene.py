@@ -3,7 +3,7 @@
 The run's pids come from its RunResult (every generation of every process)
 and its event log (each host's link process, forked by the host itself); its
 ports from the event log: the syncer's listener, the supervisor's Gloo
-rendezvous store, the Toxiproxy API and every proxy listener.
+rendezvous store, the Toxiproxy API, every proxy listener and the torchft target's Lighthouse.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def _ports(events: list[dict[str, Any]]) -> set[int]:
     for e in events:
         if e["ev"] == "syncer_start":
             ports.add(int(e["port"]))
-        elif e["ev"] == "store_ready":
+        elif e["ev"] in ("store_ready", "lighthouse_ready"):
             ports.add(int(e["port"]))
         elif e["ev"] == "links_ready":
             ports.update(int(p) for p in e["proxies"].values())
@@ -45,6 +45,7 @@ def leftovers(result: Any, events: list[dict[str, Any]] | None = None) -> dict[s
     if events is None:
         events = read_events(Path(result.run_dir) / EVENTS_FILE)
     links = [int(e["pid"]) for e in events if e["ev"] == "link_process_start"]  # forked by the hosts themselves
+    links += [int(e["child_pid"]) for e in events if e["ev"] == "lighthouse_ready"]  # the torchft target's
     pids = [*result.pids, *result.report.get("chip_pids", []), *links]
     alive = sorted({p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE})
     ports = _ports(events)

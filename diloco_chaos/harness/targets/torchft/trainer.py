@@ -1,0 +1,182 @@
+"""Entry point of one torchft trainer process: rank `rank` of replica group `learner` (learner m is replica group
+m, topology.chips_per_learner ranks), started from the run's forkserver by diloco_chaos/harness/targets/torchft/
+run.py.
+
+It builds the scenario's task and model exactly as a built-in chip does (`scenario_task`, `LearnerCore`: the same
+seed, so every group starts from the same weights; the batch of learner m's shard for (rank, step); the same
+inner optimizer), joins its group's store (rank 0 hosts it) and, with several ranks, an intra-group Gloo group,
+then torchft's `ProcessGroupGloo` and `Manager` with every timeout from `[torchft]` (never a library default;
+the TORCHFT_* environment overrides are removed first), and runs the loop of its algorithm's merge unit
+(loops.py). It writes chip_start, step (rank 0), torchft_sync (every rank), torchft_quorum / torchft_commit
+(observe.py), learner_done (rank 0) or chip_error; rank 0 of group 0 also writes the initial eval (kind
+periodic, trigger start) and, at the end, global.pt (atomically), which the post-run phase evaluates.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from diloco_chaos.harness.algorithms import base as algorithms
+from diloco_chaos.harness.config.scenario import Scenario
+from diloco_chaos.harness.config.task_check import scenario_task
+from diloco_chaos.harness.record.events import EVENTS_FILE, EventLog
+from diloco_chaos.harness.record.learner import ChipError, ChipStart, LearnerDone, LearnerNonfinite, Step
+from diloco_chaos.harness.record.syncer import Eval
+from diloco_chaos.harness.record.torchft import TorchftSync
+from diloco_chaos.harness.run.procutil import become_run_process, cpu_seconds, print_error, stderr_to_file
+from diloco_chaos.harness.run.rundir import CHECKPOINT_FILE, atomic_torch_save
+from diloco_chaos.harness.targets.torchft.loops import LOOPS, Rank
+from diloco_chaos.harness.targets.torchft.observe import TorchftLogs
+from diloco_chaos.trainers.learner.core import CollectiveFailed, LearnerCore
+from diloco_chaos.trainers.task import evaluate
+
+TORCHFT_ENV = ("TORCHFT_TIMEOUT_SEC", "TORCHFT_QUORUM_TIMEOUT_SEC", "TORCHFT_CONNECT_TIMEOUT_SEC",
+               "TORCHFT_QUORUM_RETRIES", "TORCHFT_LIGHTHOUSE", "TORCHFT_MANAGER_PORT")
+"""Environment variables that would override the Manager's explicit arguments: removed in the trainer."""
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    """What one trainer rank needs (pickled to the forkserver child)."""
+
+    run_dir: str
+    scenario: Scenario
+    learner: int
+    rank: int
+    size: int
+    lighthouse: str
+    """The Lighthouse's address, http://127.0.0.1:PORT."""
+    store_port: int
+    """The group's TCPStore (rank 0 hosts it)."""
+    parent_pid: int
+    plugins: tuple[algorithms.PluginRef, ...] = ()
+
+
+class GroupCollective:
+    """The Gloo group of one replica group's ranks (the default process group of the trainer process), bounded by
+    torchft.timeout_s: LearnerCore averages the gradients over it (the `Collective` of
+    diloco_chaos/trainers/learner/core.py). A replica group that loses a rank is not re-formed in this slice."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        self.rank, self.size = rank, size
+
+    def allreduce_mean_(self, flat: torch.Tensor) -> None:
+        try:
+            dist.all_reduce(flat)
+        except RuntimeError as e:
+            raise CollectiveFailed(f"intra-group allreduce failed: {e}") from e
+        flat /= self.size
+
+    def broadcast_(self, flat: torch.Tensor, src: int = 0) -> None:
+        dist.broadcast(flat, src)
+
+    def pending_reform(self) -> bool:
+        return False
+
+    def reform(self) -> None:
+        raise CollectiveFailed("a torchft replica group is not re-formed (it restarts as a whole)")
+
+
+def _initial_eval(sc: Scenario, core: LearnerCore, events: EventLog) -> None:
+    loss, _ = evaluate(core.task, core.model, core.task.eval_batches(sc.eval.batches))
+    events.write(Eval(kind="periodic", version=0, tokens_merged=0.0, loss=loss, trigger="start"))
+
+
+def trainer_main(spec: TrainerSpec) -> None:
+    become_run_process(spec.parent_pid)
+    algorithms.load_plugins(spec.plugins)
+    for key in TORCHFT_ENV:
+        os.environ.pop(key, None)
+    m, r = spec.learner, spec.rank
+    proc = f"learner{m}.chip{r}"
+    stderr_to_file(spec.run_dir, proc)
+    events = EventLog(os.path.join(spec.run_dir, EVENTS_FILE), proc)
+    events.write(ChipStart(learner=m, rank=r, size=spec.size, generation=0))
+    try:
+        _train(spec, events)
+    except Exception as e:
+        print_error(e)
+        events.write(ChipError(learner=m, rank=r, error=f"{type(e).__name__}: {e}"))
+        events.close()
+        os._exit(1)  # torchft's threads (heartbeats, futures) would keep the interpreter from exiting
+    events.close()
+    os._exit(0)
+
+
+def _train(spec: TrainerSpec, events: EventLog) -> None:
+    from torchft import Manager, ProcessGroupGloo
+
+    sc, m, r, t = spec.scenario, spec.learner, spec.rank, spec.scenario.torchft
+    timeout = datetime.timedelta(seconds=t.timeout_s)
+    store = dist.TCPStore("127.0.0.1", spec.store_port, spec.size, is_master=(r == 0), wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=sc.timeouts.startup_s))
+    task = scenario_task(sc)
+    core = LearnerCore(m, task, sc.train, sc.diloco, sc.seed)
+    task.train_batch(m, r, 1)  # loads the shard now, before the group waits on this rank
+    if spec.size > 1:
+        dist.init_process_group("gloo", store=dist.PrefixStore("intra", store), rank=r, world_size=spec.size,
+                                timeout=timeout)
+        core.collective = GroupCollective(r, spec.size)
+    if m == 0 and r == 0:
+        _initial_eval(sc, core, events)
+    logs = TorchftLogs(events, m, r)
+    logs.install()
+
+    def state_dict() -> dict[str, object]:
+        return {"model": core.model.state_dict(), "optimizer": core.optimizer.opt.state_dict(), "step": core.step}
+
+    def load_state_dict(sd: dict[str, object]) -> None:
+        core.model.load_state_dict(sd["model"])  # type: ignore[arg-type]
+        core.optimizer.opt.load_state_dict(sd["optimizer"])  # type: ignore[arg-type]
+        core.step = int(sd["step"])  # type: ignore[call-overload]
+
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timeout), min_replica_size=t.min_replicas, load_state_dict=load_state_dict,
+        state_dict=state_dict, use_async_quorum=False, replica_id=f"learner{m}", rank=r, world_size=spec.size,
+        store_addr="127.0.0.1", store_port=spec.store_port, lighthouse_addr=spec.lighthouse, hostname="127.0.0.1",
+        timeout=timeout, quorum_timeout=datetime.timedelta(seconds=t.quorum_timeout_s),
+        connect_timeout=datetime.timedelta(seconds=t.connect_timeout_s), init_sync=False,
+        quorum_retries=t.quorum_retries)
+    nonfinite = False
+
+    def on_step(step: int, loss: float, tokens: int, sync_s: float) -> None:
+        nonlocal nonfinite
+        if r != 0:
+            return
+        if not nonfinite and not math.isfinite(loss):
+            nonfinite = True
+            events.write(LearnerNonfinite(learner=m, step=step, loss=loss,
+                                          error=f"training loss {loss} at step {step}: the learner's work is "
+                                                "non-finite"))
+        events.write(Step(learner=m, step=step, loss=round(loss, 5), tokens=tokens, chips=spec.size,
+                          compute_s=round(core.last_compute_s, 5), sync_s=round(sync_s, 5)))
+
+    def on_sync(inner: int, committed: bool, digest: str) -> None:
+        err = manager.errored()
+        events.write(TorchftSync(learner=m, rank=r, step=manager.current_step(), inner_step=inner,
+                                 quorum_id=int(manager._quorum_id), participants=manager.num_participants(),
+                                 committed=committed, healed=bool(manager._healing), digest=digest,
+                                 error=None if err is None else str(err)))
+
+    rank = Rank(sc, m, r, spec.size, core, manager, logs, on_step, on_sync)
+    t0 = time.monotonic()
+    try:
+        LOOPS[algorithms.get(sc.algorithm).merge_unit](rank)
+        if m == 0 and r == 0:
+            tokens = float(manager.batches_committed() * rank.tokens_per_sync)
+            atomic_torch_save({"params": rank.global_params(), "merges": manager.current_step(),
+                               "algorithm": sc.algorithm, "tokens_merged": tokens},
+                              os.path.join(spec.run_dir, CHECKPOINT_FILE))
+    finally:
+        manager.shutdown(wait=False)
+    if r == 0:
+        events.write(LearnerDone(learner=m, steps=core.step, finite=core.finite(),
+                                 timing={"train": round(time.monotonic() - t0, 4)}, cpu_s=cpu_seconds()))
+    del store

@@ -1,0 +1,76 @@
+"""Validation of the system under test (`[target]`, `[torchft]`; diloco_chaos/harness/config/target_check.py): each
+refusal names its key, whether or not torchft is installed (no run here)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import tiny_table
+
+from diloco_chaos.harness.config.scenario import ScenarioError, from_dict
+from diloco_chaos.harness.targets.base import get, names, system_of
+
+TFT_DILOCO = {"diloco": {"fragments": 2, "sync_every": 4, "overlap": 1}}
+
+
+def refused(table: dict[str, Any], *parts: str) -> str:
+    with pytest.raises(ScenarioError) as e:
+        from_dict(table)
+    text = str(e.value)
+    for p in parts:
+        assert p in text, text
+    return text
+
+
+def test_auto_resolves_the_system_from_the_algorithm() -> None:
+    assert names() == ("builtin", "torchft")
+    assert system_of(from_dict(tiny_table("ddp"))) == "builtin"
+    table = tiny_table("torchft_diloco", **TFT_DILOCO)
+    table["target"] = {"system": "torchft"}
+    if get("torchft").needs_module:
+        pytest.importorskip("torchft", reason="the torchft system is refused without torchft installed")
+    assert system_of(from_dict(table)) == "torchft"
+
+
+def test_a_builtin_algorithm_on_torchft_and_the_reverse_are_refused() -> None:
+    refused({**tiny_table("ddp"), "target": {"system": "torchft"}}, "target.system = 'torchft'",
+            "algorithm = 'ddp' runs on the 'builtin' system")
+    refused({**tiny_table("torchft_ddp"), "target": {"system": "builtin"}}, "target.system = 'builtin'",
+            "algorithm = 'torchft_ddp' runs on the 'torchft' system")
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("min_replicas", 0, "torchft.min_replicas = 0: must be in [1, 64]"),
+    ("min_replicas", 3, "torchft.min_replicas = 3: must be in [1, topology.learners = 2]"),
+    ("join_timeout_s", 0.0, "torchft.join_timeout_s = 0.0: must be in"),
+    ("heartbeat_timeout_s", 1e6, "torchft.heartbeat_timeout_s = 1000000.0: must be in"),
+    ("quorum_tick_ms", 0, "torchft.quorum_tick_ms = 0: must be in"),
+    ("quorum_tick_ms", 5000, "torchft.quorum_tick_ms = 5000: must be below torchft.join_timeout_s"),
+    ("quorum_retries", -1, "torchft.quorum_retries = -1: must be in [0, 100]"),
+    ("timeout_s", 40.0, "torchft.timeout_s = 40.0: must be below torchft.quorum_timeout_s = 30.0"),
+    ("connect_timeout_s", 20.0, "torchft.connect_timeout_s = 20.0: must be at most torchft.timeout_s = 10.0"),
+    ("quorum_timeout_s", 3.5, "torchft.quorum_timeout_s = 3.5: must be above heartbeat_timeout_s + "
+                              "join_timeout_s = 4"),
+    ("quorum_timeout_s", 300.0, "torchft.quorum_timeout_s = 300.0: must be below timeouts.run_s = 240.0"),
+])
+def test_each_torchft_key_out_of_range_is_refused_naming_it(key: str, value: Any, message: str) -> None:
+    refused(tiny_table("torchft_ddp", torchft={key: value}), message)
+
+
+def test_streaming_diloco_constraints_name_their_key() -> None:
+    refused(tiny_table("torchft_diloco", diloco={"fragments": 3, "sync_every": 4, "overlap": 0}),
+            "diloco.sync_every = 4: must be a multiple of diloco.fragments = 3")
+    refused(tiny_table("torchft_diloco", diloco={"fragments": 2, "sync_every": 4, "overlap": 2}),
+            "diloco.overlap = 2: must be below diloco.sync_every / diloco.fragments = 2")
+
+
+def test_a_fault_kind_the_target_cannot_carry_is_refused_naming_target_and_kind() -> None:
+    table = tiny_table("torchft_ddp", recovery={"policy": "restart"})
+    table["faults"] = [{"action": "kill_learner", "learner": 0, "at": {"step": 5}}]
+    refused(table, "faults[0].action = 'kill_learner': target 'torchft' cannot carry this fault kind")
+
+
+def test_torchft_runs_on_local_hosts_only_for_now() -> None:
+    refused(tiny_table("torchft_ddp", launch={"hosts": "netns"}, links={"proxy": "off"}),
+            "launch.hosts = 'netns', launch.backend = 'local': target 'torchft' runs on this machine only")
