@@ -47,6 +47,17 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[
                           timeout=120, cwd=cwd)
 
 
+def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """The command line in this process (argparse's refusals included): its exit code and stderr. An uncaught
+    exception fails the test here, where a real process would print a traceback; `test_as_a_real_process_too`
+    takes one case of each kind through a real process."""
+    try:
+        rc = cli.main(list(args))
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else 1
+    return rc, capsys.readouterr().err
+
+
 @pytest.mark.parametrize("name", ["binary", "random-faults-explodes", "random-faults-topology-huge",
                                   "incident-fault-typo"])
 def test_as_a_real_process_too(name: str) -> None:
@@ -55,6 +66,16 @@ def test_as_a_real_process_too(name: str) -> None:
     assert res.returncode == 2, res.stderr
     assert expected(CORPUS / f"{name}.toml") in res.stderr
     assert "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("args, key", [
+    (["toxiproxy-server", "--port", "x"], "--port"),
+    (["report", "/nonexistent/run"], "/nonexistent/run"),
+])
+def test_bad_arguments_as_a_real_process_too(args: list[str], key: str) -> None:
+    res = run_cli(*args)
+    assert res.returncode == 2, res.stderr
+    assert key in res.stderr and "Traceback" not in res.stderr
 
 
 def test_validate_reports_every_file_and_passes_good_ones(capsys: pytest.CaptureFixture[str]) -> None:
@@ -72,25 +93,27 @@ def test_validate_reports_every_file_and_passes_good_ones(capsys: pytest.Capture
     (["toxiproxy-server", "--port", "x"], "--port"),
     (["validate"], "FILE"),
 ])
-def test_bad_arguments_exit_2_without_a_traceback(args: list[str], key: str) -> None:
-    res = run_cli(*args)
-    assert res.returncode == 2, res.stderr
-    assert key in res.stderr and "Traceback" not in res.stderr
+def test_bad_arguments_exit_2_without_a_traceback(args: list[str], key: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    rc, err = run_main(capsys, *args)
+    assert rc == 2, err
+    assert key in err
 
 
-def test_a_runs_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
+def test_a_runs_dir_that_is_a_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "afile").write_text("")
-    res = run_cli("run", "--runs-dir", str(tmp_path / "afile"), "--quiet")
-    assert res.returncode == 2 and "--runs-dir" in res.stderr and "Traceback" not in res.stderr
+    rc, err = run_main(capsys, "run", "--runs-dir", str(tmp_path / "afile"), "--quiet")
+    assert rc == 2 and "--runs-dir" in err
 
 
 @pytest.mark.parametrize("config", [b'{"bad', b"[1, 2]", b"\xff\xfe", b""])
-def test_a_damaged_run_directory_is_refused_by_replay(tmp_path: Path, config: bytes) -> None:
+def test_a_damaged_run_directory_is_refused_by_replay(tmp_path: Path, config: bytes,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "config.json").write_bytes(config)
     (tmp_path / "events.jsonl").write_text('{"ev": "run_start"')
-    res = run_cli("replay", str(tmp_path), "--runs-dir", str(tmp_path / "runs"), "--quiet")
-    assert res.returncode == 2, res.stderr
-    assert "config.json" in res.stderr and "Traceback" not in res.stderr
+    rc, err = run_main(capsys, "replay", str(tmp_path), "--runs-dir", str(tmp_path / "runs"), "--quiet")
+    assert rc == 2, err
+    assert "config.json" in err
 
 
 @pytest.mark.parametrize("report, events, names", [
@@ -102,13 +125,13 @@ def test_a_damaged_run_directory_is_refused_by_replay(tmp_path: Path, config: by
     (b'{"a": 1}', b"", "holds no event"),
 ])
 def test_a_damaged_run_directory_is_refused_by_report(tmp_path: Path, report: bytes | None, events: bytes,
-                                                      names: str) -> None:
+                                                      names: str, capsys: pytest.CaptureFixture[str]) -> None:
     if report is not None:
         (tmp_path / "report.json").write_bytes(report)
     (tmp_path / "events.jsonl").write_bytes(events)
-    res = run_cli("report", str(tmp_path))
-    assert res.returncode == 2, res.stderr
-    assert names in res.stderr and "Traceback" not in res.stderr
+    rc, err = run_main(capsys, "report", str(tmp_path))
+    assert rc == 2, err
+    assert names in err
 
 
 INCIDENTS = [p for p in FILES if p.name.startswith("incident-")]

@@ -110,7 +110,10 @@ def record_of(kind: str, fields: Mapping[str, Any]) -> Event:
 
 
 def _body(rec: Event) -> dict[str, Any]:
-    return {f.name: getattr(rec, f.name) for f in dataclasses.fields(rec) if f.name not in BASE_FIELDS}
+    """The record's fields as written: an optional field left at its default None is left out (a reader fills it
+    in again), so a line holds what its writer said and keeps the form raw readers of events.jsonl know."""
+    return {f.name: v for f in dataclasses.fields(rec) if f.name not in BASE_FIELDS
+            and not ((v := getattr(rec, f.name)) is None and f.default is None)}
 
 
 def _jsonable(obj: Any) -> Any:
