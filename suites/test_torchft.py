@@ -146,7 +146,7 @@ def test_frozen_group_is_dropped_and_catches_up_after_sigcont(run_scenario):
 
 
 @pytest.mark.xfail(raises=ChaosRunFailed, strict=False, reason=(
-    "1 run in 3 measured: after the restarted Lighthouse reused a quorum id, one group's process-group configure "
+    "1 run in 4 measured: after the restarted Lighthouse reused a quorum id, one group's process-group configure "
     "failed (Gloo connectFullMesh timeout) and it fell behind until the others had finished; alone under "
     "min_replicas = 2 its quorum request then timed out (quorum_timeout_s) and it exited 1 "
     "(docs/targets/torchft.md \"Findings\")"))

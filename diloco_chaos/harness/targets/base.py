@@ -60,7 +60,7 @@ class Target:
     """kind -> why this target refuses that fault kind (validation adds it to the error), None: no reason given."""
     supervisor: MakeSupervisor | None = None
     """Its run's supervisor (a Supervisor subclass), for callers that need the run directory before the run
-    (the pytest plugin, `diloco_chaos.run`): `supervisor_for`; None: the builtin Supervisor."""
+    (the pytest plugin, `diloco_chaos.run`): `supervisor_for`; None: only `run` carries out its runs."""
     builtin_syncer: bool = True
     """Whether `kill_syncer` hits the built-in syncer, so its rules apply (a restorable algorithm,
     recovery.syncer_checkpoint); False: the target's coordinator, checked by the target's own rules
@@ -114,9 +114,7 @@ def system_of(sc: Scenario) -> str:
 
 def supervisor_for(sc: Scenario, run_root: str | os.PathLike[str], on_events: OnEvents | None = None) -> Supervisor:
     """The supervisor of a run of `sc` on its system (its run directory made; `.run()` carries it out)."""
-    make = get(system_of(sc)).supervisor
-    if make is None:
-        from diloco_chaos.harness.run.supervisor import Supervisor
-
-        return Supervisor(sc, run_root, on_events)
-    return make(sc, run_root, on_events)
+    target = get(system_of(sc))
+    if target.supervisor is None:
+        raise ValueError(f"target {target.name!r} gives no supervisor (Target.supervisor): run it with its `run`")
+    return target.supervisor(sc, run_root, on_events)
