@@ -97,13 +97,13 @@ def run(sc: Scenario | Mapping[str, Any] | str | os.PathLike[str], runs_dir: str
     it under `if __name__ == "__main__":` in a script (multiprocessing)."""
     from diloco_chaos.harness.chaos_run import ChaosRun
     from diloco_chaos.harness.config.scenario import Scenario, builtin, from_dict, load
-    from diloco_chaos.harness.run.supervisor import Supervisor
+    from diloco_chaos.harness.targets.base import supervisor_for
 
     if isinstance(sc, Mapping):
         sc = from_dict(dict(sc))
     elif not isinstance(sc, Scenario):
         sc = load(sc) if str(sc).endswith(".toml") or Path(sc).is_file() else builtin(str(sc))
-    sup = Supervisor(sc, runs_dir)
+    sup = supervisor_for(sc, runs_dir)
     out = ChaosRun(sup.sc, sup.run_dir)
     try:
         result = sup.run()

@@ -65,10 +65,38 @@ def test_streaming_diloco_constraints_name_their_key() -> None:
             "diloco.overlap = 2: must be below diloco.sync_every / diloco.fragments = 2")
 
 
-def test_a_fault_kind_the_target_cannot_carry_is_refused_naming_target_and_kind() -> None:
+def test_a_fault_kind_the_target_cannot_carry_is_refused_naming_target_kind_and_reason() -> None:
+    table = tiny_table("torchft_ddp")
+    table["faults"] = [{"action": "partition", "learner": 0, "at": {"step": 5}, "until": {"after_s": 1.0}}]
+    refused(table, "faults[0].action = 'partition': target 'torchft' cannot carry this fault kind",
+            "link faults need one network namespace per replica group",
+            "it carries: crash_host, freeze, kill_chip, kill_learner, kill_syncer")
+    table["faults"] = [{"action": "slow", "learner": 0, "speed": 0.5, "at": {"step": 5}, "until": {"after_s": 1.0}}]
+    refused(table, "faults[0].action = 'slow': target 'torchft' cannot carry this fault kind: not carried yet")
+
+
+@pytest.mark.parametrize("fault", [
+    {"action": "kill_learner", "learner": 1, "at": {"step": 5, "learner": 0}},
+    {"action": "kill_chip", "learner": 1, "chip": 1, "at": {"step": 5}},
+    {"action": "crash_host", "learner": 1, "at": {"step": 5}},
+    {"action": "freeze", "learner": 1, "at": {"step": 5}, "until": {"after_s": 2.0}},
+])
+def test_the_process_faults_it_carries_are_accepted(fault: dict[str, Any]) -> None:
+    pytest.importorskip("torchft", reason="the torchft system is refused without torchft installed")
     table = tiny_table("torchft_ddp", recovery={"policy": "restart"})
-    table["faults"] = [{"action": "kill_learner", "learner": 0, "at": {"step": 5}}]
-    refused(table, "faults[0].action = 'kill_learner': target 'torchft' cannot carry this fault kind")
+    table["faults"] = [fault]
+    assert from_dict(table).faults[0].action == fault["action"]
+
+
+def test_kill_syncer_needs_quorum_retries_and_the_restart_policy() -> None:
+    table = tiny_table("torchft_ddp")
+    table["faults"] = [{"action": "kill_syncer", "at": {"step": 5}}]
+    refused(table, "torchft.quorum_retries = 0: faults[0] kills the Lighthouse", "set it to at least 1",
+            "faults[0].action = 'kill_syncer': needs recovery.syncer_policy = 'restart'")
+    pytest.importorskip("torchft", reason="the torchft system is refused without torchft installed")
+    ok = tiny_table("torchft_ddp", torchft={"quorum_retries": 1}, recovery={"syncer_policy": "restart"})
+    ok["faults"] = table["faults"]
+    assert from_dict(ok).faults[0].action == "kill_syncer"  # the builtin syncer's checkpoint rules do not apply
 
 
 def test_torchft_runs_on_local_hosts_only_for_now() -> None:

@@ -47,7 +47,7 @@ from diloco_chaos.harness.config.sections import (
     learner_policy,
     read_toml,
 )
-from diloco_chaos.harness.config.target_check import target_rules
+from diloco_chaos.harness.config.target_check import builtin_syncer, target_rules
 from diloco_chaos.harness.config.task_check import task_rules
 from diloco_chaos.trainers.config import did_you_mean
 from diloco_chaos.trainers.data import CORPUS_NAMES
@@ -167,7 +167,7 @@ def rules(sc: Scenario, keys: Sequence[str], found: Found) -> None:
                 and found.ok("recovery.policy")):
             found.add(key, f"{key}.action = {f.action!r}: needs recovery.policy = 'restart' "
                            "(with 'fail' the first lost chip ends the run)")
-        if kind.target == "syncer":
+        if kind.target == "syncer" and builtin_syncer(sc):
             if not algorithms.get(sc.algorithm).restorable_syncer and found.ok("algorithm"):
                 found.add(key, f"{key}.action = {f.action!r}: supported for {_having('restorable_syncer')} "
                                f"only, not {sc.algorithm!r} (its syncer keeps no checkpoint to restore)")

@@ -2,7 +2,9 @@
 
 What: `target_rules` reports, each naming its key: a `target.system` the algorithm does not run on (a builtin
 algorithm on torchft or a torchft algorithm on builtin); a fault kind the target cannot carry (naming target
-and kind); a launch mode the target does not support yet; for torchft, its timeout hierarchy
+and kind, and the target's reason); for torchft, a `kill_syncer` (the Lighthouse) without torchft.quorum_retries
+>= 1 (every replica would fail after quorum_timeout_s) or without recovery.syncer_policy = 'restart'; a launch
+mode the target does not support yet; for torchft, its timeout hierarchy
 (connect_timeout_s <= timeout_s < quorum_timeout_s < timeouts.run_s, heartbeat_timeout_s + join_timeout_s <
 quorum_timeout_s, quorum_tick_ms below both Lighthouse timeouts), min_replicas <= topology.learners, and
 Streaming DiLoCo's constraints for torchft_diloco (diloco.sync_every % diloco.fragments == 0 and
@@ -44,14 +46,35 @@ def target_rules(sc: Scenario, keys: list[str], found: Found) -> None:
         for key, f in zip(keys, sc.faults, strict=True):
             if f.action not in target.fault_kinds:
                 allowed = ", ".join(sorted(target.fault_kinds)) or "none yet"
-                found.add(key, f"{key}.action = {f.action!r}: target {system!r} cannot carry this fault kind "
+                why = f": {target.fault_refusal(f.action)}" if target.fault_refusal is not None else ""
+                found.add(key, f"{key}.action = {f.action!r}: target {system!r} cannot carry this fault kind{why} "
                                f"(it carries: {allowed}; docs/targets.md)")
     if system == "torchft":
-        _torchft(sc, found)
+        _torchft(sc, keys, found)
 
 
-def _torchft(sc: Scenario, found: Found) -> None:
+def builtin_syncer(sc: Scenario) -> bool:
+    """Whether a `kill_syncer` of `sc` hits the built-in syncer (its rules apply: diloco_chaos/harness/config/
+    check.py); False when the scenario's target has its own coordinator (torchft: the Lighthouse). An unknown
+    algorithm or system counts as built-in (their own errors are reported elsewhere)."""
+    try:
+        return targets.get(targets.system_of(sc)).builtin_syncer
+    except ValueError:
+        return True
+
+
+def _torchft(sc: Scenario, keys: list[str], found: Found) -> None:
     t, la = sc.torchft, sc.launch
+    for key, f in zip(keys, sc.faults, strict=True):
+        if f.action != "kill_syncer":
+            continue
+        if t.quorum_retries < 1 and found.ok("torchft.quorum_retries"):
+            found.add("torchft.quorum_retries", f"torchft.quorum_retries = {t.quorum_retries}: {key} kills the "
+                                                "Lighthouse; with no quorum retry every replica group fails after "
+                                                "torchft.quorum_timeout_s (set it to at least 1)")
+        if sc.recovery.syncer_policy != "restart" and found.ok("recovery.syncer_policy"):
+            found.add(key, f"{key}.action = 'kill_syncer': needs recovery.syncer_policy = 'restart' (the Lighthouse "
+                           "is restarted after its repair delay)")
     if (la.hosts, la.backend) != ("local", "local") and found.ok("launch.hosts", "launch.backend"):
         found.add("launch.hosts", f"launch.hosts = {la.hosts!r}, launch.backend = {la.backend!r}: target 'torchft' "
                                   "runs on this machine only for now (launch.hosts = 'local', launch.backend = "

@@ -65,7 +65,10 @@ RECOVERED = {"learner_down": "until the restarted learner stepped again",
 # -- faults: the reactions to each, and its end ------------------------------------------------------------
 
 REACTIONS = ("learner_down", "learner_shrink", "learner_leave", "syncer_down")
-BACK = {"learner_down": "learner_restart", "learner_shrink": "chip_joined", "syncer_down": "syncer_restore"}
+BACK = {"learner_down": ("learner_restart",), "learner_shrink": ("chip_joined",),
+        "syncer_down": ("syncer_restore", "lighthouse_ready")}
+"""The record that says a reaction is over; the torchft target's coordinator, the Lighthouse, is back when a
+restarted one is ready (it keeps no state to restore)."""
 
 
 def concerns(f: FaultStart, e: Event) -> bool:
@@ -132,7 +135,7 @@ class FaultReactions:
                 elif isinstance(e, Step) and e.learner == who:
                     k.back = e
             elif (react == "learner_leave" and isinstance(e, LearnerJoin) and e.learner == who) or (
-                    e.ev == BACK.get(react) and _learner(e, who) == who):
+                    e.ev in BACK.get(react, ()) and _learner(e, who) == who):
                 k.back = e
             if k.back is not None and k.fault.action in KILL_ACTIONS:
                 recovered.append(i)
@@ -151,7 +154,8 @@ class FaultReactions:
 def fault_response(evs: Sequence[Event]) -> list[dict[str, Any]]:
     """Per fault that hit a process or link: time to detect (fault start -> the first reaction to it: the
     supervisor's learner_down / learner_shrink / syncer_down, or the syncer dropping the learner), and time to
-    rejoin (that reaction -> the learner stepping again, the repaired chip joined, or the syncer restored).
+    rejoin (that reaction -> the learner stepping again, the repaired chip joined, or the syncer restored or
+    the Lighthouse ready again).
     Each reaction is the fault's own (`concerns`: a syncer_down only for a fault on the syncer, a learner's
     reactions only for a fault on that learner), counted while the fault was on (`FaultReactions`): report.json,
     the HTML report and the live output all read this definition, so they agree. A kill whose `fault_end`

@@ -30,12 +30,14 @@ from diloco_chaos.harness.algorithms import base as algorithms
 
 if TYPE_CHECKING:
     from diloco_chaos.harness.config.scenario import Scenario
-    from diloco_chaos.harness.run.supervisor import RunResult
+    from diloco_chaos.harness.run.supervisor import RunResult, Supervisor
 
 OnEvents = Callable[[list[dict[str, Any]]], None]
 """What a run calls with each batch of new events (the CLI's table and progress)."""
 RunFn = Callable[["Scenario", "str | os.PathLike[str]", "OnEvents | None"], "RunResult"]
 """(scenario, runs root, on_events) -> the finished run; raises RunFailed when it did not complete."""
+MakeSupervisor = Callable[["Scenario", "str | os.PathLike[str]", "OnEvents | None"], "Supervisor"]
+"""(scenario, runs root, on_events) -> the run's supervisor, its run directory made, not started yet."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,15 @@ class Target:
     """Whether its learners' links can go through Toxiproxy proxies (`links.proxy`); False: it must be "off"."""
     needs_module: str = ""
     """A Python module it needs installed (its optional extra), "" for none: validation names it if absent."""
+    fault_refusal: Callable[[str], str] | None = None
+    """kind -> why this target refuses that fault kind (validation adds it to the error), None: no reason given."""
+    supervisor: MakeSupervisor | None = None
+    """Its run's supervisor (a Supervisor subclass), for callers that need the run directory before the run
+    (the pytest plugin, `diloco_chaos.run`): `supervisor_for`; None: only `run` carries out its runs."""
+    builtin_syncer: bool = True
+    """Whether `kill_syncer` hits the built-in syncer, so its rules apply (a restorable algorithm,
+    recovery.syncer_checkpoint); False: the target's coordinator, checked by the target's own rules
+    (diloco_chaos/harness/config/target_check.py)."""
 
 
 _REGISTRY: dict[str, Target] = {}
@@ -99,3 +110,11 @@ def get(name: str) -> Target:
 def system_of(sc: Scenario) -> str:
     """The system that runs `sc`: `target.system`, or with "auto" the one its algorithm's descriptor names."""
     return algorithms.get(sc.algorithm).system if sc.target.system == "auto" else sc.target.system
+
+
+def supervisor_for(sc: Scenario, run_root: str | os.PathLike[str], on_events: OnEvents | None = None) -> Supervisor:
+    """The supervisor of a run of `sc` on its system (its run directory made; `.run()` carries it out)."""
+    target = get(system_of(sc))
+    if target.supervisor is None:
+        raise ValueError(f"target {target.name!r} gives no supervisor (Target.supervisor): run it with its `run`")
+    return target.supervisor(sc, run_root, on_events)

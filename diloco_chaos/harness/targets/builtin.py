@@ -10,15 +10,19 @@ from diloco_chaos.harness.targets.base import OnEvents, Target, register
 
 if TYPE_CHECKING:
     from diloco_chaos.harness.config.scenario import Scenario
-    from diloco_chaos.harness.run.supervisor import RunResult
+    from diloco_chaos.harness.run.supervisor import RunResult, Supervisor
+
+
+def supervisor(sc: Scenario, run_root: str | os.PathLike[str], on_events: OnEvents | None) -> Supervisor:
+    from diloco_chaos.harness.run.supervisor import Supervisor
+
+    return Supervisor(sc, run_root, on_events)
 
 
 def run(sc: Scenario, run_root: str | os.PathLike[str], on_events: OnEvents | None) -> RunResult:
-    from diloco_chaos.harness.run.supervisor import Supervisor
-
-    return Supervisor(sc, run_root, on_events).run()
+    return supervisor(sc, run_root, on_events).run()
 
 
 TARGET = register(Target(
     name="builtin", summary="this package's learners (one process per chip) and syncer (its shards)",
-    run=run, fault_kinds=None, link_proxies=True))
+    run=run, fault_kinds=None, link_proxies=True, supervisor=supervisor))

@@ -202,7 +202,7 @@ def execute(scenario: Any, root: Path, item: pytest.Item | None, config: pytest.
     """Run a scenario for `item` under `root`: the deadline bounded by the test's timeout, a shared Toxiproxy
     server held exclusively, the run recorded for the failure report (and appended to `sink` as soon as it
     starts, so that its hygiene is checked however it ends). Raises ChaosRunFailed."""
-    from diloco_chaos.harness.run.supervisor import Supervisor
+    from diloco_chaos.harness.targets.base import supervisor_for
 
     sc = as_scenario(scenario, name)
     if toxiproxy is not None and sc.links.proxy != "auto":
@@ -216,7 +216,7 @@ def execute(scenario: Any, root: Path, item: pytest.Item | None, config: pytest.
             stack.enter_context(_environ("TOXIPROXY_URL", toxiproxy.url))
         left, timeout = run_budget(item)
         bounded = bound_deadline(sc, left, timeout, grace_s(config))
-        sup = Supervisor(bounded, root, on_events)
+        sup = supervisor_for(bounded, root, on_events)
         run = ChaosRun(bounded, sup.run_dir,
                        bounded_from_s=sc.timeouts.run_s if bounded is not sc else None)
         _remember(item, run)

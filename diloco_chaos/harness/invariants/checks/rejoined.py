@@ -14,6 +14,7 @@ from diloco_chaos.harness.invariants.registry import REQUIRED, Bound, register
 from diloco_chaos.harness.record.learner import Step
 from diloco_chaos.harness.record.run import LearnerDown, LearnerRestart
 from diloco_chaos.harness.record.syncer import LearnerJoin
+from diloco_chaos.harness.record.torchft import TorchftSync
 
 
 @register(order=50, mode="when_bound", bounds=(
@@ -22,7 +23,8 @@ from diloco_chaos.harness.record.syncer import LearnerJoin
 def rejoined(run: Run, *, within_s: float) -> InvariantResult:
     """Every failed learner (a `learner_down`: the supervisor saw one of its chips die and will restart it)
     was back within `within_s` after its repair delay ended: back = both the syncer logged its `learner_join`
-    and it logged an inner `step`, after its `learner_restart`. Figure: the longest delay from
+    (on the torchft target: the group committed a step in a quorum, a committed `torchft_sync`) and it logged
+    an inner `step`, after its `learner_restart`. Figure: the longest delay from
     learner_down.t + repair_s to being back (inf if it never came back, or failed again first)."""
     r = _run(run)
     downs = r.records(LearnerDown)
@@ -38,6 +40,9 @@ def rejoined(run: Run, *, within_s: float) -> InvariantResult:
         if restart is not None:
             t0 = restart.t
             join = next((e.t for e in r.records(LearnerJoin) if e.learner == m and t0 < e.t), math.inf)
+            # the torchft target has no syncer: a replica group joins when it commits in a quorum again
+            join = min(join, next((e.t for e in r.records(TorchftSync) if e.learner == m and e.committed
+                                   and t0 < e.t), math.inf))
             step = next((e.t for e in r.records(Step) if e.learner == m and t0 < e.t), math.inf)
             back = max(join, step)
         if back >= again:

@@ -5,7 +5,12 @@ scenario's task. This module only registers the descriptor; torchft itself is im
 
 Modules: lighthouse (start, readiness, teardown of `torchft_lighthouse`), trainer (one rank's process), loops
 (the two algorithms' training loops), observe (torchft's loggers and the global-weights digest as typed
-records), run (the run's supervisor: lighthouse, groups, watch, post-run phase)."""
+records), run (the run's supervisor: lighthouse, groups, faults, watch, post-run phase).
+
+Faults carried (docs/targets/torchft.md "Faults"): kill_chip, kill_learner and crash_host end a replica group,
+which restarts as a whole after its repair delay and heals from a live peer; freeze SIGSTOPs a group's ranks
+until SIGCONT; kill_syncer SIGKILLs the Lighthouse, restarted on its port after its repair delay. Link faults
+and slow are refused (`refusal` says why)."""
 
 from __future__ import annotations
 
@@ -16,15 +21,34 @@ from diloco_chaos.harness.targets.base import OnEvents, Target, register
 
 if TYPE_CHECKING:
     from diloco_chaos.harness.config.scenario import Scenario
-    from diloco_chaos.harness.run.supervisor import RunResult
+    from diloco_chaos.harness.run.supervisor import RunResult, Supervisor
+
+
+def supervisor(sc: Scenario, run_root: str | os.PathLike[str], on_events: OnEvents | None) -> Supervisor:
+    from diloco_chaos.harness.targets.torchft.run import TorchftRun
+
+    return TorchftRun(sc, run_root, on_events)
 
 
 def run(sc: Scenario, run_root: str | os.PathLike[str], on_events: OnEvents | None) -> RunResult:
-    from diloco_chaos.harness.targets.torchft.run import TorchftRun
+    return supervisor(sc, run_root, on_events).run()
 
-    return TorchftRun(sc, run_root, on_events).run()
+
+FAULT_KINDS = frozenset({"kill_chip", "kill_learner", "crash_host", "freeze", "kill_syncer"})
+"""The `[[faults]]` actions the torchft target carries."""
+
+
+def refusal(kind: str) -> str:
+    """Why the torchft target refuses fault kind `kind`."""
+    from diloco_chaos.chaos import faults
+
+    if faults.get(kind).target == "link":
+        return ("link faults need one network namespace per replica group (torchft's Gloo pairs and checkpoint "
+                "server use ephemeral ports, so no proxy can carry them): not carried yet")
+    return "not carried yet (untested against torchft's quorum and Gloo timeouts)"
 
 
 TARGET = register(Target(
     name="torchft", summary="torchft 0.2.0: its Lighthouse and one replica group (Manager, ProcessGroupGloo) per "
-                            "learner", run=run, fault_kinds=frozenset(), link_proxies=False, needs_module="torchft"))
+                            "learner", run=run, fault_kinds=FAULT_KINDS, link_proxies=False, needs_module="torchft",
+    fault_refusal=refusal, supervisor=supervisor, builtin_syncer=False))

@@ -68,9 +68,11 @@ class Lighthouse:
         """What the managers are given (TORCHFT_LIGHTHOUSE)."""
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> None:
-        """Start it and return once its port accepts; LighthouseFailed if it exits or startup_s passes first."""
-        self.port = free_port()
+    def start(self, port: int = 0) -> None:
+        """Start it (on `port`, 0: a free one) and return once its port accepts; LighthouseFailed if it exits or
+        startup_s passes first. A Lighthouse restarted after a `kill_syncer` gets its predecessor's port, which
+        the managers keep dialling (the Rust listener binds with SO_REUSEADDR, so the port is free again at once)."""
+        self.port = port or free_port()
         log = stderr_file(self.run_dir, PROC)
         log.parent.mkdir(exist_ok=True)
         t0 = time.monotonic()

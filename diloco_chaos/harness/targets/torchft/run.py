@@ -1,28 +1,52 @@
 """The supervisor of a torchft run: the builtin `Supervisor` (diloco_chaos/harness/run/supervisor.py) with its
 launch-and-watch part replaced. Everything around it is the builtin run's: the run directory, config.json,
-run_start, processes.json, SIGTERM/Ctrl-C handling, stopping every process (SIGTERM, then SIGKILL after
-timeouts.shutdown_s) however the run ends, and the post-run phase (diloco_chaos/harness/run/finish.py: final eval
-of global.pt, run_end, report.json, invariants.json).
+run_start, processes.json, SIGTERM/Ctrl-C handling, ending every active fault and stopping every process
+(SIGTERM, then SIGKILL after timeouts.shutdown_s) however the run ends, and the post-run phase
+(diloco_chaos/harness/run/finish.py: final eval of global.pt, run_end, report.json, invariants.json).
 
 What it launches: torchft's Lighthouse (lighthouse.py; `lighthouse_ready`), then, for each learner m, replica
 group m: topology.chips_per_learner trainer processes (trainer.py) forked from the run's forkserver, with their
-group's store port. What it watches: a group is done when all its ranks exited 0; a rank that exits non-zero, or
-the Lighthouse exiting, fails the run (RunFailed naming the group or the Lighthouse) since no fault is carried
-yet and so no failure is expected; timeouts.run_s bounds the whole run.
+group's store port.
+
+Faults (docs/targets/torchft.md "Faults"): the scenario's schedule runs through the builtin `FaultRunner`
+(diloco_chaos/harness/run/fault_runner.py) and `ProcessChaos` (diloco_chaos/chaos/processes.py), fed with the
+records the trainers write (rank 0's `step` is a group's progress, so `at = {step = N, learner = m}` fires on
+it); ProcessChaos hits pids from this registry: a group's live ranks, and the Lighthouse as the "syncer".
+The reactions are written as the builtin supervisor's records, so report.json's fault_response and timeline
+read them unchanged:
+- a group one of whose ranks died of a kill the schedule sent it (kill_chip, kill_learner, crash_host): its other
+  ranks are SIGKILLed (torchft cannot shrink a group: its ManagerServer lives in rank 0 and its store in rank 0's
+  process), `learner_down`, and after the repair delay the whole group starts again as new processes of the next
+  generation (`learner_restart`); it heals from a live peer through torchft. A group whose repair comes when
+  every other group has finished is not restarted (`chip_repair_skipped`): with no live peer to heal from it
+  would retrain from step 0 alone;
+- the Lighthouse killed by `kill_syncer`: `syncer_down`, and after the repair delay a new Lighthouse on the same
+  port (`syncer_restart`, then its `lighthouse_ready`).
+A rank exiting non-zero that no fault explains, or the Lighthouse exiting unkilled, fails the run (RunFailed
+naming the group or the Lighthouse); so does recovery.policy = 'fail' or max_restarts used up, a scheduled fault
+that never fired, and timeouts.run_s.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import time
+from typing import Any
 
+from diloco_chaos.chaos.processes import ProcessChaos, syncer_repair_key
 from diloco_chaos.harness.algorithms import base as algorithms
 from diloco_chaos.harness.record.events import EVENTS_FILE, EventTail
+from diloco_chaos.harness.record.run import ChipRepairSkipped, LearnerDown, LearnerRestart, SyncerDown, SyncerRestart
 from diloco_chaos.harness.record.torchft import LighthouseReady
-from diloco_chaos.harness.run.procutil import wait_any
-from diloco_chaos.harness.run.supervisor import POLL_S, RunFailed, Supervisor
+from diloco_chaos.harness.run.fault_runner import FaultRunner
+from diloco_chaos.harness.run.procutil import signal_proc, wait_any
+from diloco_chaos.harness.run.supervisor import FAULT_POLL_S, POLL_S, RunFailed, Supervisor
 from diloco_chaos.harness.targets.torchft.lighthouse import PROC, Lighthouse, LighthouseFailed, free_port
 from diloco_chaos.harness.targets.torchft.trainer import TrainerSpec, trainer_main
+
+GROUP_KILLS = frozenset({"kill_chip", "kill_learner", "crash_host"})
+"""The process faults that end a replica group (one rank or all of them): the group restarts after repair."""
 
 
 class TorchftRun(Supervisor):
@@ -32,50 +56,182 @@ class TorchftRun(Supervisor):
 
     def launch_and_watch(self, t0: float) -> None:
         sc = self.sc
-        self.lighthouse = Lighthouse(sc, self.run_dir)
+        self._hit: set[int] = set()  # groups a kill fault hit since their last start
+        self._lighthouse_hit = False  # a kill_syncer hit the Lighthouse since its last start
+        self._lighthouse_down_at: float | None = None  # when the killed Lighthouse restarts
+        self.lighthouse = self._start_lighthouse(0)
+        procs = ProcessChaos(self._group_pids, sc.topology.learners, on_event=self._on_chaos,
+                             syncer_pids=self._lighthouse_pids, progress=self._progress, seed=sc.seed)
+        self.procs_chaos = procs
+        self.faults = FaultRunner(sc.faults, None, self.events, procs)
+        for m in range(sc.topology.learners):
+            self._start_group(m, 0)
+        self._watch_groups(t0)
+        never = self.faults.never_fired()
+        if never:
+            raise RunFailed("scheduled fault(s) never fired: " + "; ".join(never))
+
+    # -- processes ---------------------------------------------------------------------------------------
+
+    def _start_lighthouse(self, port: int) -> Lighthouse:
+        """A Lighthouse on `port` (0: a free one), registered as PROC; its predecessor is retired."""
+        lh = Lighthouse(self.sc, self.run_dir)
         try:
-            self.lighthouse.start()
+            lh.start(port)
         except LighthouseFailed as e:
             raise RunFailed(str(e)) from e
-        pid = self.lighthouse.pid
+        if PROC in self.procs:
+            self.retired.append(self.procs[PROC])
+        self.lighthouse = lh
+        pid = lh.pid
         assert pid is not None
-        self.events.write(LighthouseReady(port=self.lighthouse.port, child_pid=pid,
-                                          ready_s=round(self.lighthouse.ready_s, 3)))
-        self.register_process(PROC, self.lighthouse)  # processes.json; stopped with the others
-        size = sc.topology.chips_per_learner
-        for m in range(sc.topology.learners):
-            store_port = free_port()
-            for r in range(size):
-                spec = TrainerSpec(str(self.run_dir), sc, m, r, size, self.lighthouse.address, store_port,
-                                   os.getpid(), algorithms.plugin_refs())
-                self.start_process(f"learner{m}.chip{r}", trainer_main, (spec,))
-        self._watch_groups(t0)
+        self.register_process(PROC, lh)  # processes.json; stopped with the others
+        self.events.write(LighthouseReady(port=lh.port, child_pid=pid, ready_s=round(lh.ready_s, 3)))
+        return lh
+
+    def _start_group(self, m: int, generation: int) -> None:
+        """Replica group m's ranks as new processes (its earlier generation's are retired), with a new store."""
+        assert self.lighthouse is not None
+        size = self.sc.topology.chips_per_learner
+        store_port = free_port()
+        for r in range(size):
+            name = f"learner{m}.chip{r}"
+            if name in self.procs:
+                self.retired.append(self.procs[name])
+            spec = TrainerSpec(str(self.run_dir), self.sc, m, r, size, self.lighthouse.address, store_port,
+                               os.getpid(), algorithms.plugin_refs(), generation=generation)
+            self.start_process(name, trainer_main, (spec,))
+        self.generation[m] = generation
+        self.learner_state[m] = "up"
+        self._hit.discard(m)
+
+    def _ranks(self, m: int) -> list[Any]:
+        return [self.procs[f"learner{m}.chip{r}"] for r in range(self.sc.topology.chips_per_learner)]
+
+    def _group_pids(self, m: int) -> list[int]:
+        """Live ranks of group m by rank (what a process fault on learner m hits); none while it is down."""
+        if self.learner_state.get(m) != "up":
+            return []
+        return [p.pid for p in self._ranks(m) if p.exitcode is None]
+
+    def _lighthouse_pids(self) -> dict[int, int]:
+        """The Lighthouse as syncer shard 0, while it runs (what kill_syncer hits)."""
+        lh = self.lighthouse
+        if lh is None or lh.pid is None or not lh.is_alive() or self._lighthouse_down_at is not None:
+            return {}
+        return {0: lh.pid}
+
+    def _on_chaos(self, kind: str, /, **fields: Any) -> None:
+        """ProcessChaos's events, written as the builtin run writes them; a kill it sends is remembered, so the
+        death it causes is an expected one."""
+        self.events.named(kind, **fields)
+        if kind == "process_fault" and fields.get("kind") in GROUP_KILLS and fields.get("learner") is not None:
+            self._hit.add(int(fields["learner"]))
+        elif kind == "process_fault" and fields.get("kind") == "kill_syncer":
+            self._lighthouse_hit = True
+
+    # -- reactions -------------------------------------------------------------------------------------
+
+    def _group_failed(self, m: int, codes: dict[str, int | None], step: int) -> None:
+        """A rank of group m exited non-zero: restart the group after its repair delay if a kill explains it."""
+        rec = self.sc.recovery
+        if m not in self._hit:
+            raise RunFailed(f"replica group {m} (learner {m}) failed: {codes} and no fault of the schedule hit it "
+                            "(see logs/)")
+        if rec.policy == "fail" or self.restarts.get(m, 0) >= rec.max_restarts:
+            why = "recovery.policy = 'fail'" if rec.policy == "fail" else f"max_restarts = {rec.max_restarts} used"
+            raise RunFailed(f"replica group {m} (learner {m}) failed ({why}): {codes}")
+        ranks = self._ranks(m)
+        for p in ranks:  # torchft cannot shrink a group: the survivors of a lost rank are stopped
+            if p.exitcode is None:
+                signal_proc(p, signal.SIGKILL)
+        for p in ranks:
+            p.join(timeout=self.sc.timeouts.shutdown_s)
+        assert self.procs_chaos is not None
+        repair = self.procs_chaos.repair_s.pop(m, rec.repair_s)
+        self.learner_state[m] = "down"
+        self.restart_at[m] = time.monotonic() + repair
+        self.events.write(LearnerDown(learner=m, exitcodes={f"learner{m}.chip{r}": p.exitcode
+                                                            for r, p in enumerate(ranks)}, step=step, repair_s=repair))
+
+    def _repair_group(self, m: int, step: int) -> None:
+        """Group m's repair delay is over: start its next generation, unless no other group is left to heal it."""
+        others = [k for k in self.learner_state if k != m and self.learner_state[k] == "up"]
+        if not others:
+            self.learner_state[m] = "done"
+            for r in range(self.sc.topology.chips_per_learner):
+                self.events.write(ChipRepairSkipped(learner=m, chip=r, step=step,
+                                                    reason="every other replica group has finished: no live peer "
+                                                           "to heal from"))
+            return
+        self.restarts[m] = self.restarts.get(m, 0) + 1
+        self._start_group(m, self.generation[m] + 1)
+        self.events.write(LearnerRestart(learner=m, generation=self.generation[m], start_step=step,
+                                         restarts=self.restarts[m]))
+
+    def _check_lighthouse(self, now: float) -> None:
+        """The Lighthouse: killed by a kill_syncer (restart it after its repair delay), or exited unexplained."""
+        lh, rec = self.lighthouse, self.sc.recovery
+        assert lh is not None and self.procs_chaos is not None
+        if self._lighthouse_down_at is None:
+            code = lh.exitcode
+            if code is None:
+                return
+            if not self._lighthouse_hit:
+                raise RunFailed(f"the torchft lighthouse exited with code {code} and no fault of the schedule hit "
+                                "it (see logs/lighthouse.stderr)")
+            if rec.syncer_policy != "restart" or self.syncer_restarts.get(0, 0) >= rec.max_restarts:
+                why = ("recovery.syncer_policy = 'fail'" if rec.syncer_policy != "restart"
+                       else f"max_restarts = {rec.max_restarts} used")
+                raise RunFailed(f"the torchft lighthouse was killed ({why})")
+            repair = self.procs_chaos.repair_s.pop(syncer_repair_key(0), rec.syncer_repair_s)
+            self._lighthouse_down_at = now + repair
+            self.events.write(SyncerDown(exitcode=code, repair_s=repair, shard=0))
+        elif now >= self._lighthouse_down_at:
+            self.syncer_restarts[0] = self.syncer_restarts.get(0, 0) + 1
+            new = self._start_lighthouse(lh.port)
+            self._lighthouse_down_at, self._lighthouse_hit = None, False
+            assert new.pid is not None
+            self.events.write(SyncerRestart(restarts=self.syncer_restarts[0], port=new.port, child_pid=new.pid,
+                                            shard=0))
+
+    # -- the watch loop --------------------------------------------------------------------------------
 
     def _watch_groups(self, t0: float) -> None:
-        sc, lighthouse = self.sc, self.lighthouse
-        assert lighthouse is not None
+        sc, faults = self.sc, self.faults
+        assert faults is not None
         tail = self._tail = EventTail(self.run_dir / EVENTS_FILE)
-        size = sc.topology.chips_per_learner
-        groups = {m: [self.procs[f"learner{m}.chip{r}"] for r in range(size)] for m in range(sc.topology.learners)}
+        groups = range(sc.topology.learners)
         while True:
             new = tail.poll()
             if self.on_events is not None:
                 self.on_events(new)
-            for m, ranks in groups.items():
-                failed = {f"learner{m}.chip{r}": p.exitcode for r, p in enumerate(ranks) if p.exitcode not in (None, 0)}
-                if failed:
-                    raise RunFailed(f"replica group {m} (learner {m}) failed: {failed} (the torchft target carries no "
-                                    "fault yet, so no failure is expected; see logs/)")
-            if all(p.exitcode == 0 for ranks in groups.values() for p in ranks):
+            faults.tick(new, time.monotonic() - t0)
+            now = time.monotonic()
+            steps = faults.schedule.progress.steps
+            for m in groups:
+                state = self.learner_state[m]
+                if state == "up":
+                    codes = {f"learner{m}.chip{r}": p.exitcode for r, p in enumerate(self._ranks(m))}
+                    if any(c not in (None, 0) for c in codes.values()):
+                        self._group_failed(m, codes, steps.get(m, 0))
+                    elif all(c == 0 for c in codes.values()):
+                        self.learner_state[m] = "done"
+                elif state == "down" and now >= self.restart_at[m]:
+                    self._repair_group(m, steps.get(m, 0))
+            self._check_lighthouse(now)
+            if all(self.learner_state[m] == "done" for m in groups):
                 if self.on_events is not None:
                     self.on_events(tail.poll())
                 return
-            code = lighthouse.exitcode
-            if code is not None:
-                raise RunFailed(f"the torchft lighthouse exited with code {code} (see logs/lighthouse.stderr)")
-            if time.monotonic() - t0 > sc.timeouts.run_s:
+            if now - t0 > sc.timeouts.run_s:
                 raise RunFailed(f"run exceeded timeouts.run_s = {sc.timeouts.run_s}s")
-            wait_any([p for ranks in groups.values() for p in ranks if p.exitcode is None], POLL_S)
+            waits = [self.restart_at[m] - now for m in groups if self.learner_state[m] == "down"]
+            if self._lighthouse_down_at is not None:
+                waits.append(self._lighthouse_down_at - now)
+            poll_s = min([FAULT_POLL_S if faults.pending() else POLL_S, *[max(0.0, w) for w in waits]])
+            wait_any([p for m in groups if self.learner_state[m] == "up" for p in self._ranks(m) if p.exitcode is None],
+                     poll_s)  # the Lighthouse (a Popen, no sentinel) is checked at each poll
 
     def _stop_all(self) -> None:
         """Every process as the builtin supervisor stops them (the Lighthouse included, by its pid), then the
@@ -83,4 +239,3 @@ class TorchftRun(Supervisor):
         super()._stop_all()
         if self.lighthouse is not None:
             self.lighthouse.stop()
-

@@ -57,6 +57,8 @@ class TrainerSpec:
     """The group's TCPStore (rank 0 hosts it)."""
     parent_pid: int
     plugins: tuple[algorithms.PluginRef, ...] = ()
+    generation: int = 0
+    """The group's generation: 0, then one more each time the supervisor restarts the group after a fault."""
 
 
 class GroupCollective:
@@ -98,7 +100,7 @@ def trainer_main(spec: TrainerSpec) -> None:
     proc = f"learner{m}.chip{r}"
     stderr_to_file(spec.run_dir, proc)
     events = EventLog(os.path.join(spec.run_dir, EVENTS_FILE), proc)
-    events.write(ChipStart(learner=m, rank=r, size=spec.size, generation=0))
+    events.write(ChipStart(learner=m, rank=r, size=spec.size, generation=spec.generation))
     try:
         _train(spec, events)
     except Exception as e:
@@ -124,7 +126,7 @@ def _train(spec: TrainerSpec, events: EventLog) -> None:
         dist.init_process_group("gloo", store=dist.PrefixStore("intra", store), rank=r, world_size=spec.size,
                                 timeout=timeout)
         core.collective = GroupCollective(r, spec.size)
-    if m == 0 and r == 0:
+    if m == 0 and r == 0 and spec.generation == 0:
         _initial_eval(sc, core, events)
     logs = TorchftLogs(events, m, r)
     logs.install()
@@ -158,11 +160,20 @@ def _train(spec: TrainerSpec, events: EventLog) -> None:
         events.write(Step(learner=m, step=step, loss=round(loss, 5), tokens=tokens, chips=spec.size,
                           compute_s=round(core.last_compute_s, 5), sync_s=round(sync_s, 5)))
 
+    last_step = 0  # the manager step at this rank's previous sync (a new process starts at 0)
+
     def on_sync(inner: int, committed: bool, digest: str) -> None:
+        nonlocal last_step
         err = manager.errored()
-        events.write(TorchftSync(learner=m, rank=r, step=manager.current_step(), inner_step=inner,
+        step = manager.current_step()
+        # healed: torchft loaded a live peer's state in this step's quorum. `_healing` is already reset once
+        # should_commit returned, so a jump of the step by more than one commit shows it too (a restarted
+        # group's first sync, or a dropped group catching up)
+        healed = bool(manager._healing) or step - last_step > 1
+        last_step = step
+        events.write(TorchftSync(learner=m, rank=r, step=step, inner_step=inner,
                                  quorum_id=int(manager._quorum_id), participants=manager.num_participants(),
-                                 committed=committed, healed=bool(manager._healing), digest=digest,
+                                 committed=committed, healed=healed, digest=digest,
                                  error=None if err is None else str(err)))
 
     rank = Rank(sc, m, r, spec.size, core, manager, logs, on_step, on_sync)
