@@ -77,8 +77,10 @@ class Progress:
                                 or step in self.learner_round_ends.get(learner, ()))
 
 
-def _builtin(evs: Sequence[Event], alg: algorithms.Algorithm, fragments: int, sync_every: int) -> Progress:
-    """Each `merge` event is an advance; its coverage by merge unit (a fragment's step ranges, a round, a step)."""
+def _builtin(evs: Sequence[Event], alg: algorithms.Algorithm, fragments: int, sync_every: int,
+             cover_steps: bool = True) -> Progress:
+    """Each `merge` event is an advance; its coverage by merge unit (a fragment's step ranges, a round, a step),
+    unless not `cover_steps` (then a merge need not carry its step or round)."""
     merges = [e for e in evs if isinstance(e, Merge)]
     advances = []
     for e in merges:
@@ -87,7 +89,7 @@ def _builtin(evs: Sequence[Event], alg: algorithms.Algorithm, fragments: int, sy
         advances.append(Advance(e.t, tuple(e.participants), tokens, shard_of(e.proc), e.tokens_merged))
     unit = alg.merge_unit
     cover: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
-    for e in merges:
+    for e in merges if cover_steps else ():
         if unit == "fragment":
             for m, (a, b) in zip(e.participants, e.step_ranges or [], strict=False):
                 for s in range(int(a), int(b) + 1):
@@ -109,7 +111,8 @@ def _builtin(evs: Sequence[Event], alg: algorithms.Algorithm, fragments: int, sy
     return Progress(tuple(advances), cover, rounds, sync_every if rounds else 0, ends)
 
 
-def _torchft(evs: Sequence[Event], alg: algorithms.Algorithm, fragments: int, sync_every: int) -> Progress:
+def _torchft(evs: Sequence[Event], alg: algorithms.Algorithm, fragments: int, sync_every: int,
+             cover_steps: bool = True) -> Progress:
     """Each manager step committed in a quorum is an advance (module docstring); rank 0's record speaks for its
     group (every rank of a group commits the same steps)."""
     window, share = (1, 1.0) if alg.data_parallel else (sync_every, 1.0 / max(1, fragments))
@@ -143,7 +146,7 @@ def _torchft(evs: Sequence[Event], alg: algorithms.Algorithm, fragments: int, sy
                     learner_round_ends={m: frozenset(xs) for m, xs in synced.items()} if rounds else {})
 
 
-READERS: dict[algorithms.System, Callable[[Sequence[Event], algorithms.Algorithm, int, int], Progress]] = {
+READERS: dict[algorithms.System, Callable[[Sequence[Event], algorithms.Algorithm, int, int, bool], Progress]] = {
     "builtin": _builtin, "torchft": _torchft}
 """How each system's history says the global model advanced (a new target adds its reader here)."""
 
@@ -151,4 +154,11 @@ READERS: dict[algorithms.System, Callable[[Sequence[Event], algorithms.Algorithm
 def progress(evs: Sequence[Event], algorithm: str, fragments: int, sync_every: int) -> Progress:
     """The run's progress of the global model, read by the reader of the system that ran `algorithm`."""
     alg = algorithms.get(algorithm)
-    return READERS[alg.system](evs, alg, fragments, sync_every)
+    return READERS[alg.system](evs, alg, fragments, sync_every, True)
+
+
+def advance_times(evs: Sequence[Event], algorithm: str) -> list[float]:
+    """When the global model advanced (what uptime, the longest gap and no_global_downtime read): the times of
+    `progress`'s advances, without the per-step coverage."""
+    alg = algorithms.get(algorithm)
+    return READERS[alg.system](evs, alg, 1, 1, False).times
