@@ -33,18 +33,22 @@ from tests.invariants.test_protocol_invariants import with_protocol_facts
 
 
 def _check_modules() -> list[str]:
-    return [m.name for m in pkgutil.iter_modules(checks.__path__) if not m.name.startswith("_")]
+    """The invariant modules of checks/ and its sub-packages, by their path below checks/ (torchft.quorum_floor)."""
+    prefix = f"{checks.__name__}."
+    return [m.name.removeprefix(prefix) for m in pkgutil.walk_packages(checks.__path__, prefix) if not m.ispkg
+            and not m.name.rpartition(".")[2].startswith("_")]
 
 
 def test_every_module_registers_exactly_one_invariant() -> None:
     discover()
     by_module: dict[str, list[str]] = {}
     for s in specs().values():
-        by_module.setdefault(s.fn.__module__.rsplit(".", 1)[-1], []).append(s.name)
-    for name in _check_modules():
-        importlib.import_module(f"diloco_chaos.harness.invariants.checks.{name}")
-        assert by_module.get(name) == [name], f"module {name} registers {by_module.get(name)}"
-        tree = ast.parse((Path(checks.__file__).parent / f"{name}.py").read_text())
+        by_module.setdefault(s.fn.__module__.removeprefix(f"{checks.__name__}."), []).append(s.name)
+    for path in _check_modules():
+        name = path.rpartition(".")[2]
+        importlib.import_module(f"diloco_chaos.harness.invariants.checks.{path}")
+        assert by_module.get(path) == [name], f"module {path} registers {by_module.get(path)}"
+        tree = ast.parse((Path(checks.__file__).parent / f"{path.replace('.', '/')}.py").read_text())
         decorated = [n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
                      and any(isinstance(d, ast.Call) and getattr(d.func, "id", "") == "register"
                              for d in n.decorator_list)]

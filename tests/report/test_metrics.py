@@ -16,6 +16,7 @@ from diloco_chaos.harness.report.metrics import (
     merge_stats,
     overwritten_in_overlap,
 )
+from diloco_chaos.harness.report.progress import progress
 from diloco_chaos.harness.report.timeline import fault_response
 
 
@@ -220,7 +221,8 @@ def test_merge_stats_quorum_waits_staleness_and_tokens_per_learner() -> None:
             "c_tokens": [40, 80], "quorum_wait_s": 0.1, "wait_s": 0.3},
            {"ev": "merge", "t": 2.0, "version": 4, "participants": [0], "base_versions": [3],
             "c_tokens": [20], "quorum_wait_s": 0.2, "wait_s": 0.2}]
-    st = merge_stats(as_records(evs), fragments=2)
+    recs = as_records(evs)
+    st = merge_stats(recs, progress(recs, "decoupled", fragments=2, sync_every=8).advances)
     assert st["quorum_size"] == {"n": 2, "mean": 1.5, "p50": 2.0, "max": 2.0}
     assert st["grace_wait_s"]["max"] == pytest.approx(0.2) and st["quorum_wait_s"]["mean"] == pytest.approx(0.15)
     assert st["staleness_versions"]["max"] == 2.0, "learner 1 pushed against version 0 into version 3"

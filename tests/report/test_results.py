@@ -14,7 +14,7 @@ from conftest import tiny_table
 
 from diloco_chaos.harness.cli import main
 from diloco_chaos.harness.invariants import InvariantResult
-from diloco_chaos.harness.report.compare import loss_allowance
+from diloco_chaos.harness.report.compare import beside, loss_allowance
 from diloco_chaos.harness.report.results import (
     SCHEMA_VERSION,
     Claim,
@@ -27,7 +27,7 @@ from diloco_chaos.harness.report.results import (
 
 ROW_FIELDS = {"label", "algorithm", "scenario", "seed", "faults", "goodput", "merged_fraction", "uptime",
               "final_eval_loss", "tokens_trained", "tokens_merged", "tokens_merged_per_s", "merges", "longest_gap_s",
-              "wall_s", "run_dir", "invariants", "vs_fault_free_ddp", "train_steps"}
+              "wall_s", "run_dir", "invariants", "vs_fault_free_ddp", "train_steps", "note", "ran"}
 """The documented row fields (docs/metrics.md, "Results JSON"): renaming or removing one breaks readers."""
 INVARIANT_FIELDS = {"name", "ok", "figure", "bound", "relation", "unit", "measure", "detail"}
 BOUND_FREE = ["faults_fired", "updates_accounted", "token_accounting", "model_finite", "learners_finite"]
@@ -132,10 +132,14 @@ def test_compare_json_writes_every_run_and_the_verdict(tmp_path: Path, capsys: p
     res = read_results(out)
     assert res.command == "compare"
     assert [r.label for r in res.runs] == ["ddp, fault-free", "ddp, with faults", "elastic_ddp, with faults",
-                                           "diloco, with faults", "decoupled, with faults"]
+                                           "diloco, with faults", "decoupled, with faults",
+                                           *(f"{a}, with faults" for a in beside())]
     ref = res.runs[0].final_eval_loss
     assert ref is not None
-    for r in res.runs[1:]:
+    for r in res.runs[5:]:  # torchft's, beside the built-in ones: a committed step is a merge
+        assert (r.merges > 0 and r.goodput is not None and r.goodput > 0) if r.ran else \
+            (r.note or "").startswith("not run"), r
+    for r in res.runs[1:5]:
         assert r.final_eval_loss is not None and r.vs_fault_free_ddp == pytest.approx(r.final_eval_loss - ref,
                                                                                       abs=1e-3)
         protocol = PROTOCOL if r.algorithm == "decoupled" else []

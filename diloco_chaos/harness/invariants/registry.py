@@ -164,13 +164,13 @@ def _summary(fn: Callable[..., Any]) -> str:
 
 
 def discover() -> dict[str, InvariantSpec]:
-    """Import every module of diloco_chaos.harness.invariants.checks (each registers its invariant); the registry, in
-    order."""
+    """Import every module of diloco_chaos.harness.invariants.checks and of its sub-packages (each registers its
+    invariant); the registry, in order."""
     from diloco_chaos.harness.invariants import checks
 
-    for info in pkgutil.iter_modules(checks.__path__):
-        if not info.name.startswith("_"):
-            importlib.import_module(f"{checks.__name__}.{info.name}")
+    for info in pkgutil.walk_packages(checks.__path__, f"{checks.__name__}."):
+        if not info.name.rpartition(".")[2].startswith("_"):
+            importlib.import_module(info.name)
     return specs()
 
 

@@ -4,12 +4,16 @@ Each algorithm runs the same scenario (same seed, data, topology and `[[faults]]
 fault-free ddp run of the same seed is the quality reference. The table holds what the paper compares:
 goodput and uptime (diloco_chaos/harness/report/metrics.py), tokens merged per second of training, the longest time the
 global model stood still, and final eval loss, with its distance to fault-free ddp. Rows are
-diloco_chaos.harness.report.results.RunRow records, which `--json` writes as they are.
+diloco_chaos.harness.report.results.RunRow records, which `--json` writes as they are. When torchft is installed,
+torchft_ddp and torchft_diloco follow the built-in algorithms on the same scenario (`beside`, `scenario_for`):
+their figures come from the same report.json (a committed torchft step is a merge, docs/metrics.md "Progress of
+the global model"); the verdict stays about decoupled against the built-in baselines.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 import math
 import os
@@ -19,6 +23,7 @@ from typing import Any
 
 from diloco_chaos.harness.algorithms import base as registry
 from diloco_chaos.harness.config.scenario import Scenario
+from diloco_chaos.harness.config.sections import ScenarioError
 from diloco_chaos.harness.report.results import Claim, RunRow, run_row
 from diloco_chaos.harness.report.tolerance import K_SIGMA
 from diloco_chaos.harness.run.supervisor import run_scenario
@@ -31,7 +36,48 @@ def compared() -> tuple[str, ...]:
     """Every algorithm of the builtin system compare runs, in its descriptor's `compare_order` (ddp, elastic_ddp,
     diloco, decoupled for the built-in ones): the verdict judges whichever of them have rows."""
     return tuple(a.name for a in sorted(registry.every(), key=lambda a: (a.compare_order, a.order))
-                 if a.builtin_system)  # the torchft rows are issue 28's next slice
+                 if a.builtin_system)
+
+
+def beside() -> tuple[str, ...]:
+    """The algorithms of other systems under test compare runs after `compared()`, reported beside them and never
+    judged by the verdict: torchft_ddp and torchft_diloco (their `compare_order`) when torchft is importable."""
+    return tuple(a.name for a in sorted(registry.every(), key=lambda a: (a.compare_order, a.order))
+                 if a.torchft_system and importlib.util.find_spec("torchft") is not None)
+
+
+def scenario_for(sc: Scenario, algorithm: str) -> tuple[Scenario, str | None]:
+    """`sc` under `algorithm` with the smallest change its system needs, and what was changed (None: nothing).
+    torchft_diloco (Streaming DiLoCo) needs sync_every % fragments == 0 and overlap < sync_every / fragments:
+    fragments becomes the largest divisor of sync_every not above it, then overlap at most sync_every /
+    fragments - 1. `target.system` becomes auto (the algorithm picks its system). Raises ScenarioError when the
+    scenario's validation refuses it for that system (e.g. a fault kind its target cannot carry)."""
+    alg = registry.get(algorithm)
+    changes: dict[str, Any] = {"algorithm": algorithm}
+    notes: list[str] = []
+    if sc.target.system != "auto" and sc.target.system != alg.system:
+        changes["target"] = dataclasses.replace(sc.target, system="auto")
+    d = sc.diloco
+    if alg.torchft_system and not alg.data_parallel:
+        frags = max(f for f in range(1, d.fragments + 1) if d.sync_every % f == 0)
+        overlap = min(d.overlap, d.sync_every // frags - 1)
+        if frags != d.fragments:
+            notes.append(f"diloco.fragments {d.fragments} -> {frags}")
+        if overlap != d.overlap:
+            notes.append(f"diloco.overlap {d.overlap} -> {overlap}")
+        if notes:
+            changes["diloco"] = dataclasses.replace(d, fragments=frags, overlap=overlap)
+    out = sc.replace(**changes)
+    return out, ("; ".join(notes) + " (Streaming DiLoCo needs sync_every % fragments == 0 and overlap < "
+                 "sync_every / fragments)") if notes else None
+
+
+def not_run(label: str, sc: Scenario, algorithm: str, why: str) -> RunRow:
+    """The row of a run compare could not make: no figures, `note` says why."""
+    return RunRow(label=label, algorithm=algorithm, scenario=sc.name, seed=sc.seed, faults=len(sc.faults),
+                  goodput=None, merged_fraction=None, uptime=None, final_eval_loss=None, tokens_trained=0,
+                  tokens_merged=0.0, tokens_merged_per_s=None, merges=0, longest_gap_s=0.0, wall_s=0.0, run_dir="",
+                  train_steps=sc.train.steps, note=f"not run: {why}", ran=False)
 
 
 def goodput_order() -> tuple[str, ...]:
@@ -102,9 +148,11 @@ def compare(sc: Scenario, runs_dir: str | os.PathLike[str] | None = None,
             algorithms: tuple[str, ...] | None = None, baseline: bool = True,
             on_run: Callable[[RunRow], None] | None = None,
             runner: Callable[[Scenario], Any] | None = None) -> list[RunRow]:
-    """Run `sc` under each algorithm (default: `compared()`; with `baseline`, fault-free ddp first); returns one
-    row per run, each with `vs_fault_free_ddp` (its final eval loss minus the reference's) when there is a
-    reference.
+    """Run `sc` under each algorithm (default: `compared()` then `beside()`, torchft's when installed; with
+    `baseline`, fault-free ddp first); returns one row per run, each with `vs_fault_free_ddp` (its final eval loss
+    minus the reference's) when there is a reference. An algorithm of another system runs `scenario_for(sc,
+    alg)` (its row's `note` says what changed); one whose target refuses the scenario gets a row that was not
+    run (`ran` false, `note` the refusal) instead of stopping the comparison.
 
     `runner(scenario)` makes each run and returns something with `report` and `run_dir` (default:
     diloco_chaos.harness.run.supervisor.run_scenario into `runs_dir`; a suite passes the pytest plugin's `run_scenario`
@@ -121,8 +169,17 @@ def compare(sc: Scenario, runs_dir: str | os.PathLike[str] | None = None,
         ref = rows[-1].final_eval_loss
         if on_run is not None:
             on_run(rows[-1])
-    for alg in compared() if algorithms is None else algorithms:
-        rows.append(row(f"{alg}, with faults", runner(sc.replace(algorithm=alg)), ref, sc.train.steps))
+    for alg in (*compared(), *beside()) if algorithms is None else algorithms:
+        label = f"{alg}, with faults"
+        try:
+            alg_sc, note = scenario_for(sc, alg)
+        except ScenarioError as e:
+            rows.append(not_run(label, sc, alg, f"the {registry.get(alg).system} target refuses the scenario: "
+                                                f"{' '.join(str(e).split())}"))
+        else:
+            rows.append(row(label, runner(alg_sc), ref, sc.train.steps))
+            if note is not None:
+                rows[-1] = dataclasses.replace(rows[-1], note=note)
         if on_run is not None:
             on_run(rows[-1])
     return [dataclasses.replace(r, vs_fault_free_ddp=round(r.final_eval_loss - ref, 4)
@@ -135,7 +192,7 @@ def verdict(rows: list[RunRow], tolerance: float | None = None) -> list[Claim]:
     order (`goodput_order()`: decoupled > elastic_ddp > ddp, a missing row skipped); decoupled's final eval loss
     within `tolerance` of fault-free ddp (default: loss_allowance at the decoupled run's train.steps, the
     parity curve plus the measured spread). Nothing to judge without a decoupled row."""
-    by = {r.algorithm: r for r in rows if r.label.endswith("with faults")}
+    by = {r.algorithm: r for r in rows if r.label.endswith("with faults") and r.ran}
     subject = claim_subject()
     dec = by.get(subject)
     if dec is None:
@@ -176,10 +233,13 @@ def table(rows: list[RunRow]) -> str:
     """A plain-text table of the rows (what `compare` prints)."""
     cells = [[label for _, label, _ in COLUMNS]]
     for r in rows:
-        cells.append(["-" if getattr(r, k) is None else fmt.format(getattr(r, k)) for k, _, fmt in COLUMNS])
+        cells.append([r.label, *("-" for _ in COLUMNS[1:])] if not r.ran else
+                     ["-" if getattr(r, k) is None else fmt.format(getattr(r, k)) for k, _, fmt in COLUMNS])
     widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
-    return "\n".join("  ".join(c[i].ljust(widths[i]) if i == 0 else c[i].rjust(widths[i])
-                               for i in range(len(COLUMNS))) for c in cells)
+    lines = ["  ".join(c[i].ljust(widths[i]) if i == 0 else c[i].rjust(widths[i]) for i in range(len(COLUMNS)))
+             for c in cells]
+    notes = [f"{r.label}: {r.note}" for r in rows if r.note]
+    return "\n".join(lines + (["", "notes:", *(f"  {n}" for n in notes)] if notes else []))
 
 
 def plot(rows: list[RunRow], path: str | os.PathLike[str]) -> Path | None:

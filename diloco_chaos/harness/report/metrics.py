@@ -36,6 +36,7 @@ from diloco_chaos.harness.record import Event
 from diloco_chaos.harness.record.learner import Apply, ChipStart, InitialPull, LearnerDone, Resume, Step
 from diloco_chaos.harness.record.run import LearnerRestart, ProcessFault, ProcessFaultOff, SyncerDown
 from diloco_chaos.harness.record.syncer import LearnerBye, LearnerJoin, LearnerLeave, Merge, SyncerStart, shard_of
+from diloco_chaos.harness.report.progress import Advance, Progress, progress
 
 DOWNTIME_WINDOW_S = 1.0
 """A gap between merges longer than this is downtime (beyond this allowance)."""
@@ -162,12 +163,10 @@ def _learner(e: Event, default: Any = None) -> Any:
     return getattr(e, "learner", default)
 
 
-def _step_spans(evs: Sequence[Event], algorithm: str, sync_every: int) -> dict[int, list[StepSpan]]:
+def _step_spans(evs: Sequence[Event], prog: Progress) -> dict[int, list[StepSpan]]:
     """learner -> its logged inner steps in time order. A (re)started learner's first step counts from when it
     was last ready: rank 0's `chip_start`, the supervisor's `learner_restart`, the host's `initial_pull` or
     `resume` (a restarted learner's state from the syncer)."""
-    rounds = algorithms.get(algorithm).merge_unit == "round"
-    round_ends = {e.step for e in evs if isinstance(e, Merge) and e.round is not None and e.step is not None}
     out: dict[int, list[StepSpan]] = defaultdict(list)
     last: dict[int, float] = {}
     ready: dict[int, float] = {}
@@ -184,8 +183,7 @@ def _step_spans(evs: Sequence[Event], algorithm: str, sync_every: int) -> dict[i
         first = m not in last
         begin = last.get(m, ready.get(m, t))
         s = e.step
-        kind = (StepKind.ROUND_END if rounds and (s % sync_every == 0 or s in round_ends)
-                else StepKind.INNER)
+        kind = StepKind.ROUND_END if prog.round_end(m, s) else StepKind.INNER
         out[m].append(StepSpan(m, s, t, max(0.0, t - begin), e.chips, kind, first, float(e.sync_s), int(e.tokens)))
         last[m] = t
     return out
@@ -219,32 +217,6 @@ def healthy_step_times(spans: dict[int, list[StepSpan]], window: int = HEALTHY_W
                               else overall.get(kind, xs[i].interval_s))
         out[m] = healthy
     return out
-
-
-def _covered(evs: Sequence[Event], algorithm: str, fragments: int, sync_every: int) -> dict[int, dict[int, float]]:
-    """learner -> step -> fraction of the model (fragments) into which that step's work was merged."""
-    cover: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
-    unit = algorithms.get(algorithm).merge_unit
-    for e in evs:
-        if not isinstance(e, Merge):
-            continue
-        if unit == "fragment":
-            for m, (a, b) in zip(e.participants, e.step_ranges or [], strict=False):
-                for s in range(int(a), int(b) + 1):
-                    cover[m][s] += 1.0 / fragments
-        elif unit == "step":
-            if e.step is None:
-                raise ValueError(f"a {algorithm} merge without its step: {e}")
-            for m in e.participants:
-                cover[m][e.step] = 1.0
-        else:
-            if e.round is None or e.step is None:
-                raise ValueError(f"a {algorithm} merge without its round and step: {e}")
-            r = e.round
-            for m in e.participants:
-                for s in range((r - 1) * sync_every + 1, min(r * sync_every, e.step) + 1):
-                    cover[m][s] = 1.0
-    return cover
 
 
 def overwritten_in_overlap(evs: Sequence[Event]) -> dict[int, set[int]]:
@@ -282,9 +254,10 @@ def goodput_and_discards(evs: Sequence[Event], algorithm: str, learners: int, ch
     """`goodput`, and the steps it counted as discarded (their chip_s add up to each learner's
     discarded_chip_s before rounding)."""
     dropped: list[DiscardedStep] = []
-    spans = _step_spans(evs, algorithm, sync_every)
+    prog = progress(evs, algorithm, fragments, sync_every)
+    spans = _step_spans(evs, prog)
     healthy = healthy_step_times(spans)
-    cover = _covered(evs, algorithm, fragments, sync_every)
+    cover = prog.covered
     overlap = overwritten_in_overlap(evs) if algorithms.get(algorithm).fragmented else {}
     credit = {m: [credit_step(x.interval_s, h, tolerance) for x, h in zip(xs, healthy[m], strict=True)]
               for m, xs in spans.items()}
@@ -380,20 +353,23 @@ def _summary(xs: list[float]) -> dict[str, Any]:
     return {"n": len(s), "mean": round(sum(s) / len(s), 4), "p50": round(s[len(s) // 2], 4), "max": round(s[-1], 4)}
 
 
-def merge_stats(evs: Sequence[Event], fragments: int) -> dict[str, Any]:
-    """Per merge: quorum size (participants), time waited for the quorum and in the grace window, and the
-    staleness of each merged push (the fragment's version before this merge - the version the push was
-    based on: 0 = the learner had the latest); tokens merged per learner (its c_tokens / P per merge)."""
+def merge_stats(evs: Sequence[Event], advances: Sequence[Advance]) -> dict[str, Any]:
+    """Per advance of the global model (diloco_chaos/harness/report/progress.py: a merge, a committed torchft
+    step): quorum size (participants) and tokens merged per learner (builtin: its c_tokens / P per merge of a
+    fragment). Per merge of the built-in syncer: time waited for the quorum and in the grace window, and the
+    staleness of each merged push (the fragment's version before this merge - the version the push was based
+    on: 0 = the learner had the latest)."""
     merges = [e for e in evs if isinstance(e, Merge)]
     staleness: list[float] = []
     tokens: dict[str, float] = defaultdict(float)
     for e in merges:
-        for i, m in enumerate(e.participants):
+        for i, _ in enumerate(e.participants):
             if e.base_versions is not None:
                 staleness.append(float(e.version - 1 - e.base_versions[i]))
-            if i < len(e.c_tokens):
-                tokens[str(m)] += e.c_tokens[i] / (fragments if e.base_versions is not None else 1)
-    return {"quorum_size": _summary([float(len(e.participants)) for e in merges]),
+    for a in advances:
+        for m, x in zip(a.participants, a.tokens, strict=False):
+            tokens[str(m)] += x
+    return {"quorum_size": _summary([float(len(a.participants)) for a in advances]),
             "quorum_wait_s": _summary([e.quorum_wait_s for e in merges if e.quorum_wait_s is not None]),
             "grace_wait_s": _summary([max(0.0, e.wait_s - e.quorum_wait_s) for e in merges
                                       if e.wait_s is not None and e.quorum_wait_s is not None]),

@@ -95,6 +95,12 @@ class RunRow:
     """compare: final_eval_loss minus fault-free ddp's; null in `run` or without a reference."""
     train_steps: int | None = None
     """The scenario's train.steps (where compare's verdict reads the parity curve); null if its config is gone."""
+    note: str | None = None
+    """compare: what the run changed from the compared scenario (torchft_diloco's fragments / overlap), or why it
+    was not run; null otherwise."""
+    ran: bool = True
+    """False for a compare row whose run was not made (its target refused the scenario: `note` says why); its
+    figures are then empty and the verdict ignores it."""
 
 
 @dataclass(frozen=True)

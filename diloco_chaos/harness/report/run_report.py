@@ -5,9 +5,13 @@ Definitions (see docs/metrics.md):
 * tokens_merged: tokens whose contribution reached the global model. For
   decoupled, each merge adds the participants' c_tokens divided by P (a
   token contributes to all P fragments); for diloco and ddp, the tokens of
-  each completed round.
+  each completed round; for torchft, the tokens of the inner steps each
+  committed sync took in (diloco_chaos/harness/report/progress.py).
+* merge_count: advances of the global model: the syncer's merges, torchft's
+  committed manager steps (one per quorum and step).
 * longest_gap_s: the longest interval, between the first and the last inner
-  step of the run, in which the global model did not advance (no merge).
+  step of the run, in which the global model did not advance (no merge, no
+  committed torchft step).
 
 The run directory is read once (diloco_chaos.harness.run.rundir.FinishedRun: the event log leniently, so an older run
 directory still reports) into typed records that every figure here and in diloco_chaos/harness/report/metrics.py
@@ -22,14 +26,14 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from diloco_chaos.harness.algorithms import base as algorithms
 from diloco_chaos.harness.config.scenario import from_dict
 from diloco_chaos.harness.record import Event
 from diloco_chaos.harness.record.learner import ChipStart, FrameRejected, GlooGroup, LinkDown, LinkUp, Rtt, Step
 from diloco_chaos.harness.record.run import LinksReady, RunEnd, RunStart, SyncerRestart
-from diloco_chaos.harness.record.syncer import Eval, LinkStats, Merge, Push, PushRejected, PushSuperseded, shard_of
+from diloco_chaos.harness.record.syncer import Eval, LinkStats, Push, PushRejected, PushSuperseded
 from diloco_chaos.harness.report.errors import classify_errors, settle_window_s
 from diloco_chaos.harness.report.metrics import achieved_speeds, downtime, goodput, learner_availability, merge_stats
+from diloco_chaos.harness.report.progress import progress
 from diloco_chaos.harness.report.shard_metrics import shard_figures
 from diloco_chaos.harness.report.timeline import fault_response, fault_timeline
 from diloco_chaos.harness.run.rundir import CONFIG_FILE, FinishedRun
@@ -54,7 +58,8 @@ def build_report(run: FinishedRun | str | os.PathLike[str]) -> dict[str, Any]:
     start = run_start.t if run_start is not None else (recs[0].t if recs else 0.0)
     end = run_end.ended if run_end is not None else (recs[-1].t if recs else 0.0)
     steps = log.of(Step)
-    merges = log.of(Merge)
+    prog = progress(recs, sc.algorithm, sc.diloco.fragments, sc.diloco.sync_every)
+    advances = prog.advances
     per: dict[int, dict[str, Any]] = defaultdict(lambda: {"steps": 0, "tokens": 0, "first_t": None, "last_t": None})
     for e in steps:
         d = per[e.learner]
@@ -79,7 +84,7 @@ def build_report(run: FinishedRun | str | os.PathLike[str]) -> dict[str, Any]:
     groups = {e.group for e in log.of(GlooGroup)}
     errors = classify_errors(recs, start, settle_window_s(sc.timeouts.gloo_s, sc.timeouts.liveness_s))
     links_ready = log.first(LinksReady)
-    last_per_shard = {shard_of(e.proc): e.tokens_merged for e in sorted(merges, key=lambda e: e.t)}
+    last_per_shard = {a.shard: a.tokens_merged for a in sorted(advances, key=lambda a: a.t)}
     """Each shard's cumulative count at its last merge (one entry, the syncer's, when unsharded)."""
     return {
         "name": sc.name,
@@ -94,7 +99,7 @@ def build_report(run: FinishedRun | str | os.PathLike[str]) -> dict[str, Any]:
         "per_learner": per_learner,
         "tokens_trained": sum(d["tokens"] for d in per_learner.values()),
         "tokens_merged": round(sum(last_per_shard.values()), 1),
-        "merge_count": len(merges),
+        "merge_count": len(advances),
         "pushes": log.count(Push),
         "pushes_rejected": log.count(PushRejected),
         "pushes_superseded": log.count(PushSuperseded),
@@ -109,7 +114,7 @@ def build_report(run: FinishedRun | str | os.PathLike[str]) -> dict[str, Any]:
         "final_eval_metrics": (final.metrics or {}) if final else {},
         "global_model_finite": final.finite if final else None,
         "eval_curve": periodic,
-        "longest_gap_s": round(longest_gap([e.t for e in merges], train_start, train_end), 3),
+        "longest_gap_s": round(longest_gap(prog.times, train_start, train_end), 3),
         "errors": [e.as_dict() for e in errors],
         "unexpected_errors": sum(1 for e in errors if not e.expected),
         "links": ({"backend": links_ready.backend, "version": links_ready.version} if links_ready is not None
@@ -117,11 +122,11 @@ def build_report(run: FinishedRun | str | os.PathLike[str]) -> dict[str, Any]:
         "faults": fault_rows(recs, start),
         "goodput": goodput(recs, sc.algorithm, sc.topology.learners, sc.topology.chips_per_learner,
                            sc.diloco.fragments, sc.diloco.sync_every).to_dict(),
-        "availability": downtime([e.t for e in merges], train_start, train_end),
+        "availability": downtime(prog.times, train_start, train_end),
         "speed_profiles": achieved_speeds(recs, sc.topology.learners),
         "learner_availability": learner_availability(recs, sc.topology.learners, train_start, train_end),
         "fault_response": fault_response(recs),
-        "merges": merge_stats(recs, sc.diloco.fragments if algorithms.get(sc.algorithm).fragmented else 1),
+        "merges": merge_stats(recs, advances),
         "syncer_restarts": log.count(SyncerRestart),
         "syncer_shards": sc.syncer.shards,
         "shards": shard_figures(recs, start, train_start, train_end),

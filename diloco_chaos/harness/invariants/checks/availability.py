@@ -1,6 +1,9 @@
 """Invariant `availability`: Uptime over the training span (diloco_chaos/harness/report/metrics.py's definition) is at
 least a bound.
 
+The global model advances at a merge of the built-in syncer or a committed torchft step
+(diloco_chaos/harness/report/progress.py).
+
 One module per invariant (a run invariant): it registers itself with
 `diloco_chaos.harness.invariants.registry.register`, so check_all, the pytest plugin and `diloco-chaos invariants` list
 it.
@@ -10,8 +13,8 @@ from __future__ import annotations
 
 from diloco_chaos.harness.invariants.base import InvariantResult, Run, _run
 from diloco_chaos.harness.invariants.registry import REQUIRED, Bound, register
-from diloco_chaos.harness.record.syncer import Merge
 from diloco_chaos.harness.report.metrics import DOWNTIME_WINDOW_S, downtime
+from diloco_chaos.harness.report.progress import advance_times
 
 
 @register(order=30, mode="when_bound", bounds=(
@@ -24,7 +27,7 @@ def availability(run: Run, *, min_uptime: float, window_s: float = DOWNTIME_WIND
     `min_uptime`."""
     r = _run(run)
     span = r.train_span()
-    d = downtime([e.t for e in r.records(Merge)], *span, window_s=window_s) if span else None
+    d = downtime(advance_times(r.all_records, r.algorithm), *span, window_s=window_s) if span else None
     up = d["uptime"] if d else None
     if up is None or d is None or span is None:
         return InvariantResult("availability", False, None, min_uptime, "no training span (fewer than two "

@@ -1,6 +1,9 @@
 """Invariant `no_global_downtime`: While at least K learners were alive, the global model never stood still longer
 than a bound.
 
+The global model advances at a merge of the built-in syncer or a committed torchft step
+(diloco_chaos/harness/report/progress.py); alive is the syncer's view, or torchft's trainers' (`ALIVE`).
+
 One module per invariant (a run invariant): it registers itself with
 `diloco_chaos.harness.invariants.registry.register`, so check_all, the pytest plugin and `diloco-chaos invariants` list
 it.
@@ -9,16 +12,37 @@ it.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 
-from diloco_chaos.harness.invariants.base import InvariantResult, Run, _run
+from diloco_chaos.harness.algorithms.base import System
+from diloco_chaos.harness.invariants.base import InvariantResult, Run, RunRecord, _run
 from diloco_chaos.harness.invariants.registry import REQUIRED, Bound, register
+from diloco_chaos.harness.record.learner import ChipError, ChipStart, LearnerDone
 from diloco_chaos.harness.record.run import ProcessFault, SyncerDown
-from diloco_chaos.harness.record.syncer import LearnerBye, LearnerJoin, LearnerLeave, Merge, SyncerStart, shard_of
+from diloco_chaos.harness.record.syncer import LearnerBye, LearnerJoin, LearnerLeave, SyncerStart, shard_of
 from diloco_chaos.harness.report.metrics import downtime
+from diloco_chaos.harness.report.progress import advance_times
 
 
 def alive_intervals(run: Run, min_alive: int) -> list[tuple[float, float]]:
-    """Intervals in which at least `min_alive` learners were alive in the syncer's view.
+    """Intervals in which at least `min_alive` learners were alive, in the view of the system that ran the run
+    (`ALIVE`, by its algorithm descriptor's `system`)."""
+    r = _run(run)
+    since: float | None = None
+    out: list[tuple[float, float]] = []
+    for t, alive in ALIVE[r.descriptor.system](r):
+        if len(alive) >= min_alive and since is None:
+            since = t
+        elif len(alive) < min_alive and since is not None:
+            out.append((since, t))
+            since = None
+    if since is not None:
+        out.append((since, r.all_records[-1].t))
+    return out
+
+
+def syncer_alive(r: RunRecord) -> Iterator[tuple[float, set[int]]]:
+    """The built-in system: (t, the learners alive) at each change of the syncer's view.
 
     Alive is the syncer's definition: an authenticated connection that has not said BYE. It is read from
     the `alive` set on `learner_join` / `learner_leave`, a `learner_bye` removes its learner, and a syncer
@@ -28,10 +52,7 @@ def alive_intervals(run: Run, min_alive: int) -> list[tuple[float, float]]:
     own set (the shard is the event's `proc`, or `shard` on the supervisor's events) and a learner is alive
     while it is connected to any shard: while one shard is down the others still advance the global model,
     so a gap then counts."""
-    r = _run(run)
     by_shard: dict[int, set[int]] = defaultdict(set)  # shard -> learners connected to it
-    since: float | None = None
-    out: list[tuple[float, float]] = []
     for e in r.all_records:
         if isinstance(e, LearnerJoin | LearnerLeave):
             mine = by_shard[shard_of(e.proc)]
@@ -53,16 +74,33 @@ def alive_intervals(run: Run, min_alive: int) -> list[tuple[float, float]]:
                 by_shard[k].clear()
         else:
             continue
-        alive = set().union(*by_shard.values())
-        t = e.t
-        if len(alive) >= min_alive and since is None:
-            since = t
-        elif len(alive) < min_alive and since is not None:
-            out.append((since, t))
-            since = None
-    if since is not None:
-        out.append((since, r.all_records[-1].t))
-    return out
+        yield e.t, set().union(*by_shard.values())
+
+
+KILLS = ("kill_learner", "crash_host", "kill_chip")
+"""Process faults after which a torchft replica group is gone until its restart (a killed rank takes its group)."""
+
+
+def trainer_alive(r: RunRecord) -> Iterator[tuple[float, set[int]]]:
+    """torchft: (t, the replica groups alive) at each change. A group is alive from its rank 0's `chip_start`
+    (its trainer ready to join a quorum) to its `learner_done`, a `chip_error` of any of its ranks, or a kill of
+    it (`process_fault` of a kind in KILLS naming it); a restart's `chip_start` makes it alive again."""
+    alive: set[int] = set()
+    for e in r.all_records:
+        if isinstance(e, ChipStart) and e.rank == 0:
+            alive.add(e.learner)
+        elif isinstance(e, LearnerDone | ChipError):
+            alive.discard(e.learner)
+        elif isinstance(e, ProcessFault) and e.kind in KILLS and e.learner is not None:
+            alive.discard(e.learner)
+        else:
+            continue
+        yield e.t, set(alive)
+
+
+ALIVE: dict[System, Callable[[RunRecord], Iterator[tuple[float, set[int]]]]] = {
+    "builtin": syncer_alive, "torchft": trainer_alive}
+"""Which learners are alive, as each system under test sees them."""
 
 
 @register(order=20, mode="when_bound", bounds=(
@@ -82,7 +120,7 @@ def no_global_downtime(run: Run, *, bound_s: float, min_alive: int | None = None
     if span is None:
         return InvariantResult("no_global_downtime", False, None, bound_s, "no inner step was logged: no training "
                                "span to measure", measure, "s")
-    merges = [e.t for e in r.records(Merge)]
+    merges = advance_times(r.all_records, r.algorithm)
     worst, where, covered = 0.0, (0.0, 0.0), 0.0
     for a, b in alive_intervals(r, k):
         a, b = max(a, span[0]), min(b, span[1])
