@@ -14,6 +14,11 @@ import pytest
 from diloco_chaos.harness.testing.pytest_plugin import wait_for
 
 CLI = [sys.executable, "-m", "diloco_chaos.harness.cli"]
+TRACED_CLI = [sys.executable, "-c", "import faulthandler, signal, sys; faulthandler.register(signal.SIGUSR1, "
+              "all_threads=True); from diloco_chaos.harness.cli import main; sys.exit(main())"]
+"""The command line with a stack dump of every thread on SIGUSR1: what a supervisor that does not stop after a
+signal was doing goes into the failure (one fresh-clone CI run saw a SIGINT take longer than 30 s, not seen
+since in 13 tries here, two of them under a CPU hog)."""
 
 
 
@@ -65,13 +70,25 @@ def assert_all_gone(pids: list[int], timeout: float = 15.0) -> None:
 def test_interrupted_run_leaves_no_process(tmp_path, sig):
     scen = write_scenario(tmp_path / "s.toml", steps=100_000)
     runs = tmp_path / "runs"
-    sup = subprocess.Popen([*CLI, "run", str(scen), "--runs-dir", str(runs), "--quiet"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out = (tmp_path / "cli.out").open("wb")  # files, not pipes: a full pipe nobody reads would block the CLI
+    sup = subprocess.Popen([*TRACED_CLI, "run", str(scen), "--runs-dir", str(runs), "--quiet"],
+                           stdout=out, stderr=subprocess.STDOUT)
+    out.close()
     try:
         pids = wait_for(lambda: run_pids(runs), 90, "the run to start training")
         forkserver = [c.pid for c in psutil.Process(sup.pid).children()]
         sup.send_signal(sig)
-        code = sup.wait(timeout=30)
+        try:
+            code = sup.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            sup.send_signal(signal.SIGUSR1)  # every thread's stack to its output, then the failure shows it
+            try:
+                sup.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                sup.kill()
+                sup.wait(timeout=10)
+            pytest.fail(f"the supervisor did not exit within 30 s of {sig.name}; its output and threads:\n"
+                        + (tmp_path / "cli.out").read_text(errors="replace")[-6000:])
         if sig == signal.SIGINT:
             assert code == 130
         elif sig == signal.SIGTERM:
