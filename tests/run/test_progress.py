@@ -141,3 +141,12 @@ def test_a_fault_that_hit_nothing_has_no_reaction() -> None:
                         "missed": "learner 1 is down"},
                        {"ev": "learner_leave", "learner": 1, "t": 1.5}, {"ev": "learner_join", "learner": 1, "t": 3.0}])
     assert fault_response(recs)[0]["reaction"] is None
+
+
+def test_the_status_line_counts_torchft_committed_steps_as_the_global_models_progress() -> None:
+    """A torchft run has no syncer merges: its status line shows the highest committed global step instead."""
+    out = io.StringIO()
+    p = Progress(2, stream=out, every_s=0.0)
+    p(complete([{"ev": "torchft_sync", "learner": 0, "step": 7, "committed": True},
+                {"ev": "torchft_sync", "learner": 1, "step": 9, "committed": False}]))  # not committed: not counted
+    assert "syncer merges     7" in out.getvalue().splitlines()[-1]

@@ -20,6 +20,7 @@ from diloco_chaos.harness.record import parse_lenient
 from diloco_chaos.harness.record.learner import Step
 from diloco_chaos.harness.record.run import FaultEnd, FaultStart, RunStart
 from diloco_chaos.harness.record.syncer import Eval, Merge
+from diloco_chaos.harness.record.torchft import TorchftSync
 from diloco_chaos.harness.report.timeline import fault_end_t
 from diloco_chaos.harness.run.rundir import stderr_file
 
@@ -34,9 +35,10 @@ def fault_line(e: FaultStart | FaultEnd) -> str:
 
 
 class Progress:
-    """The live status: fed the decoded events the supervisor tails (or the pytest plugin's on_events), each
-    parsed into its record as it arrives (leniently: a line the schema cannot read is skipped, not fatal to a
-    person's view of the run; strict mode has already checked it when written)."""
+    """The live status (steps, the global model's merges or torchft's committed steps, eval loss): fed the
+    decoded events the supervisor tails (or the pytest plugin's on_events), each parsed into its record as it
+    arrives (leniently: a line the schema cannot read is skipped, not fatal to a person's view of the run; strict
+    mode has already checked it when written)."""
 
     def __init__(self, learners: int, stream: TextIO | None = None, every_s: float = 1.0) -> None:
         self.steps = [0] * learners
@@ -59,6 +61,8 @@ class Progress:
                 self.steps[e.learner] = e.step
             elif isinstance(e, Merge):
                 self.merges = e.merges
+            elif isinstance(e, TorchftSync) and e.committed:  # torchft: the global step every participant agrees on
+                self.merges = max(self.merges, e.step)
             elif isinstance(e, Eval):
                 self.loss = e.loss
             elif isinstance(e, FaultStart | FaultEnd):
