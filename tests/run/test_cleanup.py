@@ -17,8 +17,15 @@ CLI = [sys.executable, "-m", "diloco_chaos.harness.cli"]
 TRACED_CLI = [sys.executable, "-c", "import faulthandler, signal, sys; faulthandler.register(signal.SIGUSR1, "
               "all_threads=True); from diloco_chaos.harness.cli import main; sys.exit(main())"]
 """The command line with a stack dump of every thread on SIGUSR1: what a supervisor that does not stop after a
-signal was doing goes into the failure (one fresh-clone CI run saw a SIGINT take longer than 30 s, not seen
-since in 13 tries here, two of them under a CPU hog)."""
+signal was doing goes into the failure."""
+
+
+def _default_sigint() -> None:
+    """In the CLI's process before it starts: SIGINT at its default, as in a terminal. A test command started in
+    the background of a non-interactive shell inherits SIGINT ignored (bash ignores it for `&` jobs), Python keeps
+    an inherited SIG_IGN, and the CLI would never see the Ctrl-C this test sends (the stack dump above showed the
+    supervisor still watching its run)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 
@@ -72,7 +79,7 @@ def test_interrupted_run_leaves_no_process(tmp_path, sig):
     runs = tmp_path / "runs"
     out = (tmp_path / "cli.out").open("wb")  # files, not pipes: a full pipe nobody reads would block the CLI
     sup = subprocess.Popen([*TRACED_CLI, "run", str(scen), "--runs-dir", str(runs), "--quiet"],
-                           stdout=out, stderr=subprocess.STDOUT)
+                           stdout=out, stderr=subprocess.STDOUT, preexec_fn=_default_sigint)
     out.close()
     try:
         pids = wait_for(lambda: run_pids(runs), 90, "the run to start training")
