@@ -267,12 +267,14 @@ class Supervisor:
     def _progress(self) -> dict[int, int]:
         return dict(self.faults.schedule.progress.steps) if self.faults is not None else {}
 
-    def _syncer_failed(self, shard: int, code: int, now: float) -> None:
+    def _syncer_failed(self, shard: int, code: int, now: float, name: str | None = None) -> None:
+        """The recovery policy for a dead syncer shard (`name`: how the error names it, default its process name):
+        RunFailed, or its repair delay starts (`syncer_restart_at`) and `syncer_down` is written."""
         rec = self.sc.recovery
         if rec.syncer_policy != "restart" or self.syncer_restarts.get(shard, 0) >= rec.max_restarts:
             why = ("recovery.syncer_policy = 'fail'" if rec.syncer_policy != "restart"
                    else f"max_restarts = {rec.max_restarts} used")
-            raise RunFailed(f"{proc_name(shard, self.shards)} exited with code {code} ({why})")
+            raise RunFailed(f"{name or proc_name(shard, self.shards)} exited with code {code} ({why})")
         repair = rec.syncer_repair_s
         if self.procs_chaos is not None:
             repair = self.procs_chaos.repair_s.pop(syncer_repair_key(shard), repair)

@@ -30,17 +30,16 @@ that never fired, and timeouts.run_s.
 from __future__ import annotations
 
 import os
-import signal
 import time
 from typing import Any
 
-from diloco_chaos.chaos.processes import ProcessChaos, syncer_repair_key
+from diloco_chaos.chaos.processes import ProcessChaos
 from diloco_chaos.harness.algorithms import base as algorithms
 from diloco_chaos.harness.record.events import EVENTS_FILE, EventTail
-from diloco_chaos.harness.record.run import ChipRepairSkipped, LearnerDown, LearnerRestart, SyncerDown, SyncerRestart
+from diloco_chaos.harness.record.run import ChipRepairSkipped, LearnerRestart, SyncerRestart
 from diloco_chaos.harness.record.torchft import LighthouseReady
 from diloco_chaos.harness.run.fault_runner import FaultRunner
-from diloco_chaos.harness.run.procutil import signal_proc, wait_any
+from diloco_chaos.harness.run.procutil import wait_any
 from diloco_chaos.harness.run.supervisor import FAULT_POLL_S, POLL_S, RunFailed, Supervisor
 from diloco_chaos.harness.targets.torchft.lighthouse import PROC, Lighthouse, LighthouseFailed, free_port
 from diloco_chaos.harness.targets.torchft.trainer import TrainerSpec, trainer_main
@@ -57,8 +56,7 @@ class TorchftRun(Supervisor):
     def launch_and_watch(self, t0: float) -> None:
         sc = self.sc
         self._hit: set[int] = set()  # groups a kill fault hit since their last start
-        self._lighthouse_hit = False  # a kill_syncer hit the Lighthouse since its last start
-        self._lighthouse_down_at: float | None = None  # when the killed Lighthouse restarts
+        self._lighthouse_hit = False  # a kill_syncer hit the Lighthouse since its last start (its repair: shard 0's)
         self.lighthouse = self._start_lighthouse(0)
         procs = ProcessChaos(self._group_pids, sc.topology.learners, on_event=self._on_chaos,
                              syncer_pids=self._lighthouse_pids, progress=self._progress, seed=sc.seed)
@@ -108,6 +106,10 @@ class TorchftRun(Supervisor):
     def _ranks(self, m: int) -> list[Any]:
         return [self.procs[f"learner{m}.chip{r}"] for r in range(self.sc.topology.chips_per_learner)]
 
+    def _chips_of(self, m: int) -> list[Any]:
+        """Every rank of group m: the builtin recovery stops them all (torchft cannot shrink a group)."""
+        return self._ranks(m)
+
     def _group_pids(self, m: int) -> list[int]:
         """Live ranks of group m by rank (what a process fault on learner m hits); none while it is down."""
         if self.learner_state.get(m) != "up":
@@ -117,7 +119,7 @@ class TorchftRun(Supervisor):
     def _lighthouse_pids(self) -> dict[int, int]:
         """The Lighthouse as syncer shard 0, while it runs (what kill_syncer hits)."""
         lh = self.lighthouse
-        if lh is None or lh.pid is None or not lh.is_alive() or self._lighthouse_down_at is not None:
+        if lh is None or lh.pid is None or not lh.is_alive() or 0 in self.syncer_restart_at:
             return {}
         return {0: lh.pid}
 
@@ -133,26 +135,12 @@ class TorchftRun(Supervisor):
     # -- reactions -------------------------------------------------------------------------------------
 
     def _group_failed(self, m: int, codes: dict[str, int | None], step: int) -> None:
-        """A rank of group m exited non-zero: restart the group after its repair delay if a kill explains it."""
-        rec = self.sc.recovery
+        """A rank of group m exited non-zero: if a kill of the schedule explains it, the builtin recovery policy
+        (the whole group stopped, restarted after its repair delay); otherwise the run fails."""
         if m not in self._hit:
             raise RunFailed(f"replica group {m} (learner {m}) failed: {codes} and no fault of the schedule hit it "
                             "(see logs/)")
-        if rec.policy == "fail" or self.restarts.get(m, 0) >= rec.max_restarts:
-            why = "recovery.policy = 'fail'" if rec.policy == "fail" else f"max_restarts = {rec.max_restarts} used"
-            raise RunFailed(f"replica group {m} (learner {m}) failed ({why}): {codes}")
-        ranks = self._ranks(m)
-        for p in ranks:  # torchft cannot shrink a group: the survivors of a lost rank are stopped
-            if p.exitcode is None:
-                signal_proc(p, signal.SIGKILL)
-        for p in ranks:
-            p.join(timeout=self.sc.timeouts.shutdown_s)
-        assert self.procs_chaos is not None
-        repair = self.procs_chaos.repair_s.pop(m, rec.repair_s)
-        self.learner_state[m] = "down"
-        self.restart_at[m] = time.monotonic() + repair
-        self.events.write(LearnerDown(learner=m, exitcodes={f"learner{m}.chip{r}": p.exitcode
-                                                            for r, p in enumerate(ranks)}, step=step, repair_s=repair))
+        self._learner_failed(m, codes, time.monotonic(), step)
 
     def _repair_group(self, m: int, step: int) -> None:
         """Group m's repair delay is over: start its next generation, unless no other group is left to heal it."""
@@ -170,27 +158,23 @@ class TorchftRun(Supervisor):
                                          restarts=self.restarts[m]))
 
     def _check_lighthouse(self, now: float) -> None:
-        """The Lighthouse: killed by a kill_syncer (restart it after its repair delay), or exited unexplained."""
-        lh, rec = self.lighthouse, self.sc.recovery
-        assert lh is not None and self.procs_chaos is not None
-        if self._lighthouse_down_at is None:
+        """The Lighthouse: killed by a kill_syncer (the builtin syncer recovery: restarted on its port after its
+        repair delay), or exited unexplained (the run fails)."""
+        lh = self.lighthouse
+        assert lh is not None
+        if 0 not in self.syncer_restart_at:
             code = lh.exitcode
             if code is None:
                 return
             if not self._lighthouse_hit:
                 raise RunFailed(f"the torchft lighthouse exited with code {code} and no fault of the schedule hit "
                                 "it (see logs/lighthouse.stderr)")
-            if rec.syncer_policy != "restart" or self.syncer_restarts.get(0, 0) >= rec.max_restarts:
-                why = ("recovery.syncer_policy = 'fail'" if rec.syncer_policy != "restart"
-                       else f"max_restarts = {rec.max_restarts} used")
-                raise RunFailed(f"the torchft lighthouse was killed ({why})")
-            repair = self.procs_chaos.repair_s.pop(syncer_repair_key(0), rec.syncer_repair_s)
-            self._lighthouse_down_at = now + repair
-            self.events.write(SyncerDown(exitcode=code, repair_s=repair, shard=0))
-        elif now >= self._lighthouse_down_at:
+            self._syncer_failed(0, code, now, name="the torchft lighthouse")
+        elif now >= self.syncer_restart_at[0]:
             self.syncer_restarts[0] = self.syncer_restarts.get(0, 0) + 1
             new = self._start_lighthouse(lh.port)
-            self._lighthouse_down_at, self._lighthouse_hit = None, False
+            del self.syncer_restart_at[0]
+            self._lighthouse_hit = False
             assert new.pid is not None
             self.events.write(SyncerRestart(restarts=self.syncer_restarts[0], port=new.port, child_pid=new.pid,
                                             shard=0))
@@ -227,8 +211,7 @@ class TorchftRun(Supervisor):
             if now - t0 > sc.timeouts.run_s:
                 raise RunFailed(f"run exceeded timeouts.run_s = {sc.timeouts.run_s}s")
             waits = [self.restart_at[m] - now for m in groups if self.learner_state[m] == "down"]
-            if self._lighthouse_down_at is not None:
-                waits.append(self._lighthouse_down_at - now)
+            waits += [at - now for at in self.syncer_restart_at.values()]
             poll_s = min([FAULT_POLL_S if faults.pending() else POLL_S, *[max(0.0, w) for w in waits]])
             wait_any([p for m in groups if self.learner_state[m] == "up" for p in self._ranks(m) if p.exitcode is None],
                      poll_s)  # the Lighthouse (a Popen, no sentinel) is checked at each poll
