@@ -18,6 +18,7 @@ from typing import Any, Literal, cast
 
 from diloco_chaos.chaos.toxiproxy_backend import PROXY_MODES
 from diloco_chaos.harness.algorithms import base as algorithms
+from diloco_chaos.harness.targets import base as targets
 from diloco_chaos.trainers.config import bounded, choice
 
 MODEL_RANGES: dict[str, tuple[float, float]] = {
@@ -225,8 +226,9 @@ class EvalConfig:
 
 
 
-SYSTEMS = ("auto", "builtin", "torchft")
-"""`target.system` values: auto (the system the algorithm's descriptor names) or a system by name."""
+SYSTEMS = ("auto", *targets.names())
+"""`target.system` values: auto (the system the algorithm's descriptor names) or a registered target by name
+(diloco_chaos/harness/targets/)."""
 
 
 @dataclass(frozen=True)
