@@ -104,7 +104,9 @@ def _load(args: argparse.Namespace) -> scenario_mod.Scenario:
     sc = (scenario_mod.load(args.scenario, args.set) if args.scenario
           else scenario_mod.builtin(args.builtin, args.set))
     if args.algorithm:
-        sc = sc.replace(algorithm=args.algorithm)
+        sc, changed = algorithms.switch(sc, args.algorithm)
+        if changed is not None:
+            print(f"diloco-chaos: --algorithm {args.algorithm}: {changed}", file=sys.stderr)
     if args.seed is not None:
         sc = sc.replace(seed=args.seed)
     if getattr(args, "incident", None):

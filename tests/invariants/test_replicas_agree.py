@@ -11,8 +11,8 @@ from diloco_chaos.harness.invariants.checks.replicas_agree import replicas_agree
 from tests.invariants.test_invariants import config, ev, write_run
 
 
-def sync(t: float, learner: int, step: int, digest: str, committed: bool = True) -> dict[str, Any]:
-    return ev("torchft_sync", t, f"learner{learner}.chip0", learner=learner, rank=0, step=step, inner_step=step,
+def sync(t: float, learner: int, step: int, digest: str, committed: bool = True, rank: int = 0) -> dict[str, Any]:
+    return ev("torchft_sync", t, f"learner{learner}.chip{rank}", learner=learner, rank=rank, step=step, inner_step=step,
               quorum_id=1, participants=2, committed=committed, healed=False, digest=digest, error=None)
 
 
@@ -45,3 +45,13 @@ def test_no_step_committed_by_two_groups_is_no_evidence(tmp_path: Path) -> None:
     solo = [e for e in history() if e["learner"] == 0]
     res = replicas_agree(write_run(tmp_path, solo, config("torchft_ddp")))
     assert not res.ok and res.figure is None and "nothing to compare" in res.detail
+
+
+def test_ranks_of_one_group_that_disagree_are_named_by_rank(tmp_path: Path) -> None:
+    """Two groups of two ranks: rank 1's quorum computed something else than rank 0's (each rank of a healed group
+    healed from a different peer), so every group's ranks disagree with each other, not one group with another."""
+    evs = [sync(s + 0.1 * m + 0.01 * k, m, s, f"d{s}" + ("r" if k and s >= 3 else ""), rank=k)
+           for s in range(1, 5) for m in (0, 1) for k in (0, 1)]
+    res = replicas_agree(write_run(tmp_path, evs, config("torchft_diloco")))
+    assert not res.ok and res.figure == 2, res
+    assert "step 3: d3 by groups [0/0 1/0], d3r by groups [0/1 1/1]" in res.detail, res.detail

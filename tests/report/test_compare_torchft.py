@@ -1,5 +1,6 @@
-"""compare's torchft rows (diloco_chaos/harness/report/compare.py `beside`, `scenario_for`, `not_run`) with a
-hand-built runner: they follow the built-in rows, torchft_diloco's scenario is the compared one with the smallest
+"""compare's torchft rows (diloco_chaos/harness/report/compare.py `beside`, `not_run`; the scenario change of
+diloco_chaos/harness/algorithms/base.py `switch`) with a hand-built runner: they follow the built-in rows,
+torchft_diloco's scenario is the compared one with the smallest
 Streaming-DiLoCo change (said in the row), a scenario the torchft target refuses gives a row that says so instead
 of stopping compare, and the verdict stays about decoupled against the built-in baselines."""
 
@@ -13,9 +14,10 @@ from typing import Any
 
 import pytest
 
+from diloco_chaos.harness.algorithms.base import switch
 from diloco_chaos.harness.config import scenario as scenario_mod
 from diloco_chaos.harness.config.scenario import Scenario
-from diloco_chaos.harness.report.compare import beside, compare, compared, scenario_for, table, verdict
+from diloco_chaos.harness.report.compare import beside, compare, compared, table, verdict
 from diloco_chaos.harness.report.results import SCHEMA_VERSION, ResultsFile, read_results, write_results
 from diloco_chaos.harness.targets import base as targets
 
@@ -68,14 +70,14 @@ def test_torchft_rows_follow_the_builtin_ones_and_are_not_judged(tmp_path: Path)
 def test_torchft_diloco_gets_the_smallest_streaming_diloco_change() -> None:
     sc = scenario_mod.builtin("chip-loss")  # fragments 8 = sync_every 8, overlap 2: torchft needs overlap < 1
     assert (sc.diloco.fragments, sc.diloco.sync_every, sc.diloco.overlap) == (8, 8, 2)
-    fixed, note = scenario_for(sc.replace(faults=()), "torchft_diloco")
+    fixed, note = switch(sc.replace(faults=()), "torchft_diloco")
     assert (fixed.diloco.fragments, fixed.diloco.overlap) == (8, 0) and fixed.algorithm == "torchft_diloco"
     assert note is not None and note.startswith("diloco.overlap 2 -> 0 (Streaming DiLoCo needs")
     odd = sc.replace(faults=(), diloco=dataclasses.replace(sc.diloco, fragments=3, overlap=1))
-    fixed, note = scenario_for(odd, "torchft_diloco")
+    fixed, note = switch(odd, "torchft_diloco")
     assert (fixed.diloco.fragments, fixed.diloco.overlap) == (2, 1), "largest divisor of 8 not above 3"
     assert note is not None and note.startswith("diloco.fragments 3 -> 2 (")
-    same, none = scenario_for(sc.replace(faults=()), "torchft_ddp")
+    same, none = switch(sc.replace(faults=()), "torchft_ddp")
     assert none is None and same.diloco == sc.diloco
 
 

@@ -101,6 +101,10 @@ class Algorithm:
     system: System = "builtin"
     """The system under test that runs it (`target.system`, diloco_chaos/harness/targets/): builtin, or torchft
     (whose trainer runs it; `run_learner`, `resume_learner` and `syncer_handler` are then never called)."""
+    adapt: Callable[[Scenario], tuple[dict[str, object], str | None]] | None = None
+    """The smallest change a scenario written for another algorithm needs before this one can run it: the
+    sections to replace (`Scenario.replace` keywords) and what was changed (None: nothing); None: every
+    scenario runs as written. `switch` applies it."""
 
     @property
     def fragmented(self) -> bool:
@@ -178,6 +182,23 @@ def _load() -> None:
             importlib.import_module(mod)
         except ImportError as e:
             raise ImportError(f"{PLUGINS_ENV}: cannot import plugin module {mod!r}: {e}") from e
+
+
+def switch(sc: Scenario, name: str) -> tuple[Scenario, str | None]:
+    """`sc` under algorithm `name` with the smallest change it needs (`--algorithm`, compare's rows), and what was
+    changed (None: nothing): `target.system` back to "auto" when it named another system, then the descriptor's
+    `adapt`. The result is validated as any scenario (ScenarioError when it still cannot run)."""
+    import dataclasses
+
+    alg = get(name)
+    changes: dict[str, object] = {"algorithm": name}
+    if sc.target.system not in ("auto", alg.system):
+        changes["target"] = dataclasses.replace(sc.target, system="auto")
+    note = None
+    if alg.adapt is not None:
+        more, note = alg.adapt(sc)
+        changes.update(more)
+    return sc.replace(**changes), note
 
 
 def every() -> list[Algorithm]:

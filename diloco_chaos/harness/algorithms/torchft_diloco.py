@@ -6,12 +6,35 @@ torchft trainer (diloco_chaos/harness/targets/torchft/trainer.py); its built-in 
 
 from __future__ import annotations
 
+import dataclasses
+from typing import TYPE_CHECKING
+
 from diloco_chaos.harness.algorithms.base import Algorithm, register
 from diloco_chaos.harness.algorithms.torchft_ddp import not_builtin_learner, not_builtin_syncer, torchft_gloo_timeout_s
+
+if TYPE_CHECKING:
+    from diloco_chaos.harness.config.scenario import Scenario
+
+
+def streaming(sc: Scenario) -> tuple[dict[str, object], str | None]:
+    """The smallest change to `sc` Streaming DiLoCo needs (sync_every % fragments == 0 and overlap < sync_every /
+    fragments): fragments becomes the largest divisor of sync_every not above it, then overlap at most
+    sync_every / fragments - 1; and what was changed (None: nothing)."""
+    d = sc.diloco
+    frags = max(f for f in range(1, d.fragments + 1) if d.sync_every % f == 0)
+    overlap = min(d.overlap, d.sync_every // frags - 1)
+    notes = [f"diloco.{key} {old} -> {new}" for key, old, new in (("fragments", d.fragments, frags),
+                                                                   ("overlap", d.overlap, overlap)) if old != new]
+    if not notes:
+        return {}, None
+    return ({"diloco": dataclasses.replace(d, fragments=frags, overlap=overlap)},
+            "; ".join(notes) + " (Streaming DiLoCo needs sync_every % fragments == 0 and overlap < sync_every / "
+                               "fragments)")
+
 
 ALGORITHM = register(Algorithm(
     name="torchft_diloco", summary="torchft's Streaming DiLoCo: one fragment synced every sync_every / fragments "
                                    "steps through a quorum",
     order=11, merge_unit="round", elastic=False, outer_step=False, shardable_syncer=False, restorable_syncer=False,
     gloo_timeout_s=torchft_gloo_timeout_s, run_learner=not_builtin_learner, resume_learner=not_builtin_learner,
-    syncer_handler=not_builtin_syncer, compare_order=11, system="torchft"))
+    syncer_handler=not_builtin_syncer, compare_order=11, system="torchft", adapt=streaming))

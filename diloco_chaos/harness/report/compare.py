@@ -5,7 +5,8 @@ fault-free ddp run of the same seed is the quality reference. The table holds wh
 goodput and uptime (diloco_chaos/harness/report/metrics.py), tokens merged per second of training, the longest time the
 global model stood still, and final eval loss, with its distance to fault-free ddp. Rows are
 diloco_chaos.harness.report.results.RunRow records, which `--json` writes as they are. When torchft is installed,
-torchft_ddp and torchft_diloco follow the built-in algorithms on the same scenario (`beside`, `scenario_for`):
+torchft_ddp and torchft_diloco follow the built-in algorithms on the same scenario (`beside`;
+`diloco_chaos.harness.algorithms.base.switch` makes the smallest change each needs):
 their figures come from the same report.json (a committed torchft step is a merge, docs/metrics.md "Progress of
 the global model"); the verdict stays about decoupled against the built-in baselines.
 """
@@ -44,32 +45,6 @@ def beside() -> tuple[str, ...]:
     judged by the verdict: torchft_ddp and torchft_diloco (their `compare_order`) when torchft is importable."""
     return tuple(a.name for a in sorted(registry.every(), key=lambda a: (a.compare_order, a.order))
                  if a.torchft_system and importlib.util.find_spec("torchft") is not None)
-
-
-def scenario_for(sc: Scenario, algorithm: str) -> tuple[Scenario, str | None]:
-    """`sc` under `algorithm` with the smallest change its system needs, and what was changed (None: nothing).
-    torchft_diloco (Streaming DiLoCo) needs sync_every % fragments == 0 and overlap < sync_every / fragments:
-    fragments becomes the largest divisor of sync_every not above it, then overlap at most sync_every /
-    fragments - 1. `target.system` becomes auto (the algorithm picks its system). Raises ScenarioError when the
-    scenario's validation refuses it for that system (e.g. a fault kind its target cannot carry)."""
-    alg = registry.get(algorithm)
-    changes: dict[str, Any] = {"algorithm": algorithm}
-    notes: list[str] = []
-    if sc.target.system != "auto" and sc.target.system != alg.system:
-        changes["target"] = dataclasses.replace(sc.target, system="auto")
-    d = sc.diloco
-    if alg.torchft_system and not alg.data_parallel:
-        frags = max(f for f in range(1, d.fragments + 1) if d.sync_every % f == 0)
-        overlap = min(d.overlap, d.sync_every // frags - 1)
-        if frags != d.fragments:
-            notes.append(f"diloco.fragments {d.fragments} -> {frags}")
-        if overlap != d.overlap:
-            notes.append(f"diloco.overlap {d.overlap} -> {overlap}")
-        if notes:
-            changes["diloco"] = dataclasses.replace(d, fragments=frags, overlap=overlap)
-    out = sc.replace(**changes)
-    return out, ("; ".join(notes) + " (Streaming DiLoCo needs sync_every % fragments == 0 and overlap < "
-                 "sync_every / fragments)") if notes else None
 
 
 def not_run(label: str, sc: Scenario, algorithm: str, why: str) -> RunRow:
@@ -150,7 +125,7 @@ def compare(sc: Scenario, runs_dir: str | os.PathLike[str] | None = None,
             runner: Callable[[Scenario], Any] | None = None) -> list[RunRow]:
     """Run `sc` under each algorithm (default: `compared()` then `beside()`, torchft's when installed; with
     `baseline`, fault-free ddp first); returns one row per run, each with `vs_fault_free_ddp` (its final eval loss
-    minus the reference's) when there is a reference. An algorithm of another system runs `scenario_for(sc,
+    minus the reference's) when there is a reference. An algorithm of another system runs `registry.switch(sc,
     alg)` (its row's `note` says what changed); one whose target refuses the scenario gets a row that was not
     run (`ran` false, `note` the refusal) instead of stopping the comparison.
 
@@ -172,7 +147,7 @@ def compare(sc: Scenario, runs_dir: str | os.PathLike[str] | None = None,
     for alg in (*compared(), *beside()) if algorithms is None else algorithms:
         label = f"{alg}, with faults"
         try:
-            alg_sc, note = scenario_for(sc, alg)
+            alg_sc, note = registry.switch(sc, alg)
         except ScenarioError as e:
             rows.append(not_run(label, sc, alg, f"the {registry.get(alg).system} target refuses the scenario: "
                                                 f"{' '.join(str(e).split())}"))
