@@ -36,14 +36,14 @@ def compared() -> tuple[str, ...]:
     """Every algorithm of the builtin system compare runs, in its descriptor's `compare_order` (ddp, elastic_ddp,
     diloco, decoupled for the built-in ones): the verdict judges whichever of them have rows."""
     return tuple(a.name for a in sorted(registry.every(), key=lambda a: (a.compare_order, a.order))
-                 if a.builtin_system)
+                 if a.system == "builtin")
 
 
 def beside() -> tuple[str, ...]:
     """The algorithms of other systems under test compare runs after `compared()`, reported beside them and never
     judged by the verdict: torchft_ddp and torchft_diloco (their `compare_order`) when torchft is importable."""
     return tuple(a.name for a in sorted(registry.every(), key=lambda a: (a.compare_order, a.order))
-                 if a.torchft_system and importlib.util.find_spec("torchft") is not None)
+                 if a.system == "torchft" and importlib.util.find_spec("torchft") is not None)
 
 
 def scenario_for(sc: Scenario, algorithm: str) -> tuple[Scenario, str | None]:
@@ -58,7 +58,7 @@ def scenario_for(sc: Scenario, algorithm: str) -> tuple[Scenario, str | None]:
     if sc.target.system != "auto" and sc.target.system != alg.system:
         changes["target"] = dataclasses.replace(sc.target, system="auto")
     d = sc.diloco
-    if alg.torchft_system and not alg.data_parallel:
+    if alg.system == "torchft" and not alg.data_parallel:
         frags = max(f for f in range(1, d.fragments + 1) if d.sync_every % f == 0)
         overlap = min(d.overlap, d.sync_every // frags - 1)
         if frags != d.fragments:
