@@ -69,7 +69,8 @@ def test_no_algorithm_list_or_branch_outside_the_registry() -> None:
 
 def test_the_built_in_descriptors() -> None:
     assert algorithms.names() == (*BUILTIN, *TORCHFT)
-    assert algorithms.with_trait("builtin_system") == BUILTIN and algorithms.with_trait("torchft_system") == TORCHFT
+    by_system = {s: tuple(a.name for a in algorithms.every() if a.system == s) for s in ("builtin", "torchft")}
+    assert by_system == {"builtin": BUILTIN, "torchft": TORCHFT}
     assert algorithms.with_trait("elastic") == ("decoupled", "elastic_ddp")
     assert algorithms.with_trait("outer_step") == ("decoupled", "diloco")
     assert algorithms.with_trait("data_parallel") == ("ddp", "elastic_ddp", "torchft_ddp")

@@ -46,12 +46,12 @@ MergeUnit = Literal["fragment", "round", "step"]
 """What one `merge` event merges: a fragment (decoupled), a round of H steps (diloco), one step's gradients
 (ddp, elastic_ddp); it is also the unit the report and the invariants account work in."""
 
-Trait = Literal["fragmented", "data_parallel", "elastic", "outer_step", "shardable_syncer", "restorable_syncer",
-                "builtin_system", "torchft_system"]
+Trait = Literal["fragmented", "data_parallel", "elastic", "outer_step", "shardable_syncer", "restorable_syncer"]
 """The boolean traits by name: what an invariant may require (`register(requires=...)`) and a check may name."""
 
-System = Literal["builtin", "torchft"]
-"""The system under test that runs an algorithm (docs/targets.md): this package's learners and syncer, or torchft."""
+System = str
+"""The system under test that runs an algorithm (docs/targets.md): a registered target's name (`builtin`: this
+package's learners and syncer; `torchft`; or a plugin's, diloco_chaos/harness/targets/base.py)."""
 
 HandlerFactory = Callable[["Scenario", str, "EventLog", "Transport", int], "AlgorithmHandler"]
 """(scenario, run_dir, events, transport, shard) -> the syncer shard's handler (shard: 0 unless syncer.shards > 1)."""
@@ -99,8 +99,9 @@ class Algorithm:
     sim_method: Method | None = None
     """The failure simulator's method for it (diloco_chaos/harness/simulator/model.py), None if it has none."""
     system: System = "builtin"
-    """The system under test that runs it (`target.system`, diloco_chaos/harness/targets/): builtin, or torchft
-    (whose trainer runs it; `run_learner`, `resume_learner` and `syncer_handler` are then never called)."""
+    """The system under test that runs it (`target.system`, diloco_chaos/harness/targets/): builtin, or another
+    target (torchft, a plugin's) whose trainer runs it; `run_learner`, `resume_learner` and `syncer_handler` are
+    then never called. Invariants select the systems they apply to by this name (`register(systems=...)`)."""
     adapt: Callable[[Scenario], tuple[dict[str, object], str | None]] | None = None
     """The smallest change a scenario written for another algorithm needs before this one can run it: the
     sections to replace (`Scenario.replace` keywords) and what was changed (None: nothing); None: every
@@ -115,17 +116,6 @@ class Algorithm:
     def data_parallel(self) -> bool:
         """Every step is one merge of the participants' gradients (`merge` events carry `step`)."""
         return self.merge_unit == "step"
-
-    @property
-    def builtin_system(self) -> bool:
-        """Runs on this package's learners and syncer: the invariants of their protocol (merges, pushes, token
-        accounting) apply."""
-        return self.system == "builtin"
-
-    @property
-    def torchft_system(self) -> bool:
-        """Runs on torchft: the invariants of its history (replicas_agree) apply."""
-        return self.system == "torchft"
 
     def has(self, trait: Trait) -> bool:
         """Whether it has the boolean trait `trait`."""
@@ -201,6 +191,12 @@ def switch(sc: Scenario, name: str) -> tuple[Scenario, str | None]:
     return sc.replace(**changes), note
 
 
+def load() -> None:
+    """Import the built-in descriptors and the plugins DILOCO_CHAOS_PLUGINS names now (the target registry calls
+    it: a plugin module may register a target too)."""
+    _load()
+
+
 def every() -> list[Algorithm]:
     """Every registered algorithm, in listing order."""
     _load()
@@ -254,7 +250,11 @@ def load_plugins(refs: Sequence[PluginRef]) -> None:
 
 
 class Names(Sequence[str]):
-    """A live view of `names()`: the scenario's `algorithm` choices, which a plugin registered later extends."""
+    """A live view of `source()` (default `names()`): the scenario's `algorithm` choices (and `target.system`'s),
+    which a plugin registered later extends."""
+
+    def __init__(self, source: Callable[[], tuple[str, ...]] | None = None) -> None:
+        self.source = source or names
 
     @overload
     def __getitem__(self, i: int) -> str: ...
@@ -263,19 +263,19 @@ class Names(Sequence[str]):
     def __getitem__(self, i: slice) -> Sequence[str]: ...
 
     def __getitem__(self, i: int | slice) -> str | Sequence[str]:
-        return names()[i]
+        return self.source()[i]
 
     def __len__(self) -> int:
-        return len(names())
+        return len(self.source())
 
     def __iter__(self) -> Iterator[str]:
-        return iter(names())
+        return iter(self.source())
 
     def __contains__(self, x: object) -> bool:
-        return x in names()
+        return x in self.source()
 
     def __repr__(self) -> str:
-        return repr(names())
+        return repr(self.source())
 
 
 NAMES = Names()

@@ -226,9 +226,9 @@ class EvalConfig:
 
 
 
-SYSTEMS = ("auto", *targets.names())
+SYSTEMS = algorithms.Names(lambda: ("auto", *targets.names()))
 """`target.system` values: auto (the system the algorithm's descriptor names) or a registered target by name
-(diloco_chaos/harness/targets/)."""
+(diloco_chaos/harness/targets/, a plugin's included), looked up each time it is read."""
 
 
 @dataclass(frozen=True)

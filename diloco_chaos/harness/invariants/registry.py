@@ -4,7 +4,8 @@ diloco_chaos/harness/invariants/checks.
 What: each module of `diloco_chaos.harness.invariants.checks` defines one invariant function and decorates it with
 `register(...)`, which records its name, its bounds (parameter name, default, one-line meaning, the range a
 value must be in, and the older `check_all` keyword it replaced), the algorithms it applies to (every one, or
-those whose descriptor in diloco_chaos/harness/algorithms/ has the trait it `requires`) and
+those whose descriptor in diloco_chaos/harness/algorithms/ has the trait it `requires` and runs on one of the
+`systems` it names: the targets of diloco_chaos/harness/targets/) and
 whether `check_all` runs it on its defaults ("always") or only when the caller gives one of its triggering
 bounds ("when_bound"). `discover()` imports every module of that package, so adding an invariant is adding one
 module: `check_all`, the pytest plugin's `ChaosRun.check` / `measure` and `diloco-chaos invariants` all list the
@@ -88,6 +89,8 @@ class InvariantSpec:
     """Its keyword parameters, in signature order."""
     requires: algorithms.Trait | None
     """The trait an algorithm must have for the invariant to apply to its runs; None: every algorithm."""
+    systems: tuple[str, ...] | None
+    """The systems under test (`Algorithm.system`) whose algorithms' runs it applies to; None: every system."""
     mode: Mode
     """How check_all runs it."""
     order: int
@@ -98,7 +101,8 @@ class InvariantSpec:
     @property
     def algorithms(self) -> tuple[str, ...]:
         """The algorithms whose runs it applies to (the registry's, now); check_all skips it for the others."""
-        return algorithms.names() if self.requires is None else algorithms.with_trait(self.requires)
+        return tuple(a.name for a in algorithms.every() if (self.requires is None or a.has(self.requires))
+                     and (self.systems is None or a.system in self.systems))
 
     def bound(self, keyword: str) -> Bound | None:
         """The bound named `keyword`, None if none."""
@@ -137,18 +141,19 @@ _REGISTRY: dict[str, InvariantSpec] = {}
 
 
 def register(*, bounds: tuple[Bound, ...] = (), requires: algorithms.Trait | None = None,
-             mode: Mode = "always", order: int) -> Callable[[Callable[..., InvariantResult]],
-                                                            Callable[..., InvariantResult]]:
+             systems: tuple[str, ...] | None = None, mode: Mode = "always",
+             order: int) -> Callable[[Callable[..., InvariantResult]], Callable[..., InvariantResult]]:
     """Decorator: register the function as the invariant of its own name, for the algorithms with the trait it
-    `requires` (every algorithm when None). Its module docstring's first paragraph (after "Invariant `name`:")
-    is the summary. The function is returned unchanged."""
+    `requires` (every algorithm when None) that run on one of `systems` (every system when None: a target added
+    later, diloco_chaos/harness/targets/, gets it too). Its module docstring's first paragraph (after "Invariant
+    `name`:") is the summary. The function is returned unchanged."""
 
     def deco(fn: Callable[..., InvariantResult]) -> Callable[..., InvariantResult]:
         name = fn.__name__
         if name in _REGISTRY and _REGISTRY[name].fn.__module__ != fn.__module__:
             raise ValueError(f"invariant {name!r} registered twice ({_REGISTRY[name].fn.__module__}, {fn.__module__})")
         summary = _summary(fn)
-        _REGISTRY[name] = InvariantSpec(name, fn, bounds, requires, mode, order, summary)
+        _REGISTRY[name] = InvariantSpec(name, fn, bounds, requires, systems, mode, order, summary)
         return fn
 
     return deco

@@ -37,14 +37,14 @@ def compared() -> tuple[str, ...]:
     """Every algorithm of the builtin system compare runs, in its descriptor's `compare_order` (ddp, elastic_ddp,
     diloco, decoupled for the built-in ones): the verdict judges whichever of them have rows."""
     return tuple(a.name for a in sorted(registry.every(), key=lambda a: (a.compare_order, a.order))
-                 if a.builtin_system)
+                 if a.system == "builtin")
 
 
 def beside() -> tuple[str, ...]:
     """The algorithms of other systems under test compare runs after `compared()`, reported beside them and never
     judged by the verdict: torchft_ddp and torchft_diloco (their `compare_order`) when torchft is importable."""
     return tuple(a.name for a in sorted(registry.every(), key=lambda a: (a.compare_order, a.order))
-                 if a.torchft_system and importlib.util.find_spec("torchft") is not None)
+                 if a.system == "torchft" and importlib.util.find_spec("torchft") is not None)
 
 
 def not_run(label: str, sc: Scenario, algorithm: str, why: str) -> RunRow:

@@ -148,17 +148,18 @@ def _torchft(evs: Sequence[Event], alg: algorithms.Algorithm, fragments: int, sy
 
 READERS: dict[algorithms.System, Callable[[Sequence[Event], algorithms.Algorithm, int, int, bool], Progress]] = {
     "builtin": _builtin, "torchft": _torchft}
-"""How each system's history says the global model advanced (a new target adds its reader here)."""
+"""How each system's history says the global model advanced; any other target's (a plugin's) is read as the
+builtin one's, from the `merge` records it writes for each change of its global model (docs/targets.md)."""
 
 
 def progress(evs: Sequence[Event], algorithm: str, fragments: int, sync_every: int) -> Progress:
     """The run's progress of the global model, read by the reader of the system that ran `algorithm`."""
     alg = algorithms.get(algorithm)
-    return READERS[alg.system](evs, alg, fragments, sync_every, True)
+    return READERS.get(alg.system, _builtin)(evs, alg, fragments, sync_every, True)
 
 
 def advance_times(evs: Sequence[Event], algorithm: str) -> list[float]:
     """When the global model advanced (what uptime, the longest gap and no_global_downtime read): the times of
     `progress`'s advances, without the per-step coverage."""
     alg = algorithms.get(algorithm)
-    return READERS[alg.system](evs, alg, 1, 1, False).times
+    return READERS.get(alg.system, _builtin)(evs, alg, 1, 1, False).times

@@ -12,6 +12,11 @@ Why: the harness had one system under test, its own Decoupled DiLoCo and baselin
 the run directory (config.json, events.jsonl, report.json, invariants.json, logs/, processes.json, global.pt)
 as the contract every target keeps.
 
+Plugins: a module outside the package that calls `register(Target(...))` (and registers its algorithms, with
+`system` its target's name) is loaded by naming it in DILOCO_CHAOS_PLUGINS, as an algorithm plugin is
+(diloco_chaos/harness/algorithms/base.py `load`); while the variable no longer names it, its target is dropped
+with its algorithms. docs/targets.md "Adding a target"; tests/targets/toy_target.py is a worked example.
+
 Import weight: validation imports this module, so descriptor modules import nothing heavy at import time
 (their `run` imports what it needs when called), and none needs its system installed to be listed.
 """
@@ -22,6 +27,7 @@ import difflib
 import importlib
 import os
 import pkgutil
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -30,6 +36,7 @@ from diloco_chaos.harness.algorithms import base as algorithms
 
 if TYPE_CHECKING:
     from diloco_chaos.harness.config.scenario import Scenario
+    from diloco_chaos.harness.config.sections import Found
     from diloco_chaos.harness.run.supervisor import RunResult, Supervisor
 
 OnEvents = Callable[[list[dict[str, Any]]], None]
@@ -38,6 +45,9 @@ RunFn = Callable[["Scenario", "str | os.PathLike[str]", "OnEvents | None"], "Run
 """(scenario, runs root, on_events) -> the finished run; raises RunFailed when it did not complete."""
 MakeSupervisor = Callable[["Scenario", "str | os.PathLike[str]", "OnEvents | None"], "Supervisor"]
 """(scenario, runs root, on_events) -> the run's supervisor, its run directory made, not started yet."""
+Rules = Callable[["Scenario", list[str], "Found"], None]
+"""(scenario, fault keys, found) -> adds each error of the target's own settings to `found`, naming its key
+(`keys[i]` names `scenario.faults[i]`); called by validation once the scenario runs on this target."""
 
 
 @dataclass(frozen=True)
@@ -65,30 +75,40 @@ class Target:
     """Whether `kill_syncer` hits the built-in syncer, so its rules apply (a restorable algorithm,
     recovery.syncer_checkpoint); False: the target's coordinator, checked by the target's own rules
     (diloco_chaos/harness/config/target_check.py)."""
+    rules: Rules | None = None
+    """Its own validation rules (its launch modes, its settings' hierarchy), None: none beyond the common ones
+    (the algorithm's system, needs_module, fault_kinds)."""
 
 
 _REGISTRY: dict[str, Target] = {}
+_MODULE: dict[str, str] = {}
 _loaded = False
 
 
 def register(target: Target) -> Target:
-    """Register `target` under its name (once)."""
-    if target.name in _REGISTRY and _REGISTRY[target.name] is not target:
-        raise ValueError(f"target {target.name!r} registered twice")
-    _REGISTRY[target.name] = target
+    """Register `target` under its name (once per module: a second module using the name is a ValueError; the
+    same module imported again, a plugin named anew, replaces it)."""
+    module = sys._getframe(1).f_globals.get("__name__", "")
+    if target.name in _REGISTRY and _MODULE[target.name] != module:
+        raise ValueError(f"target {target.name!r} registered twice ({_MODULE[target.name]}, {module})")
+    _REGISTRY[target.name], _MODULE[target.name] = target, module
     return target
 
 
 def _load() -> None:
-    """Import every descriptor module of this package once (modules and sub-packages, not base)."""
+    """Import every descriptor module of this package once (modules and sub-packages, not base), then the plugins
+    DILOCO_CHAOS_PLUGINS names now (through the algorithm registry, which owns that variable); a target whose
+    plugin module is no longer imported (the variable stopped naming it) is dropped."""
     global _loaded
-    if _loaded:
-        return
-    _loaded = True
     pkg = __name__.rsplit(".", 1)[0]
-    for info in pkgutil.iter_modules(importlib.import_module(pkg).__path__):
-        if info.name != "base" and not info.name.startswith("_"):
-            importlib.import_module(f"{pkg}.{info.name}")
+    if not _loaded:
+        _loaded = True
+        for info in pkgutil.iter_modules(importlib.import_module(pkg).__path__):
+            if info.name != "base" and not info.name.startswith("_"):
+                importlib.import_module(f"{pkg}.{info.name}")
+    algorithms.load()
+    for name in [n for n, mod in _MODULE.items() if not mod.startswith(pkg + ".") and mod not in sys.modules]:
+        del _REGISTRY[name], _MODULE[name]
 
 
 def names() -> tuple[str, ...]:

@@ -30,7 +30,7 @@ def alive_intervals(run: Run, min_alive: int) -> list[tuple[float, float]]:
     r = _run(run)
     since: float | None = None
     out: list[tuple[float, float]] = []
-    for t, alive in ALIVE[r.descriptor.system](r):
+    for t, alive in ALIVE.get(r.descriptor.system, trainer_alive)(r):
         if len(alive) >= min_alive and since is None:
             since = t
         elif len(alive) < min_alive and since is not None:
@@ -82,9 +82,10 @@ KILLS = ("kill_learner", "crash_host", "kill_chip")
 
 
 def trainer_alive(r: RunRecord) -> Iterator[tuple[float, set[int]]]:
-    """torchft: (t, the replica groups alive) at each change. A group is alive from its rank 0's `chip_start`
-    (its trainer ready to join a quorum) to its `learner_done`, a `chip_error` of any of its ranks, or a kill of
-    it (`process_fault` of a kind in KILLS naming it); a restart's `chip_start` makes it alive again."""
+    """torchft (and any target without its own view): (t, the replica groups alive) at each change. A group is
+    alive from its rank 0's `chip_start` (its trainer ready to join a quorum) to its `learner_done`, a
+    `chip_error` of any of its ranks, or a kill of it (`process_fault` of a kind in KILLS naming it); a restart's
+    `chip_start` makes it alive again."""
     alive: set[int] = set()
     for e in r.all_records:
         if isinstance(e, ChipStart) and e.rank == 0:
@@ -100,7 +101,8 @@ def trainer_alive(r: RunRecord) -> Iterator[tuple[float, set[int]]]:
 
 ALIVE: dict[System, Callable[[RunRecord], Iterator[tuple[float, set[int]]]]] = {
     "builtin": syncer_alive, "torchft": trainer_alive}
-"""Which learners are alive, as each system under test sees them."""
+"""Which learners are alive, as each system under test sees them; another target's (a plugin's) by its trainers'
+records, as torchft's (`trainer_alive`)."""
 
 
 @register(order=20, mode="when_bound", bounds=(

@@ -21,7 +21,7 @@ from diloco_chaos.harness.invariants.registry import Bound, register
 from diloco_chaos.harness.record.torchft import TorchftSync
 
 
-@register(order=170, requires="torchft_system", bounds=(Bound("show", "problems listed in the detail", 5, low=0),))
+@register(order=170, systems=("torchft",), bounds=(Bound("show", "problems listed in the detail", 5, low=0),))
 def replicas_agree(run: Run, *, show: int = 5) -> InvariantResult:
     """Every replica group that committed step s reports the same global-weights digest for s (see the module
     docstring)."""

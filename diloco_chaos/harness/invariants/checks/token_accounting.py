@@ -15,7 +15,7 @@ from diloco_chaos.harness.record.learner import Step
 from diloco_chaos.harness.record.syncer import Eval, Merge, SyncerDone, SyncerRestore, shard_of
 
 
-@register(order=70, requires="builtin_system", bounds=(
+@register(order=70, systems=("builtin",), bounds=(
     Bound("tolerance", "tokens of discrepancy allowed", 1e-3, low=0.0),
     Bound("show", "problems listed in the detail", 5, low=0)))
 def token_accounting(run: Run, *, tolerance: float = 1e-3, show: int = 5) -> InvariantResult:

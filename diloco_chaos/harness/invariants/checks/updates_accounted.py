@@ -60,7 +60,7 @@ def merged_contributions(run: Run) -> list[Contribution]:
     return out
 
 
-@register(order=60, requires="builtin_system", bounds=(Bound("show", "problems listed in the detail", 5, low=0),))
+@register(order=60, systems=("builtin",), bounds=(Bound("show", "problems listed in the detail", 5, low=0),))
 def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
     """No update merged twice and none lost. Figure: the problems found; bound 0.
 

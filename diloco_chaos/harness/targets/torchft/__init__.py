@@ -3,9 +3,10 @@ replica group per learner (topology.chips_per_learner ranks each) running torchf
 scenario's task. This module only registers the descriptor; torchft itself is imported by the run
 (diloco_chaos/harness/targets/torchft/run.py) and its trainer processes, so the package imports without it.
 
-Modules: lighthouse (start, readiness, teardown of `torchft_lighthouse`), trainer (one rank's process), loops
-(the two algorithms' training loops), observe (torchft's loggers and the global-weights digest as typed
-records), run (the run's supervisor: lighthouse, groups, faults, watch, post-run phase).
+Modules: rules (its validation rules, `Target.rules`), lighthouse (start, readiness, teardown of
+`torchft_lighthouse`), trainer (one rank's process), loops (the two algorithms' training loops), observe
+(torchft's loggers and the global-weights digest as typed records), run (the run's supervisor: lighthouse,
+groups, faults, watch, post-run phase).
 
 Faults carried (docs/targets/torchft.md "Faults"): kill_chip, kill_learner and crash_host end a replica group,
 which restarts as a whole after its repair delay and heals from a live peer; freeze SIGSTOPs a group's ranks
@@ -18,6 +19,7 @@ import os
 from typing import TYPE_CHECKING
 
 from diloco_chaos.harness.targets.base import OnEvents, Target, register
+from diloco_chaos.harness.targets.torchft.rules import rules
 
 if TYPE_CHECKING:
     from diloco_chaos.harness.config.scenario import Scenario
@@ -51,4 +53,4 @@ def refusal(kind: str) -> str:
 TARGET = register(Target(
     name="torchft", summary="torchft 0.2.0: its Lighthouse and one replica group (Manager, ProcessGroupGloo) per "
                             "learner", run=run, fault_kinds=FAULT_KINDS, link_proxies=False, needs_module="torchft",
-    fault_refusal=refusal, supervisor=supervisor, builtin_syncer=False))
+    fault_refusal=refusal, supervisor=supervisor, builtin_syncer=False, rules=rules))

@@ -20,7 +20,7 @@ from diloco_chaos.harness.invariants.registry import Bound, register
 from diloco_chaos.harness.record.torchft import TorchftQuorum, TorchftSync
 
 
-@register(order=171, requires="torchft_system", bounds=(Bound("show", "problems listed in the detail", 5, low=0),))
+@register(order=171, systems=("torchft",), bounds=(Bound("show", "problems listed in the detail", 5, low=0),))
 def commits_monotonic(run: Run, *, show: int = 5) -> InvariantResult:
     """Each process's committed steps rise by exactly 1, or jump forward after a heal (see the module
     docstring)."""

@@ -15,7 +15,7 @@ from diloco_chaos.harness.invariants.registry import Bound, register
 from diloco_chaos.harness.record.torchft import TorchftSync
 
 
-@register(order=173, requires="torchft_system", bounds=(
+@register(order=173, systems=("torchft",), bounds=(
     Bound("min_replicas", "smallest quorum allowed to commit (default the scenario's torchft.min_replicas)", low=1),
     Bound("show", "problems listed in the detail", 5, low=0)))
 def quorum_floor(run: Run, *, min_replicas: int | None = None, show: int = 5) -> InvariantResult:

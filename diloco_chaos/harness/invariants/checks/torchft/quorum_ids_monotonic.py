@@ -17,7 +17,7 @@ from diloco_chaos.harness.invariants.registry import Bound, register
 from diloco_chaos.harness.record.torchft import TorchftCommit, TorchftQuorum, TorchftSync
 
 
-@register(order=172, requires="torchft_system", bounds=(Bound("show", "problems listed in the detail", 5, low=0),))
+@register(order=172, systems=("torchft",), bounds=(Bound("show", "problems listed in the detail", 5, low=0),))
 def quorum_ids_monotonic(run: Run, *, show: int = 5) -> InvariantResult:
     """Each process's quorum ids never decrease (see the module docstring)."""
     r = _run(run)
