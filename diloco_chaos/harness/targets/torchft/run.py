@@ -56,6 +56,7 @@ class TorchftRun(Supervisor):
     def launch_and_watch(self, t0: float) -> None:
         sc = self.sc
         self._hit: set[int] = set()  # groups a kill fault hit since their last start
+        self._touched: dict[int, list[str]] = {}  # group -> the other process faults that hit it (freeze, ...)
         self._lighthouse_hit = False  # a kill_syncer hit the Lighthouse since its last start (its repair: shard 0's)
         self.lighthouse = self._start_lighthouse(0)
         procs = ProcessChaos(self._group_pids, sc.topology.learners, on_event=self._on_chaos,
@@ -129,6 +130,8 @@ class TorchftRun(Supervisor):
         self.events.named(kind, **fields)
         if kind == "process_fault" and fields.get("kind") in GROUP_KILLS and fields.get("learner") is not None:
             self._hit.add(int(fields["learner"]))
+        elif kind == "process_fault" and fields.get("learner") is not None:
+            self._touched.setdefault(int(fields["learner"]), []).append(str(fields.get("kind")))
         elif kind == "process_fault" and fields.get("kind") == "kill_syncer":
             self._lighthouse_hit = True
 
@@ -138,8 +141,10 @@ class TorchftRun(Supervisor):
         """A rank of group m exited non-zero: if a kill of the schedule explains it, the builtin recovery policy
         (the whole group stopped, restarted after its repair delay); otherwise the run fails."""
         if m not in self._hit:
-            raise RunFailed(f"replica group {m} (learner {m}) failed: {codes} and no fault of the schedule hit it "
-                            "(see logs/)")
+            touched = sorted(set(self._touched.get(m, [])))
+            after = (f"after a {', '.join(touched)} of the schedule, which is not a kill (no restart follows)"
+                     if touched else "and no fault of the schedule hit it")
+            raise RunFailed(f"replica group {m} (learner {m}) failed: {codes} {after} (see logs/)")
         self._learner_failed(m, codes, time.monotonic(), step)
 
     def _repair_group(self, m: int, step: int) -> None:

@@ -1,0 +1,87 @@
+"""torchft suite: the history fork a stale replica group makes when it comes back after every other group finished
+(issue 28 item 8; docs/targets/torchft.md "Findings"), reproduced from an incident file.
+
+The incident (examples/incidents/torchft-rollback.toml on examples/incidents/torchft-rollback-scenario.toml):
+torchft_ddp, replica group 1 frozen (SIGSTOP) at group 0's step 10 and let go (SIGCONT) when group 0 has
+committed its last step. Group 0 no longer asks for a quorum, so group 1 is alone with the Lighthouse:
+- min_replicas = 1: it forms a quorum of one at its old step, nobody is ahead of it to heal from, and it trains
+  the steps group 0 already committed again, from other weights: `replicas_agree` reports each of those steps with
+  two digests (the invariant that catches a rollback of committed steps);
+- min_replicas = 2 (a third group, so the others can go on without it): it gets no quorum, and after
+  torchft.quorum_timeout_s torchft raises out of `start_quorum`; the group exits 1 and the run fails. No step is
+  committed twice: the setting prevents the fork and turns it into a failed group.
+Triggers are training progress (group 0's steps), never a sleep. Public API only: the pytest plugin's
+`run_scenario`, diloco_chaos.harness.config.scenario.load and diloco_chaos.harness.run.replay.load_incident.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from diloco_chaos.harness.chaos_run import ChaosRunFailed
+from diloco_chaos.harness.config.scenario import load
+from diloco_chaos.harness.run.replay import load_incident
+
+pytest.importorskip("torchft", reason="the torchft target needs torchft (the `torchft` extra, in `dev`)")
+pytestmark = [pytest.mark.torchft, pytest.mark.failure, pytest.mark.timeout(120)]
+
+INCIDENTS = Path(__file__).resolve().parent.parent / "examples" / "incidents"
+SCENARIO = INCIDENTS / "torchft-rollback-scenario.toml"
+INCIDENT = INCIDENTS / "torchft-rollback.toml"
+VICTIM = 1
+
+
+def incident(*overrides: str) -> Any:
+    return load_incident(INCIDENT, load(SCENARIO, list(overrides)))
+
+
+def commits(events: list[dict[str, Any]], learner: int) -> list[dict[str, Any]]:
+    return [e for e in events if e["ev"] == "torchft_sync" and e["learner"] == learner and e["committed"]]
+
+
+def test_a_stale_group_alone_retrains_committed_steps_under_min_replicas_1(run_scenario):
+    sc = incident()
+    assert sc.torchft.min_replicas == 1 and sc.topology.learners == 2
+    res = run_scenario(sc)
+    (start,) = res.of("fault_start")
+    (end,) = res.of("fault_end")
+    steps = sc.train.steps
+    assert commits(res.events, 0)[-1]["step"] == steps and commits(res.events, 0)[-1]["t"] <= end["t"]
+    back = [e for e in commits(res.events, VICTIM) if e["t"] > end["t"]]
+    assert back, "the stale group committed steps after SIGCONT"
+    first = back[0]
+    assert first["participants"] == 1 and not first["healed"], f"a quorum of one, no heal: {first}"
+    before = [e["step"] for e in commits(res.events, VICTIM) if e["t"] < start["t"]]
+    assert first["step"] <= max(before) + 2, f"it went on from its old step, not group 0's {steps}: {first}"
+    assert back[-1]["step"] == steps, "and trained on to the last step"
+    agree = res.measure("replicas_agree")
+    retrained = sorted({e["step"] for e in back} & {e["step"] for e in commits(res.events, 0)})
+    res.figures({"forked_steps": agree.figure, "retrained_steps": len(retrained), "resumed_at": first["step"],
+                 "frozen_s": round(end["t"] - start["t"], 3), "detail": agree.detail[:200]})
+    assert not agree.ok, "replicas_agree catches the fork"
+    assert agree.figure == len(retrained) >= steps - 12, (agree.figure, len(retrained))
+    assert f"step {first['step']}:" in agree.detail, agree.detail
+    res.check("quorum_floor")  # torchft kept its own rule: every quorum had min_replicas = 1 member
+
+
+def test_min_replicas_2_prevents_the_fork_and_the_stale_group_fails(run_scenario):
+    sc = incident("topology.learners=3", "torchft.min_replicas=2")
+    with pytest.raises(ChaosRunFailed) as failed:
+        run_scenario(sc)
+    run = failed.value.run
+    assert run is not None and f"replica group {VICTIM}" in str(failed.value), failed.value
+    assert "after a freeze of the schedule" in str(failed.value), failed.value
+    events = run.events
+    (end,) = [e for e in events if e["ev"] == "fault_end"]
+    errors = [e for e in events if e["ev"] == "chip_error" and e["learner"] == VICTIM]
+    assert errors and "Timeout expired" in errors[0]["error"], errors
+    late = [e for e in commits(events, VICTIM) if e["t"] > end["t"]]
+    assert not late, f"the stale group committed nothing after SIGCONT: {late[:2]}"
+    fail_s = errors[0]["t"] - end["t"]
+    run.figures({"sigcont_to_failure_s": round(fail_s, 3), "quorum_timeout_s": sc.torchft.quorum_timeout_s})
+    assert sc.torchft.quorum_timeout_s <= fail_s < sc.torchft.quorum_timeout_s + 3.0, fail_s
+    assert run.measure("replicas_agree").ok, "no step was committed with two results"
+    assert run.measure("quorum_floor").ok
