@@ -201,20 +201,29 @@ def verdict(rows: list[RunRow], tolerance: float | None = None) -> list[Claim]:
 COLUMNS = [("label", "run", "{}"), ("final_eval_loss", "final eval", "{:.3f}"),
            ("vs_fault_free_ddp", "vs ddp ff", "{:+.3f}"), ("goodput", "goodput", "{:.3f}"),
            ("uptime", "uptime", "{:.3f}"), ("tokens_merged_per_s", "tok/s merged", "{:.0f}"),
-           ("longest_gap_s", "longest gap s", "{:.2f}"), ("wall_s", "wall s", "{:.1f}")]
+           ("longest_gap_s", "longest gap s", "{:.2f}"), ("back_s", "fault->back s", "{:.2f}"),
+           ("wall_s", "wall s", "{:.1f}")]
 
 
 def table(rows: list[RunRow]) -> str:
-    """A plain-text table of the rows (what `compare` prints)."""
-    cells = [[label for _, label, _ in COLUMNS]]
+    """A plain-text table of the rows (what `compare` prints), the last column each run's invariant verdicts."""
+    head = [label for _, label, _ in COLUMNS] + ["invariants"]
+    cells = [head]
     for r in rows:
-        cells.append([r.label, *("-" for _ in COLUMNS[1:])] if not r.ran else
-                     ["-" if getattr(r, k) is None else fmt.format(getattr(r, k)) for k, _, fmt in COLUMNS])
-    widths = [max(len(c[i]) for c in cells) for i in range(len(COLUMNS))]
-    lines = ["  ".join(c[i].ljust(widths[i]) if i == 0 else c[i].rjust(widths[i]) for i in range(len(COLUMNS)))
-             for c in cells]
+        cells.append([r.label, *("-" for _ in head[1:])] if not r.ran else
+                     ["-" if getattr(r, k) is None else fmt.format(getattr(r, k)) for k, _, fmt in COLUMNS]
+                     + [verdicts(r)])
+    widths = [max(len(c[i]) for c in cells) for i in range(len(head))]
+    lines = ["  ".join(c[i].ljust(widths[i]) if i in (0, len(head) - 1) else c[i].rjust(widths[i])
+                       for i in range(len(head))).rstrip() for c in cells]
     notes = [f"{r.label}: {r.note}" for r in rows if r.note]
     return "\n".join(lines + (["", "notes:", *(f"  {n}" for n in notes)] if notes else []))
+
+
+def verdicts(r: RunRow) -> str:
+    """A row's invariants in a few words: "all N held", or the violated ones by name."""
+    bad = [f.name for f in r.invariants if not f.ok]
+    return f"FAIL {', '.join(bad)}" if bad else f"all {len(r.invariants)} held"
 
 
 def plot(rows: list[RunRow], path: str | os.PathLike[str]) -> Path | None:

@@ -98,6 +98,9 @@ class RunRow:
     note: str | None = None
     """compare: what the run changed from the compared scenario (torchft_diloco's fragments / overlap), or why it
     was not run; null otherwise."""
+    back_s: float | None = None
+    """The longest time from a fault to what it hit training again (report.json fault_response: detect_s +
+    rejoin_s; for a kill, kill to rejoin); null when no fault hit anything that came back."""
     ran: bool = True
     """False for a compare row whose run was not made (its target refused the scenario: `note` says why); its
     figures are then empty and the verdict ignores it."""
@@ -190,7 +193,14 @@ def run_row(label: str, res: Any, baseline_loss: float | None = None, tolerance:
         merges=int(r["merge_count"]), longest_gap_s=float(r["longest_gap_s"]), wall_s=float(r["wall_s"]),
         run_dir=str(res.run_dir),
         invariants=invariant_figures(getattr(res, "finished", None) or res.run_dir, baseline_loss, tolerance),
-        train_steps=None if steps is None else int(steps))
+        train_steps=None if steps is None else int(steps), back_s=_back_s(r))
+
+
+def _back_s(report: dict[str, Any]) -> float | None:
+    """RunRow.back_s of a report."""
+    backs = [f["detect_s"] + f["rejoin_s"] for f in report.get("fault_response") or []
+             if f.get("detect_s") is not None and f.get("rejoin_s") is not None]
+    return round(max(backs), 3) if backs else None
 
 
 def to_json(results: ResultsFile) -> dict[str, Any]:
