@@ -4,7 +4,9 @@ What: `target_rules` reports, each naming its key: a `target.system` the algorit
 algorithm on torchft or a torchft algorithm on builtin); a fault kind the target cannot carry (naming target
 and kind, and the target's reason); for torchft, a `kill_syncer` (the Lighthouse) without torchft.quorum_retries
 >= 1 (every replica would fail after quorum_timeout_s) or without recovery.syncer_policy = 'restart'; a launch
-mode the target does not support yet; for torchft, its timeout hierarchy
+mode the target does not support yet (torchft: local or netns hosts, local backend); for torchft, a link fault
+without netns hosts and links.backend = 'kernel' (only there does one rule cover a group's every TCP port);
+for torchft, its timeout hierarchy
 (connect_timeout_s <= timeout_s < quorum_timeout_s < timeouts.run_s, heartbeat_timeout_s + join_timeout_s <
 quorum_timeout_s, quorum_tick_ms below both Lighthouse timeouts), min_replicas <= topology.learners, and
 Streaming DiLoCo's constraints for torchft_diloco (diloco.sync_every % diloco.fragments == 0 and
@@ -75,10 +77,19 @@ def _torchft(sc: Scenario, keys: list[str], found: Found) -> None:
         if sc.recovery.syncer_policy != "restart" and found.ok("recovery.syncer_policy"):
             found.add(key, f"{key}.action = 'kill_syncer': needs recovery.syncer_policy = 'restart' (the Lighthouse "
                            "is restarted after its repair delay)")
-    if (la.hosts, la.backend) != ("local", "local") and found.ok("launch.hosts", "launch.backend"):
+    if (la.hosts, la.backend) not in (("local", "local"), ("netns", "local")) and found.ok("launch.hosts",
+                                                                                         "launch.backend"):
         found.add("launch.hosts", f"launch.hosts = {la.hosts!r}, launch.backend = {la.backend!r}: target 'torchft' "
-                                  "runs on this machine only for now (launch.hosts = 'local', launch.backend = "
-                                  "'local')")
+                                  "runs on this machine only for now (launch.hosts = 'local' or 'netns', "
+                                  "launch.backend = 'local')")
+    if (la.hosts, sc.links.backend) != ("netns", "kernel") and found.ok("launch.hosts", "links.backend"):
+        from diloco_chaos.harness.targets.torchft import LINK_KINDS, LINKS_NEED
+
+        for key, f in zip(keys, sc.faults, strict=True):
+            if f.action in LINK_KINDS:
+                found.add(key, f"{key}.action = {f.action!r}: target 'torchft' carries link faults only on netns "
+                               f"hosts with the kernel link backend (launch.hosts = {la.hosts!r}, links.backend = "
+                               f"{sc.links.backend!r}): they need {LINKS_NEED}")
     if t.min_replicas > sc.topology.learners and found.ok("torchft.min_replicas", "topology.learners"):
         found.add("torchft.min_replicas", f"torchft.min_replicas = {t.min_replicas}: must be in [1, "
                                           f"topology.learners = {sc.topology.learners}]")
