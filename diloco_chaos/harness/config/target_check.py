@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING
 
+from diloco_chaos.chaos import faults
 from diloco_chaos.harness.algorithms import base as algorithms
 from diloco_chaos.harness.targets import base as targets
 
@@ -82,14 +83,14 @@ def _torchft(sc: Scenario, keys: list[str], found: Found) -> None:
         found.add("launch.hosts", f"launch.hosts = {la.hosts!r}, launch.backend = {la.backend!r}: target 'torchft' "
                                   "runs on this machine only for now (launch.hosts = 'local' or 'netns', "
                                   "launch.backend = 'local')")
+    target = targets.get("torchft")
     if (la.hosts, sc.links.backend) != ("netns", "kernel") and found.ok("launch.hosts", "links.backend"):
-        from diloco_chaos.harness.targets.torchft import LINK_KINDS, LINKS_NEED
-
         for key, f in zip(keys, sc.faults, strict=True):
-            if f.action in LINK_KINDS:
+            if faults.get(f.action).target == "link" and f.action in (target.fault_kinds or ()):
+                why = f": {target.fault_refusal(f.action)}" if target.fault_refusal is not None else ""
                 found.add(key, f"{key}.action = {f.action!r}: target 'torchft' carries link faults only on netns "
                                f"hosts with the kernel link backend (launch.hosts = {la.hosts!r}, links.backend = "
-                               f"{sc.links.backend!r}): they need {LINKS_NEED}")
+                               f"{sc.links.backend!r}){why}")
     if t.min_replicas > sc.topology.learners and found.ok("torchft.min_replicas", "topology.learners"):
         found.add("torchft.min_replicas", f"torchft.min_replicas = {t.min_replicas}: must be in [1, "
                                           f"topology.learners = {sc.topology.learners}]")

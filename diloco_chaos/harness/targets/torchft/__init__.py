@@ -47,9 +47,11 @@ LINKS_NEED = ("one network namespace per replica group with links.backend = 'ker
 
 
 def refusal(kind: str) -> str:
-    """Why the torchft target refuses fault kind `kind`."""
+    """Why the torchft target refuses fault kind `kind` (for a kind of LINK_KINDS: where it refuses it)."""
     from diloco_chaos.chaos import faults
 
+    if kind in LINK_KINDS:  # carried, but only there (diloco_chaos/harness/config/target_check.py)
+        return f"link faults need {LINKS_NEED}"
     if faults.get(kind).target == "link":
         return (f"link faults need {LINKS_NEED}, and the kernel link backend cannot carry {kind} (it carries "
                 f"{', '.join(sorted(LINK_KINDS))})")
