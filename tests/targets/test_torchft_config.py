@@ -67,12 +67,61 @@ def test_streaming_diloco_constraints_name_their_key() -> None:
 
 def test_a_fault_kind_the_target_cannot_carry_is_refused_naming_target_kind_and_reason() -> None:
     table = tiny_table("torchft_ddp")
-    table["faults"] = [{"action": "partition", "learner": 0, "at": {"step": 5}, "until": {"after_s": 1.0}}]
-    refused(table, "faults[0].action = 'partition': target 'torchft' cannot carry this fault kind",
+    table["faults"] = [{"action": "limit_data", "learner": 0, "bytes": 1000, "at": {"step": 5}}]
+    refused(table, "faults[0].action = 'limit_data': target 'torchft' cannot carry this fault kind",
             "link faults need one network namespace per replica group",
-            "it carries: crash_host, freeze, kill_chip, kill_learner, kill_syncer")
+            "the kernel link backend cannot carry limit_data (it carries degrade, flap, loss, partition)",
+            "it carries: crash_host, degrade, flap, freeze, kill_chip, kill_learner, kill_syncer, loss, partition")
     table["faults"] = [{"action": "slow", "learner": 0, "speed": 0.5, "at": {"step": 5}, "until": {"after_s": 1.0}}]
     refused(table, "faults[0].action = 'slow': target 'torchft' cannot carry this fault kind: not carried yet")
+
+
+def test_its_link_kinds_are_those_the_kernel_link_backend_carries() -> None:
+    from diloco_chaos.chaos import faults
+    from diloco_chaos.harness.targets.torchft import LINK_KINDS
+
+    assert set(faults.names(lambda k: k.target == "link" and "kernel" in k.backends)) == set(LINK_KINDS)
+
+
+NETNS = {"launch": {"hosts": "netns"}, "links": {"proxy": "off", "backend": "kernel"}}
+LINK_FAULTS = [
+    {"action": "partition", "learner": 1, "at": {"step": 5, "learner": 0}, "until": {"after_s": 2.0}},
+    {"action": "partition", "learner": 1, "mode": "refuse", "at": {"step": 5}, "until": {"step": 9, "learner": 0}},
+    {"action": "degrade", "learner": 1, "bandwidth_kbps": 64, "at": {"step": 5}, "until": {"after_s": 2.0}},
+    {"action": "flap", "learner": 1, "period_s": 1.0, "duty": 0.5, "at": {"step": 5}, "until": {"after_s": 2.0}},
+    {"action": "loss", "learner": 1, "percent": 5, "at": {"step": 5}, "until": {"after_s": 2.0}},
+]
+
+
+@pytest.mark.parametrize("fault", LINK_FAULTS)
+def test_link_faults_are_accepted_on_netns_hosts_with_the_kernel_backend(fault: dict[str, Any]) -> None:
+    pytest.importorskip("torchft", reason="the torchft system is refused without torchft installed")
+    table = tiny_table("torchft_ddp", **NETNS)
+    table["faults"] = [fault]
+    sc = from_dict(table)
+    assert (sc.faults[0].action, sc.launch.hosts, sc.links.backend) == (fault["action"], "netns", "kernel")
+
+
+@pytest.mark.parametrize("fault", LINK_FAULTS)
+@pytest.mark.parametrize("launch", [
+    {},  # local hosts: proxies cannot carry Gloo or the checkpoint server
+    {"launch": {"hosts": "netns"}, "links": {"proxy": "off"}},  # netns hosts without the kernel link backend
+])
+def test_link_faults_elsewhere_are_refused_naming_target_kind_and_why(fault: dict[str, Any],
+                                                                     launch: dict[str, Any]) -> None:
+    table = tiny_table("torchft_ddp", **launch)
+    table["faults"] = [fault]
+    hosts = launch.get("launch", {}).get("hosts", "local")
+    refused(table, f"faults[0].action = {fault['action']!r}: target 'torchft' carries link faults only on netns "
+                   f"hosts with the kernel link backend (launch.hosts = {hosts!r}, links.backend = 'toxiproxy')",
+            "Gloo pairs and checkpoint server use ephemeral ports")
+
+
+def test_the_kernel_backend_refuses_what_it_cannot_carry_on_torchft_too() -> None:
+    table = tiny_table("torchft_ddp", **NETNS)
+    table["faults"] = [{"action": "degrade", "learner": 1, "latency_ms": 50, "at": {"step": 5},
+                        "until": {"after_s": 2.0}}]
+    refused(table, "faults[0].action = 'degrade': not supported by the kernel backend", "latency_ms")
 
 
 @pytest.mark.parametrize("fault", [
@@ -99,6 +148,18 @@ def test_kill_syncer_needs_quorum_retries_and_the_restart_policy() -> None:
     assert from_dict(ok).faults[0].action == "kill_syncer"  # the builtin syncer's checkpoint rules do not apply
 
 
-def test_torchft_runs_on_local_hosts_only_for_now() -> None:
-    refused(tiny_table("torchft_ddp", launch={"hosts": "netns"}, links={"proxy": "off"}),
-            "launch.hosts = 'netns', launch.backend = 'local': target 'torchft' runs on this machine only")
+@pytest.mark.parametrize(("launch", "message"), [
+    ({"hosts": "remote", "backend": "torchrun", "agents": ["a:1", "b:2"]},
+     "launch.hosts = 'remote', launch.backend = 'torchrun': target 'torchft' runs on this machine only"),
+    ({"hosts": "netns", "backend": "torchrun"},
+     "launch.hosts = 'netns', launch.backend = 'torchrun': target 'torchft' runs on this machine only"),
+])
+def test_torchft_runs_on_local_or_netns_hosts_with_the_local_backend_only(launch: dict[str, Any],
+                                                                          message: str) -> None:
+    refused(tiny_table("torchft_ddp", launch=launch, links={"proxy": "off"}), message)
+
+
+def test_torchft_on_netns_hosts_is_accepted() -> None:
+    pytest.importorskip("torchft", reason="the torchft system is refused without torchft installed")
+    sc = from_dict(tiny_table("torchft_ddp", launch={"hosts": "netns"}, links={"proxy": "off"}))
+    assert (sc.launch.hosts, sc.launch.backend) == ("netns", "local")

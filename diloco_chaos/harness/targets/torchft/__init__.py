@@ -10,8 +10,10 @@ groups, faults, watch, post-run phase).
 
 Faults carried (docs/targets/torchft.md "Faults"): kill_chip, kill_learner and crash_host end a replica group,
 which restarts as a whole after its repair delay and heals from a live peer; freeze SIGSTOPs a group's ranks
-until SIGCONT; kill_syncer SIGKILLs the Lighthouse, restarted on its port after its repair delay. Link faults
-and slow are refused (`refusal` says why)."""
+until SIGCONT; kill_syncer SIGKILLs the Lighthouse, restarted on its port after its repair delay. The link faults
+the kernel link backend carries (LINK_KINDS) act on a whole replica group's traffic on netns hosts
+(`[launch] hosts = "netns"`, `links.backend = "kernel"`: diloco_chaos/harness/config/target_check.py refuses them
+otherwise). The other link faults and slow are refused (`refusal` says why)."""
 
 from __future__ import annotations
 
@@ -36,17 +38,25 @@ def run(sc: Scenario, run_root: str | os.PathLike[str], on_events: OnEvents | No
     return supervisor(sc, run_root, on_events).run()
 
 
-FAULT_KINDS = frozenset({"kill_chip", "kill_learner", "crash_host", "freeze", "kill_syncer"})
-"""The `[[faults]]` actions the torchft target carries."""
+LINK_KINDS = frozenset({"partition", "degrade", "flap", "loss"})
+"""The link faults it carries: those the kernel link backend carries (diloco_chaos/chaos/kernel_links.py), on
+every TCP port of a replica group's veth (Gloo pairs, the checkpoint server, the Lighthouse and store links)."""
+FAULT_KINDS = frozenset({"kill_chip", "kill_learner", "crash_host", "freeze", "kill_syncer"}) | LINK_KINDS
+"""The `[[faults]]` actions the torchft target carries (LINK_KINDS on netns hosts only)."""
+LINKS_NEED = ("one network namespace per replica group with links.backend = 'kernel' (launch.hosts = 'netns'): "
+              "torchft's Gloo pairs and checkpoint server use ephemeral ports, so no proxy can carry them")
+"""Why a link fault on torchft needs netns hosts and the kernel link backend (validation's reason)."""
 
 
 def refusal(kind: str) -> str:
-    """Why the torchft target refuses fault kind `kind`."""
+    """Why the torchft target refuses fault kind `kind` (for a kind of LINK_KINDS: where it refuses it)."""
     from diloco_chaos.chaos import faults
 
+    if kind in LINK_KINDS:  # carried, but only there (diloco_chaos/harness/config/target_check.py)
+        return f"link faults need {LINKS_NEED}"
     if faults.get(kind).target == "link":
-        return ("link faults need one network namespace per replica group (torchft's Gloo pairs and checkpoint "
-                "server use ephemeral ports, so no proxy can carry them): not carried yet")
+        return (f"link faults need {LINKS_NEED}, and the kernel link backend cannot carry {kind} (it carries "
+                f"{', '.join(sorted(LINK_KINDS))})")
     return "not carried yet (untested against torchft's quorum and Gloo timeouts)"
 
 

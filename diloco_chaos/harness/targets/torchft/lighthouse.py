@@ -1,6 +1,8 @@
-"""torchft's Lighthouse for one run: started on its own free port with every flag explicit, waited for until its
-port accepts (bounded by timeouts.startup_s), its stderr in the run's logs/lighthouse.stderr, and always stopped
-(its process group SIGTERMed, then SIGKILLed after timeouts.shutdown_s).
+"""torchft's Lighthouse for one run: started on its own free port with every flag explicit, bound to the run's
+listen address (127.0.0.1; on netns hosts the bridge's address in the root namespace, where every group's
+namespace reaches it), waited for until its port accepts (bounded by timeouts.startup_s), its stderr in the
+run's logs/lighthouse.stderr, and always stopped (its process group SIGTERMed, then SIGKILLed after
+timeouts.shutdown_s).
 
 Why a console script: `torchft_lighthouse` (installed with torchft next to the interpreter) hands the process's
 own argv to the Rust argument parser, so it cannot be started as `python -c` or `python -m` (the parser would
@@ -40,7 +42,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def lighthouse_command(sc: Scenario, port: int) -> list[str]:
+def lighthouse_command(sc: Scenario, host: str, port: int) -> list[str]:
     """The command line: the console script beside this interpreter (else on PATH) with explicit flags."""
     script = shutil.which("torchft_lighthouse", path=os.path.dirname(sys.executable)) or shutil.which(
         "torchft_lighthouse")
@@ -50,15 +52,17 @@ def lighthouse_command(sc: Scenario, port: int) -> list[str]:
     t = sc.torchft
     return [script, "--min_replicas", str(t.min_replicas), "--join_timeout_ms", str(round(t.join_timeout_s * 1000)),
             "--heartbeat_timeout_ms", str(round(t.heartbeat_timeout_s * 1000)),
-            "--quorum_tick_ms", str(t.quorum_tick_ms), "--bind", f"127.0.0.1:{port}"]
+            "--quorum_tick_ms", str(t.quorum_tick_ms), "--bind", f"{host}:{port}"]
 
 
 class Lighthouse:
     """One Lighthouse process (`start`, then `stop` however the run ends)."""
 
-    def __init__(self, sc: Scenario, run_dir: Path) -> None:
+    def __init__(self, sc: Scenario, run_dir: Path, host: str = "127.0.0.1") -> None:
         self.sc = sc
         self.run_dir = run_dir
+        self.host = host
+        """Where it listens and the managers dial it."""
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.ready_s = 0.0
@@ -66,20 +70,20 @@ class Lighthouse:
     @property
     def address(self) -> str:
         """What the managers are given (TORCHFT_LIGHTHOUSE)."""
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def start(self, port: int = 0) -> None:
         """Start it (on `port`, 0: a free one) and return once its port accepts; LighthouseFailed if it exits or
         startup_s passes first. A Lighthouse restarted after a `kill_syncer` gets its predecessor's port, which
         the managers keep dialling (the Rust listener binds with SO_REUSEADDR, so the port is free again at once)."""
-        self.port = port or free_port()
+        self.port = port or free_port(self.host)
         log = stderr_file(self.run_dir, PROC)
         log.parent.mkdir(exist_ok=True)
         t0 = time.monotonic()
         parent = os.getpid()
         with open(log, "ab") as err:
-            self.proc = subprocess.Popen(lighthouse_command(self.sc, self.port), stdin=subprocess.DEVNULL,
-                                         stdout=err, stderr=err, start_new_session=True,
+            self.proc = subprocess.Popen(lighthouse_command(self.sc, self.host, self.port),
+                                         stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True,
                                          preexec_fn=lambda: die_with_parent(parent),  # the kernel kills it with us
                                          env={**os.environ, "RUST_BACKTRACE": "1"})
         deadline = t0 + self.sc.timeouts.startup_s
@@ -88,7 +92,7 @@ class Lighthouse:
             if code is not None:
                 raise LighthouseFailed(f"the lighthouse exited with code {code} before it was ready (see {log})")
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=POLL_S * 4):
+                with socket.create_connection((self.host, self.port), timeout=POLL_S * 4):
                     break
             except OSError:
                 pass

@@ -1,7 +1,9 @@
 """The torchft target's own validation rules (`Target.rules`, called by diloco_chaos/harness/config/target_check.py
 once a scenario runs on torchft), each naming its key: a `kill_syncer` (the Lighthouse) without
 torchft.quorum_retries >= 1 (every replica would fail after quorum_timeout_s) or without recovery.syncer_policy =
-'restart'; a launch mode the target does not support yet; its timeout hierarchy (connect_timeout_s <= timeout_s <
+'restart'; a launch mode the target does not support yet (local or netns hosts, local backend); a link fault
+without netns hosts and links.backend = 'kernel' (only there does one rule cover a group's every TCP port); its
+timeout hierarchy (connect_timeout_s <= timeout_s <
 quorum_timeout_s < timeouts.run_s, heartbeat_timeout_s + join_timeout_s < quorum_timeout_s, quorum_tick_ms below
 both Lighthouse timeouts), min_replicas <= topology.learners, and Streaming DiLoCo's constraints for
 torchft_diloco (diloco.sync_every % diloco.fragments == 0 and diloco.overlap < sync_every / fragments, overlap
@@ -15,7 +17,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from diloco_chaos.chaos import faults
 from diloco_chaos.harness.algorithms import base as algorithms
+from diloco_chaos.harness.targets import base as targets
 
 if TYPE_CHECKING:
     from diloco_chaos.harness.config.scenario import Scenario
@@ -35,10 +39,19 @@ def rules(sc: Scenario, keys: list[str], found: Found) -> None:
         if sc.recovery.syncer_policy != "restart" and found.ok("recovery.syncer_policy"):
             found.add(key, f"{key}.action = 'kill_syncer': needs recovery.syncer_policy = 'restart' (the Lighthouse "
                            "is restarted after its repair delay)")
-    if (la.hosts, la.backend) != ("local", "local") and found.ok("launch.hosts", "launch.backend"):
+    if (la.hosts, la.backend) not in (("local", "local"), ("netns", "local")) and found.ok("launch.hosts",
+                                                                                         "launch.backend"):
         found.add("launch.hosts", f"launch.hosts = {la.hosts!r}, launch.backend = {la.backend!r}: target 'torchft' "
-                                  "runs on this machine only for now (launch.hosts = 'local', launch.backend = "
-                                  "'local')")
+                                  "runs on this machine only for now (launch.hosts = 'local' or 'netns', "
+                                  "launch.backend = 'local')")
+    target = targets.get("torchft")
+    if (la.hosts, sc.links.backend) != ("netns", "kernel") and found.ok("launch.hosts", "links.backend"):
+        for key, f in zip(keys, sc.faults, strict=True):
+            if faults.get(f.action).target == "link" and f.action in (target.fault_kinds or ()):
+                why = f": {target.fault_refusal(f.action)}" if target.fault_refusal is not None else ""
+                found.add(key, f"{key}.action = {f.action!r}: target 'torchft' carries link faults only on netns "
+                               f"hosts with the kernel link backend (launch.hosts = {la.hosts!r}, links.backend = "
+                               f"{sc.links.backend!r}){why}")
     if t.min_replicas > sc.topology.learners and found.ok("torchft.min_replicas", "topology.learners"):
         found.add("torchft.min_replicas", f"torchft.min_replicas = {t.min_replicas}: must be in [1, "
                                           f"topology.learners = {sc.topology.learners}]")

@@ -8,6 +8,15 @@ What it launches: torchft's Lighthouse (lighthouse.py; `lighthouse_ready`), then
 group m: topology.chips_per_learner trainer processes (trainer.py) forked from the run's forkserver, with their
 group's store port.
 
+Where (`[launch] hosts`): on this machine's loopback ("local"), or on netns hosts ("netns"): the run's hosts are
+opened by the builtin launch code (diloco_chaos/harness/hosts/launch.py `open_hosts`, a `NetnsRun`: one network
+namespace per replica group behind a veth and a bridge); the Lighthouse listens in the root namespace on the
+bridge's address, and each group's ranks enter its namespace with its address as their hostname, store address
+and Manager hostname. The kernel link backend's rules (links.backend = "kernel") are made with port 0, so a link
+fault on learner m matches every TCP port of group m's veth, both ways: its Lighthouse link, its store, the Gloo
+pairs to and from the other groups and the checkpoint server. `Supervisor.run` closes the hosts after every
+process has stopped, however the run ends (`hosts_removed`: namespaces, veths, bridge, qdiscs, nft tables).
+
 Faults (docs/targets/torchft.md "Faults"): the scenario's schedule runs through the builtin `FaultRunner`
 (diloco_chaos/harness/run/fault_runner.py) and `ProcessChaos` (diloco_chaos/chaos/processes.py), fed with the
 records the trainers write (rank 0's `step` is a group's progress, so `at = {step = N, learner = m}` fires on
@@ -31,10 +40,13 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from diloco_chaos.chaos.links import LinkChaos
 from diloco_chaos.chaos.processes import ProcessChaos
 from diloco_chaos.harness.algorithms import base as algorithms
+from diloco_chaos.harness.hosts.base import HostsUnavailable
+from diloco_chaos.harness.hosts.launch import open_hosts
 from diloco_chaos.harness.record.events import EVENTS_FILE, EventTail
 from diloco_chaos.harness.record.run import ChipRepairSkipped, LearnerRestart, SyncerRestart
 from diloco_chaos.harness.record.torchft import LighthouseReady
@@ -44,25 +56,36 @@ from diloco_chaos.harness.run.supervisor import FAULT_POLL_S, POLL_S, RunFailed,
 from diloco_chaos.harness.targets.torchft.lighthouse import PROC, Lighthouse, LighthouseFailed, free_port
 from diloco_chaos.harness.targets.torchft.trainer import TrainerSpec, trainer_main
 
+if TYPE_CHECKING:
+    from diloco_chaos.harness.hosts.netns_run import NetnsRun
+
 GROUP_KILLS = frozenset({"kill_chip", "kill_learner", "crash_host"})
 """The process faults that end a replica group (one rank or all of them): the group restarts after repair."""
+EVERY_PORT = 0
+"""The port the kernel link backend's rules match on netns hosts: 0, every TCP port (chaos/kernel_links.py
+HostLink.syncer_port): torchft's Gloo pairs and checkpoint server use ephemeral ports."""
 
 
 class TorchftRun(Supervisor):
     """One run of a scenario on the torchft target."""
 
     lighthouse: Lighthouse | None = None
+    netns: NetnsRun | None = None
+    """The run's netns hosts (`[launch] hosts = "netns"`), None on this machine's loopback."""
 
     def launch_and_watch(self, t0: float) -> None:
         sc = self.sc
         self._hit: set[int] = set()  # groups a kill fault hit since their last start
         self._touched: dict[int, list[str]] = {}  # group -> the other process faults that hit it (freeze, ...)
         self._lighthouse_hit = False  # a kill_syncer hit the Lighthouse since its last start (its repair: shard 0's)
+        if sc.launch.hosts == "netns":
+            self._open_netns()
         self.lighthouse = self._start_lighthouse(0)
+        link_chaos = self._connect_links()
         procs = ProcessChaos(self._group_pids, sc.topology.learners, on_event=self._on_chaos,
                              syncer_pids=self._lighthouse_pids, progress=self._progress, seed=sc.seed)
         self.procs_chaos = procs
-        self.faults = FaultRunner(sc.faults, None, self.events, procs)
+        self.faults = FaultRunner(sc.faults, link_chaos, self.events, procs)
         for m in range(sc.topology.learners):
             self._start_group(m, 0)
         self._watch_groups(t0)
@@ -70,11 +93,44 @@ class TorchftRun(Supervisor):
         if never:
             raise RunFailed("scheduled fault(s) never fired: " + "; ".join(never))
 
+    # -- hosts -----------------------------------------------------------------------------------------
+
+    def _open_netns(self) -> None:
+        """The run's netns hosts through the builtin launch code; `self.hosts` is set at once, so that
+        `Supervisor.run` closes them on every way out. RunFailed if they cannot be made here."""
+        from diloco_chaos.harness.hosts.netns_run import NetnsRun  # only runs on netns hosts load it
+
+        try:
+            hosts = self.hosts = open_hosts(self.sc, self.run_dir, self.secret, self.events, self)
+        except HostsUnavailable as e:
+            raise RunFailed(str(e)) from e
+        assert isinstance(hosts, NetnsRun)  # validation: torchft runs netns hosts with the local backend only
+        self.netns = hosts
+        self.listen = hosts.listen
+
+    def _connect_links(self) -> LinkChaos | None:
+        """On netns hosts, the kernel link backend on every group's veth (links.backend = "kernel"; EVERY_PORT);
+        None elsewhere (torchft's links carry no faults on loopback: validation refuses link faults there)."""
+        if self.netns is None:
+            return None
+        try:
+            self.netns.connect([EVERY_PORT])
+        except HostsUnavailable as e:
+            raise RunFailed(str(e)) from e
+        return self.netns.link_chaos
+
+    def _group_host(self, m: int) -> tuple[str, str]:
+        """(namespace, address) of replica group m: ("", 127.0.0.1) on this machine's loopback."""
+        if self.netns is None:
+            return "", "127.0.0.1"
+        host = self.netns.hosts.hosts[m]
+        return host.netns, host.address
+
     # -- processes ---------------------------------------------------------------------------------------
 
     def _start_lighthouse(self, port: int) -> Lighthouse:
         """A Lighthouse on `port` (0: a free one), registered as PROC; its predecessor is retired."""
-        lh = Lighthouse(self.sc, self.run_dir)
+        lh = Lighthouse(self.sc, self.run_dir, self.listen)
         try:
             lh.start(port)
         except LighthouseFailed as e:
@@ -93,12 +149,14 @@ class TorchftRun(Supervisor):
         assert self.lighthouse is not None
         size = self.sc.topology.chips_per_learner
         store_port = free_port()
+        netns, address = self._group_host(m)
         for r in range(size):
             name = f"learner{m}.chip{r}"
             if name in self.procs:
                 self.retired.append(self.procs[name])
             spec = TrainerSpec(str(self.run_dir), self.sc, m, r, size, self.lighthouse.address, store_port,
-                               os.getpid(), algorithms.plugin_refs(), generation=generation)
+                               os.getpid(), algorithms.plugin_refs(), generation=generation, netns=netns,
+                               address=address)
             self.start_process(name, trainer_main, (spec,))
         self.generation[m] = generation
         self.learner_state[m] = "up"

@@ -1,6 +1,7 @@
 """Entry point of one torchft trainer process: rank `rank` of replica group `learner` (learner m is replica group
 m, topology.chips_per_learner ranks), started from the run's forkserver by diloco_chaos/harness/targets/torchft/
-run.py.
+run.py. On netns hosts (`[launch] hosts = "netns"`) it first enters its group's network namespace and a UTS
+namespace of its own whose hostname is the group's address (`enter_group_host`).
 
 It builds the scenario's task and model exactly as a built-in chip does (`scenario_task`, `LearnerCore`: the same
 seed, so every group starts from the same weights; the batch of learner m's shard for (rank, step); the same
@@ -14,9 +15,11 @@ periodic, trigger start) and, at the end, global.pt (atomically), which the post
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import math
 import os
+import socket
 import time
 from dataclasses import dataclass
 
@@ -40,6 +43,7 @@ from diloco_chaos.trainers.task import evaluate
 TORCHFT_ENV = ("TORCHFT_TIMEOUT_SEC", "TORCHFT_QUORUM_TIMEOUT_SEC", "TORCHFT_CONNECT_TIMEOUT_SEC",
                "TORCHFT_QUORUM_RETRIES", "TORCHFT_LIGHTHOUSE", "TORCHFT_MANAGER_PORT")
 """Environment variables that would override the Manager's explicit arguments: removed in the trainer."""
+CLONE_NEWUTS = 0x04000000
 
 
 @dataclass(frozen=True)
@@ -52,13 +56,35 @@ class TrainerSpec:
     rank: int
     size: int
     lighthouse: str
-    """The Lighthouse's address, http://127.0.0.1:PORT."""
+    """The Lighthouse's address, http://HOST:PORT."""
     store_port: int
     """The group's TCPStore (rank 0 hosts it)."""
     parent_pid: int
     plugins: tuple[algorithms.PluginRef, ...] = ()
     generation: int = 0
     """The group's generation: 0, then one more each time the supervisor restarts the group after a fault."""
+    netns: str = ""
+    """The group's network namespace on netns hosts ("": this machine's)."""
+    address: str = "127.0.0.1"
+    """The group's address: its store's, the one its Manager advertises, and (on netns hosts) its hostname."""
+
+
+def enter_group_host(netns: str, address: str) -> None:
+    """Enter the group's network namespace (diloco_chaos/harness/hosts/netns.py `enter_netns`), then a UTS namespace
+    of this process whose hostname is `address`. Why the hostname: torchft's HTTP checkpoint server advertises
+    http://{socket.gethostname()}:port to the peers that heal from it, and Gloo's default device is the address
+    the hostname resolves to; the machine's name would resolve to each namespace's own loopback. Gloo must not be
+    pinned to `lo` (enter_netns's choice for builtin chips): the pairs to other groups cross the veth. Called
+    first thing in the process, while it has one thread (setns and unshare act on the calling thread)."""
+    from diloco_chaos.harness.hosts.netns import enter_netns
+
+    enter_netns(netns)
+    os.environ.pop("GLOO_SOCKET_IFNAME", None)
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    if libc.unshare(CLONE_NEWUTS) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"unshare(CLONE_NEWUTS): {os.strerror(err)}")
+    socket.sethostname(address)
 
 
 class GroupCollective:
@@ -92,6 +118,8 @@ def _initial_eval(sc: Scenario, core: LearnerCore, events: EventLog) -> None:
 
 
 def trainer_main(spec: TrainerSpec) -> None:
+    if spec.netns:  # before any thread or socket exists: everything the rank and torchft open lives there
+        enter_group_host(spec.netns, spec.address)
     become_run_process(spec.parent_pid)
     algorithms.load_plugins(spec.plugins)
     for key in TORCHFT_ENV:
@@ -117,7 +145,7 @@ def _train(spec: TrainerSpec, events: EventLog) -> None:
 
     sc, m, r, t = spec.scenario, spec.learner, spec.rank, spec.scenario.torchft
     timeout = datetime.timedelta(seconds=t.timeout_s)
-    store = dist.TCPStore("127.0.0.1", spec.store_port, spec.size, is_master=(r == 0), wait_for_workers=False,
+    store = dist.TCPStore(spec.address, spec.store_port, spec.size, is_master=(r == 0), wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=sc.timeouts.startup_s))
     task = scenario_task(sc)
     core = LearnerCore(m, task, sc.train, sc.diloco, sc.seed)
@@ -142,7 +170,7 @@ def _train(spec: TrainerSpec, events: EventLog) -> None:
     manager = Manager(
         pg=ProcessGroupGloo(timeout=timeout), min_replica_size=t.min_replicas, load_state_dict=load_state_dict,
         state_dict=state_dict, use_async_quorum=False, replica_id=f"learner{m}", rank=r, world_size=spec.size,
-        store_addr="127.0.0.1", store_port=spec.store_port, lighthouse_addr=spec.lighthouse, hostname="127.0.0.1",
+        store_addr=spec.address, store_port=spec.store_port, lighthouse_addr=spec.lighthouse, hostname=spec.address,
         timeout=timeout, quorum_timeout=datetime.timedelta(seconds=t.quorum_timeout_s),
         connect_timeout=datetime.timedelta(seconds=t.connect_timeout_s), init_sync=False,
         quorum_retries=t.quorum_retries)
