@@ -163,3 +163,20 @@ def test_torchft_on_netns_hosts_is_accepted() -> None:
     pytest.importorskip("torchft", reason="the torchft system is refused without torchft installed")
     sc = from_dict(tiny_table("torchft_ddp", launch={"hosts": "netns"}, links={"proxy": "off"}))
     assert (sc.launch.hosts, sc.launch.backend) == ("netns", "local")
+
+
+def test_algorithm_flag_makes_the_smallest_change_and_says_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """`diloco-chaos run --builtin chip-loss --algorithm torchft_diloco`: chip-loss's overlap 2 is not below
+    sync_every / fragments = 1, so the flag lowers it to 0 (what compare's row does) and says so on stderr,
+    instead of refusing the scenario."""
+    import argparse
+
+    from diloco_chaos.harness.cli import _load
+
+    args = argparse.Namespace(scenario=None, builtin="chip-loss", set=[], algorithm="torchft_diloco", seed=None,
+                              incident=None)
+    sc = _load(args)
+    assert sc.algorithm == "torchft_diloco" and (sc.diloco.fragments, sc.diloco.overlap) == (8, 0)
+    assert "--algorithm torchft_diloco: diloco.overlap 2 -> 0" in capsys.readouterr().err
+    same = _load(argparse.Namespace(**{**vars(args), "algorithm": "torchft_ddp"}))
+    assert same.diloco.overlap == 2 and capsys.readouterr().err == ""
