@@ -11,9 +11,9 @@ the timeout that governs it plus a documented slack, and the figures are printed
 of docs/targets/torchft.md). Public API only: the diloco-chaos pytest plugin (`run_scenario`, whose hygiene
 check fails a test that leaves a process or a port behind) and diloco_chaos.harness.config.scenario.from_dict.
 
-min_replicas = 2 (3 in the Lighthouse test, where no group dies): with 1, a group alone (the frozen group after the others finished, or the first
-group to reach a restarted Lighthouse) forms a quorum by itself and may train steps the others never see
-(docs/targets/torchft.md "Findings").
+min_replicas = 2 (3 in the Lighthouse test, where no group dies): with 1, a group alone (the frozen group after
+the others finished, or the first group to reach a restarted Lighthouse) forms a quorum by itself and may train
+steps the others never see (suites/test_torchft_rollback.py; docs/targets/torchft.md "Findings").
 """
 
 from __future__ import annotations

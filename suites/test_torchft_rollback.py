@@ -51,14 +51,18 @@ def test_a_stale_group_alone_retrains_committed_steps_under_min_replicas_1(run_s
     steps = sc.train.steps
     assert commits(res.events, 0)[-1]["step"] == steps and commits(res.events, 0)[-1]["t"] <= end["t"]
     back = [e for e in commits(res.events, VICTIM) if e["t"] > end["t"]]
-    assert back, "the stale group committed steps after SIGCONT"
-    first = back[0]
-    assert first["participants"] == 1 and not first["healed"], f"a quorum of one, no heal: {first}"
-    before = [e["step"] for e in commits(res.events, VICTIM) if e["t"] < start["t"]]
-    assert first["step"] <= max(before) + 2, f"it went on from its old step, not group 0's {steps}: {first}"
+    alone = [e for e in back if e["participants"] == 1]
+    assert alone, f"the stale group committed steps alone after SIGCONT: {back[:3]}"
+    first = alone[0]
+    # a step it had in flight when frozen may complete in its old quorum first (1 run in 6), then it is alone
+    held = [e for e in back if e["t"] < first["t"]]
+    assert len(held) <= 1 and all(e["participants"] == 2 for e in held), held
+    stale = max(e["step"] for e in commits(res.events, VICTIM) if e["t"] < first["t"])
+    assert not first["healed"] and first["step"] == stale + 1, f"it went on from its own step {stale}: {first}"
+    assert first["step"] < steps - 10, f"far behind group 0's {steps}: {first}"
     assert back[-1]["step"] == steps, "and trained on to the last step"
     agree = res.measure("replicas_agree")
-    retrained = sorted({e["step"] for e in back} & {e["step"] for e in commits(res.events, 0)})
+    retrained = sorted({e["step"] for e in alone} & {e["step"] for e in commits(res.events, 0)})
     res.figures({"forked_steps": agree.figure, "retrained_steps": len(retrained), "resumed_at": first["step"],
                  "frozen_s": round(end["t"] - start["t"], 3), "detail": agree.detail[:200]})
     assert not agree.ok, "replicas_agree catches the fork"
