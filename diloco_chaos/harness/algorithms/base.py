@@ -185,9 +185,13 @@ def switch(sc: Scenario, name: str) -> tuple[Scenario, str | None]:
     if sc.target.system not in ("auto", alg.system):
         changes["target"] = dataclasses.replace(sc.target, system="auto")
     note = None
+    if sc.elastic.engine == "torchrun" and name != "elastic_ddp":  # the engine is elastic_ddp's (check.py)
+        changes["elastic"] = dataclasses.replace(sc.elastic, engine="regroup")
+        note = "elastic.engine = 'regroup' (torchrun is elastic_ddp's engine)"
     if alg.adapt is not None:
-        more, note = alg.adapt(sc)
+        more, adapted = alg.adapt(sc)
         changes.update(more)
+        note = "; ".join(n for n in (note, adapted) if n) or None
     return sc.replace(**changes), note
 
 

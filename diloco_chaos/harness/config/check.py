@@ -186,6 +186,7 @@ def rules(sc: Scenario, keys: Sequence[str], found: Found) -> None:
                                      f"only, not {sc.algorithm!r}; use 'restart', or 'elastic' (shrink where the "
                                      "algorithm has it, restart elsewhere)")
     _launch(sc, found)
+    _elastic(sc, found)
     _remote(sc, found)
     if found.ok("links.proxy", "links.backend", "launch.hosts"):
         _link_backend(sc, keys, found)
@@ -268,6 +269,24 @@ def _launch(sc: Scenario, found: Found) -> None:
                                          f"{sc.algorithm}: launch.backend = 'torchrun' restarts a failed learner as "
                                          "a whole (a new torchrun), it cannot regrow one chip; use 'restart' or "
                                          "'fail'")
+
+
+def _elastic(sc: Scenario, found: Found) -> None:
+    """elastic.engine = "torchrun": elastic_ddp on this machine's chips, torchrun restarting them all."""
+    e = sc.elastic
+    if e.engine != "torchrun" or not found.ok("elastic.engine"):
+        return
+    if sc.algorithm != "elastic_ddp" and found.ok("algorithm"):
+        found.add("elastic.engine", f"elastic.engine = 'torchrun': algorithm = 'elastic_ddp' only, not "
+                                    f"{sc.algorithm!r}")
+    if sc.launch.hosts != "local" or sc.launch.backend != "local":
+        found.add("elastic.engine", "elastic.engine = 'torchrun': needs launch.hosts = 'local' and launch.backend "
+                                    "= 'local' (the job's workers run on this machine)")
+    if sc.syncer.shards != 1 and found.ok("syncer.shards"):
+        found.add("elastic.engine", "elastic.engine = 'torchrun': needs syncer.shards = 1")
+    if not e.rdzv_timeout_s < sc.timeouts.run_s and found.ok("elastic.rdzv_timeout_s", "timeouts.run_s"):
+        found.add("elastic.rdzv_timeout_s", f"elastic.rdzv_timeout_s = {e.rdzv_timeout_s}: must be below "
+                                            f"timeouts.run_s = {sc.timeouts.run_s} (timeout hierarchy)")
 
 
 def _remote(sc: Scenario, found: Found) -> None:

@@ -32,6 +32,7 @@ from diloco_chaos.harness.config.check import (
     scenario_problems,
 )
 from diloco_chaos.harness.config.sections import (
+    ElasticConfig,
     EvalConfig,
     Found,
     LaunchConfig,
@@ -77,6 +78,8 @@ class Scenario:
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     syncer: SyncerConfig = field(default_factory=SyncerConfig)
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
+    """`[elastic]`: elastic_ddp's restart engine (in-place regroup, or a torchrun elastic job)."""
     target: TargetConfig = field(default_factory=TargetConfig)
     """`[target]`: the system under test (docs/targets.md)."""
     torchft: TorchftConfig = field(default_factory=TorchftConfig)

@@ -189,6 +189,27 @@ class RecoveryConfig:
     alone covers: the page cache outlives the process), at the cost of a disk flush per merge."""
 
 
+@dataclass(frozen=True)
+class ElasticConfig:
+    """How elastic_ddp reacts to a lost chip or learner (`[elastic]`; docs/algorithm.md, "Elastic data parallel")."""
+
+    engine: str = choice("regroup", ("regroup", "torchrun"))
+    """regroup: the global group drops the lost learner in place and admits it again after its repair (the
+    survivors never stop). torchrun: production's elastic data parallel: every chip of every learner is a
+    worker of one torchrun elastic job (`--nnodes=1:1 --nproc-per-node=M*C --max-restarts`, c10d rendezvous on
+    this machine); a lost chip or learner makes torchrun stop every worker, rendezvous again and restart them
+    all from the last checkpoint (diloco_chaos/harness/hosts/elastic_torchrun.py). algorithm = "elastic_ddp"
+    only."""
+    checkpoint_every: int = bounded(20, 1, 1_000_000)
+    """engine torchrun: global rank 0 writes the replica (parameters, AdamW moments, step) atomically every
+    this many steps; a restart resumes after the last one and redoes, and counts as lost, the steps after it."""
+    max_restarts: int = bounded(3, 0, 1000)
+    """engine torchrun: torchrun's --max-restarts (restarts of the whole job); one more failure fails the run."""
+    rdzv_timeout_s: float = bounded(30.0, 1.0, 3600.0)
+    """engine torchrun: torchrun's rendezvous timeouts (--rdzv-conf join_timeout, and the store's timeout);
+    below timeouts.run_s (timeout hierarchy, docs/algorithm.md)."""
+
+
 MAX_SHARDS = 64
 """Most synchronizer shards a scenario may ask for (each is a process, with one proxy per learner)."""
 

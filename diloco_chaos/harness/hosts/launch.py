@@ -29,6 +29,10 @@ def open_hosts(sc: Scenario, run_dir: Path, secret: bytes, events: EventLog, spa
 
             return TorchrunHosts(netns, run_dir, secret, sc.timeouts.startup_s, spawner)
         return netns
+    if sc.elastic.engine == "torchrun":  # elastic_ddp as one torchrun elastic job on this machine
+        from diloco_chaos.harness.hosts.elastic_torchrun import ElasticTorchrunHosts
+
+        return ElasticTorchrunHosts(sc, run_dir, events, spawner)
     from diloco_chaos.harness.hosts.local import LocalHosts
 
     return LocalHosts(sc, events, spawner)

@@ -112,6 +112,9 @@ class LearnerContext:
     on_step: StepHook
     on_apply: ApplyHook
     on_regroup: RegroupHook
+    joined_s: float = 0.0
+    """Seconds from this chip's start forming its learner's Gloo group to its host's link connected to the syncer
+    (the process-group init a restart pays; elastic.engine = "torchrun" logs it)."""
 
 
 def _owners(partition: list[list[str]], numel: dict[str, int], shards: int) -> tuple[int, ...]:
@@ -214,7 +217,8 @@ def chip_main(spec: ChipSpec) -> None:
     # learner keeps the others waiting in the group's first collective only for the state transfer.
     task = scenario_task(sc)  # imported from task.path, as the supervisor resolved it
     core = LearnerCore(spec.learner, task, sc.train, sc.diloco, sc.seed,
-                       shrinkable=learner_policy(sc.recovery.policy, sc.algorithm)[0] == "shrink")
+                       shrinkable=(learner_policy(sc.recovery.policy, sc.algorithm)[0] == "shrink"
+                                   and sc.elastic.engine != "torchrun"))  # torchrun restarts every chip instead
     task.train_batch(spec.learner, spec.rank, spec.start_step + 1)  # loads the task's data (a shard) now
     members = list(spec.members) or list(range(spec.size))
     link = None
@@ -227,6 +231,7 @@ def chip_main(spec: ChipSpec) -> None:
                            _owners(core.partition, {n: p.numel() for n, p in core.named.items()},
                                    sc.syncer.shards)).start()
     coll = None
+    t_join = time.monotonic()
     try:
         coll = GlooCollective(store, spec.learner, spec.rank, spec.generation, members, algorithm.gloo_timeout_s(sc),
                               t.gloo_s, events, announce=spec.joining)
@@ -267,7 +272,8 @@ def chip_main(spec: ChipSpec) -> None:
         if link is not None:  # connect only now, so that the syncer never counts a learner still starting up
             link.connect()
             link.wait_connected(t.connect_s)
-        ctx = LearnerContext(spec, core, link, events, batch, on_step, on_apply, on_regroup)
+        ctx = LearnerContext(spec, core, link, events, batch, on_step, on_apply, on_regroup,
+                             joined_s=time.monotonic() - t_join)
         if spec.start_step > 0:  # a restarted learner resumes where it stopped, from the global model
             core.step = spec.start_step
             for st in core.frags:  # counters count from here (a fragment the pull does not update included)

@@ -14,7 +14,8 @@ these classes by `python -m diloco_chaos.harness.record.doc`, is the stable cont
 SCHEMA_VERSION (carried by `run_start`) says which version of it a run directory was written with.
 
 Modules: base (the common fields, registry, parse), run (supervisor and fault events), learner (chip and link
-process events), syncer (syncer events), torchft (the torchft target's events), run_record (RunLog, parse_lenient).
+process events), syncer (syncer events), elastic (elastic_ddp's torchrun engine), torchft (the torchft target's
+events), run_record (RunLog, parse_lenient).
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-from diloco_chaos.harness.record import learner, run, syncer, torchft
+from diloco_chaos.harness.record import elastic, learner, run, syncer, torchft
 from diloco_chaos.harness.record.base import REGISTRY, SCHEMA_VERSION, Event, EventSchemaError, iter_lines, parse
 from diloco_chaos.harness.record.run_record import Problem, RunLog, parse_lenient
 
-__all__ = ["REGISTRY", "SCHEMA_VERSION", "Event", "EventSchemaError", "Problem", "RunLog", "learner",
+__all__ = ["REGISTRY", "SCHEMA_VERSION", "Event", "EventSchemaError", "Problem", "RunLog", "elastic", "learner",
            "parse", "parse_lenient", "read_records", "run", "syncer", "torchft"]
 
 

@@ -36,6 +36,7 @@ from diloco_chaos.harness.record import Event
 from diloco_chaos.harness.record.learner import Apply, ChipStart, InitialPull, LearnerDone, Resume, Step
 from diloco_chaos.harness.record.run import LearnerRestart, ProcessFault, ProcessFaultOff, SyncerDown
 from diloco_chaos.harness.record.syncer import LearnerBye, LearnerJoin, LearnerLeave, Merge, SyncerStart, shard_of
+from diloco_chaos.harness.report.elastic_phases import lost_to_rollback, rollbacks
 from diloco_chaos.harness.report.progress import Advance, Progress, progress
 
 DOWNTIME_WINDOW_S = 1.0
@@ -259,6 +260,7 @@ def goodput_and_discards(evs: Sequence[Event], algorithm: str, learners: int, ch
     healthy = healthy_step_times(spans)
     cover = prog.covered
     overlap = overwritten_in_overlap(evs) if algorithms.get(algorithm).fragmented else {}
+    redone = rollbacks(evs)  # elastic_ddp's torchrun engine: steps after the checkpoint, lost and done again
     credit = {m: [credit_step(x.interval_s, h, tolerance) for x, h in zip(xs, healthy[m], strict=True)]
               for m, xs in spans.items()}
     begin = {m: xs[0].end - credit[m][0][0] for m, xs in spans.items()}
@@ -272,7 +274,7 @@ def goodput_and_discards(evs: Sequence[Event], algorithm: str, learners: int, ch
         good = stepped = stalled = discarded = 0.0
         stalls = 0
         for x, (c, verdict) in zip(xs, credit.get(m, []), strict=True):
-            share = cover[m].get(x.step, 0.0)
+            share = 0.0 if lost_to_rollback(redone, x.step, x.end) else cover[m].get(x.step, 0.0)
             stepped += x.chips * x.interval_s
             if not x.first:  # a first step's excess is start-up or restart, not waiting on others
                 stalled += x.chips * (x.interval_s - c)

@@ -101,6 +101,10 @@ class RunRow:
     back_s: float | None = None
     """The longest time from a fault to what it hit training again (report.json fault_response: detect_s +
     rejoin_s; for a kill, kill to rejoin); null when no fault hit anything that came back."""
+    restart_phases: dict[str, float] | None = None
+    """elastic.engine = "torchrun": each restart phase's measured seconds summed over the job's restarts (detect,
+    stop, rendezvous, spawn, worker_init, pg_init, checkpoint_load; report.json elastic_restarts.phases_s) and
+    `restarts`, `steps_redone`; null for every other run."""
     ran: bool = True
     """False for a compare row whose run was not made (its target refused the scenario: `note` says why); its
     figures are then empty and the verdict ignores it."""
@@ -193,7 +197,15 @@ def run_row(label: str, res: Any, baseline_loss: float | None = None, tolerance:
         merges=int(r["merge_count"]), longest_gap_s=float(r["longest_gap_s"]), wall_s=float(r["wall_s"]),
         run_dir=str(res.run_dir),
         invariants=invariant_figures(getattr(res, "finished", None) or res.run_dir, baseline_loss, tolerance),
-        train_steps=None if steps is None else int(steps), back_s=_back_s(r))
+        train_steps=None if steps is None else int(steps), back_s=_back_s(r), restart_phases=_restart_phases(r))
+
+
+def _restart_phases(report: dict[str, Any]) -> dict[str, float] | None:
+    """RunRow.restart_phases of a report."""
+    el = report.get("elastic_restarts")
+    if not el:
+        return None
+    return {**el["phases_s"], "restarts": float(el["restarts"]), "steps_redone": float(el["steps_redone"])}
 
 
 def _back_s(report: dict[str, Any]) -> float | None:

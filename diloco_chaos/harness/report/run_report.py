@@ -31,6 +31,7 @@ from diloco_chaos.harness.record import Event
 from diloco_chaos.harness.record.learner import ChipStart, FrameRejected, GlooGroup, LinkDown, LinkUp, Rtt, Step
 from diloco_chaos.harness.record.run import LinksReady, RunEnd, RunStart, SyncerRestart
 from diloco_chaos.harness.record.syncer import Eval, LinkStats, Push, PushRejected, PushSuperseded
+from diloco_chaos.harness.report.elastic_phases import summary as elastic_summary
 from diloco_chaos.harness.report.errors import classify_errors, settle_window_s
 from diloco_chaos.harness.report.metrics import achieved_speeds, downtime, goodput, learner_availability, merge_stats
 from diloco_chaos.harness.report.progress import progress
@@ -130,7 +131,13 @@ def build_report(run: FinishedRun | str | os.PathLike[str]) -> dict[str, Any]:
         "syncer_restarts": log.count(SyncerRestart),
         "syncer_shards": sc.syncer.shards,
         "shards": shard_figures(recs, start, train_start, train_end),
-    }
+    } | _elastic(recs)
+
+
+def _elastic(recs: Sequence[Event]) -> dict[str, Any]:
+    """`elastic_restarts` (elastic.engine = "torchrun" only: every other run's report is unchanged)."""
+    el = elastic_summary(recs)
+    return {} if el is None else {"elastic_restarts": el}
 
 
 def link_figures(evs: Sequence[Event]) -> dict[int, dict[str, Any]]:

@@ -385,6 +385,9 @@ class Supervisor:
     def _learner_failed(self, m: int, exitcodes: dict[str, int | None], now: float, step: int) -> None:
         """Apply the recovery policy to a learner one of whose chips died."""
         rec = self.sc.recovery
+        if self.sc.elastic.engine == "torchrun":  # torchrun restarts its job itself; its exit means it gave up
+            raise RunFailed(f"the torchrun job exited with {exitcodes} (elastic.max_restarts = "
+                            f"{self.sc.elastic.max_restarts} used, or a worker failed; logs/torchrun.log)")
         if rec.policy == "fail" or self.restarts.get(m, 0) >= rec.max_restarts:
             why = "recovery.policy = 'fail'" if rec.policy == "fail" else f"max_restarts = {rec.max_restarts} used"
             raise RunFailed(f"chip process(es) of learner {m} failed ({why}): {exitcodes}")

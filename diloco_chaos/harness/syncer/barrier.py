@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from diloco_chaos.harness.config.scenario import Scenario
 from diloco_chaos.harness.config.task_check import tokens_per_batch
+from diloco_chaos.harness.record.elastic import ElasticRollback
 from diloco_chaos.harness.record.events import EventLog
 from diloco_chaos.harness.record.syncer import ElasticCatchUpSent, ElasticReconfigure, Merge, SyncReplayed
 from diloco_chaos.harness.record.syncer import SyncRejected as SyncRejectedEvent
@@ -69,6 +70,8 @@ class BarrierHandler:
         it at the next step, from this state."""
         assert conn.learner is not None
         step, tensors = self.core.on_join(conn.learner, time.monotonic(), f"connected from {conn.peer}")
+        for frm, to, m in self.core.take_rollbacks():  # elastic_ddp's torchrun engine: the job restarted whole
+            self.events.write(ElasticRollback(from_step=frm, to_step=to, learner=m))
         self.transport.send(conn, Message(MsgType.RESUME, {"step": step}, tensors))
 
     def before_leave(self, learner: int) -> None:

@@ -108,3 +108,7 @@ class BarrierCore(SyncerCore, Protocol):
 
     def take_reconfigurations(self) -> Sequence[Reconfiguration]:
         """Changes of the global group since the last call (elastic_ddp; the others have none)."""
+
+    def take_rollbacks(self) -> Sequence[tuple[int, int, int]]:
+        """elastic_ddp restarted whole (engine torchrun): (from step, to step, learner) of each rollback to the
+        checkpoint since the last call; [] for the others."""

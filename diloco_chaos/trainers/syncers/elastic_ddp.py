@@ -28,7 +28,7 @@ keeps the records of every reconfiguration for the harness to log.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -146,8 +146,17 @@ class _Grow:
 class ElasticDdpSyncer(DdpSyncer):
     """ddp's averaging and AdamW replica behind a barrier whose membership follows `decide`."""
 
-    def __init__(self, model_cfg: Task | ModelConfig, train_cfg: TrainConfig, seed: int, num_learners: int) -> None:
+    def __init__(self, model_cfg: Task | ModelConfig, train_cfg: TrainConfig, seed: int, num_learners: int,
+                 restart_from: Callable[[], tuple[int, dict[str, Tensor]] | None] | None = None) -> None:
         super().__init__(model_cfg, train_cfg, seed, num_learners)
+        self.restart_from = restart_from
+        self.num_learners = num_learners
+        """A job restarted whole (elastic.engine = "torchrun"): the checkpoint its learners resume from (None: none
+        written yet, the initial state). The first learner to join an empty group after steps were completed
+        rolls the replica back to it (`rollbacks`)."""
+        self.initial = self.resume_state() if restart_from is not None else None
+        self.rollbacks: list[tuple[int, int, int]] = []
+        """(from step, to step, learner) of each rollback since the last `take_rollbacks`."""
         self.members: set[int] = set(range(num_learners))  # every learner is expected from step 1, as in ddp
         self.finished: set[int] = set()
         self.arrived: dict[int, float] = {}
@@ -169,6 +178,8 @@ class ElasticDdpSyncer(DdpSyncer):
 
     def on_join(self, learner: int, now: float, why: str) -> tuple[int, dict[str, Tensor]]:
         """A learner connected: admit it from the open step. Returns the state it resumes from."""
+        if self.restart_from is not None and not self.members and self.completed > 0:
+            self._roll_back(learner)
         before = sorted(self.members)
         d = decide(now, self.view(), Change("joined", learner, why))
         self.members = set(d.members)
@@ -180,6 +191,34 @@ class ElasticDdpSyncer(DdpSyncer):
     def on_contribution(self, learner: int, key: int, step: int, tokens: int, tensors: dict[str, Tensor],
                         now: float) -> SyncResult:
         return self.on_grads(learner, step, tokens, tensors, now)
+
+    def _roll_back(self, learner: int) -> None:
+        """The whole job was stopped and restarts from its checkpoint: the replica, its AdamW moments and the
+        completed step go back to it (the steps after it are done again)."""
+        import torch
+
+        assert self.restart_from is not None and self.initial is not None
+        step, tensors = self.restart_from() or self.initial
+        with torch.no_grad():
+            for n, p in self.params.items():
+                p.copy_(tensors[n])
+        for n, p in self.params.items():
+            if f"opt.exp_avg.{n}" in tensors:
+                self.optimizer.opt.state[p] = {"step": torch.tensor(float(step)),
+                                               "exp_avg": tensors[f"opt.exp_avg.{n}"].clone(),
+                                               "exp_avg_sq": tensors[f"opt.exp_avg_sq.{n}"].clone()}
+            else:
+                self.optimizer.opt.state.pop(p, None)
+        self.rollbacks.append((self.completed, step, learner))
+        self.barrier.completed = self.completed = self.merges = step
+        self.barrier.last = None
+        self.pending, self.arrived, self.grows = {}, {}, {}
+        self.members = set(range(self.num_learners))  # the restarted job: every learner, as at the start
+
+    def take_rollbacks(self) -> list[tuple[int, int, int]]:
+        """The rollbacks since the last call, oldest first."""
+        out, self.rollbacks = self.rollbacks, []
+        return out
 
     def on_finished(self, learner: int) -> None:
         """It said BYE. That is the end only once the group has completed its last step: a host whose chip died

@@ -84,6 +84,9 @@ class _FixedGroup:
     def take_reconfigurations(self) -> list[Reconfiguration]:
         return []
 
+    def take_rollbacks(self) -> list[tuple[int, int, int]]:
+        return []
+
 
 class DdpSyncer(_FixedGroup):
     """Gradient averaging barrier + a replica updated with the averaged gradient (a `BarrierCore`)."""

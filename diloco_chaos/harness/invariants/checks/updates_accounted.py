@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 from diloco_chaos.harness.invariants.base import InvariantResult, Run, _run
 from diloco_chaos.harness.invariants.registry import Bound, register
+from diloco_chaos.harness.record.elastic import ElasticRollback
 from diloco_chaos.harness.record.learner import Apply
 from diloco_chaos.harness.record.run import SyncerDown
 from diloco_chaos.harness.record.syncer import (
@@ -23,6 +24,7 @@ from diloco_chaos.harness.record.syncer import (
     SyncerRestore,
     shard_of,
 )
+from diloco_chaos.harness.report.elastic_phases import lost_to_rollback, rollbacks
 from diloco_chaos.trainers.syncers.decoupled_records import PushOutcome, SupersededCause
 
 
@@ -98,14 +100,17 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
     the restored syncer forgot, so one broadcast version was lost).
 
     ddp, elastic_ddp and diloco log no push events: only the last check applies there, as one merge per step
-    (ddp, elastic_ddp) or round (diloco)."""
+    (ddp, elastic_ddp) or round (diloco); a step's merge that a restart from the checkpoint undid
+    (`elastic_rollback`, elastic.engine = "torchrun") is not counted: the step is merged again."""
     r = _run(run)
     problems: list[str] = []
     measure = "pushes lost or merged twice"
     unit = r.descriptor.merge_unit
     if unit != "fragment":
         key = unit
-        seen = Counter(e.step if key == "step" else e.round for e in r.records(Merge))
+        rbs = rollbacks(r.records(ElasticRollback))  # merges a restart from the checkpoint undid are done again
+        seen = Counter(e.step if key == "step" else e.round for e in r.records(Merge)
+                       if not (key == "step" and e.step is not None and lost_to_rollback(rbs, e.step, e.t)))
         for k, n in sorted(seen.items(), key=lambda kv: str(kv[0])):
             if n > 1:
                 problems.append(f"{key} {k} merged {n} times")
