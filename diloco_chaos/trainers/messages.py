@@ -53,6 +53,8 @@ class MergedFragment:
     tensors: dict[str, Tensor]
     pulled_step: int | None = None
     """The step at which our copy was pulled for this merge (None: not a merge we took part in)."""
+    broadcast: bool = False
+    """Sent to a learner that was not in this merge (diloco.broadcast = all): it overwrites its copy."""
 
 
 @dataclass
