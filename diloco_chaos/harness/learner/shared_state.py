@@ -138,7 +138,8 @@ class SharedInbox:
     what the training loop would do with it anyway (a newer version supersedes a pending one). One writer
     (the link's reader thread) and one reader (the training loop)."""
 
-    _HEAD = struct.Struct("=qqqq")  # sequence (odd while written), version, pulled step (-1: none), broadcast
+    _HEAD = struct.Struct("=qqqqq")  # sequence (odd while written), version, pulled step (-1: none), broadcast,
+    # merged step (-1: none)
 
     def __init__(self, shapes: dict[str, torch.Size], partition: list[list[str]]) -> None:
         self.partition = partition
@@ -176,13 +177,14 @@ class SharedInbox:
                 raise ValueError(f"fragment {p}: {n} has shape {tuple(merged.tensors[n].shape)}, "
                                  f"expected {tuple(self._shapes[n])}")
         base = self._base[p]
-        seq, version, _, was_broadcast = (int(x) for x in self._HEAD.unpack_from(self._mm, base))
+        seq, version, _, was_broadcast, _ = (int(x) for x in self._HEAD.unpack_from(self._mm, base))
         if seq and was_broadcast and version == merged.version:  # its welcome after its broadcast: keep the flag
             return
         seq += 1
         _INT64.pack_into(self._mm, base, seq)  # odd: mid-write
         self._HEAD.pack_into(self._mm, base, seq, merged.version,
-                             -1 if merged.pulled_step is None else merged.pulled_step, int(merged.broadcast))
+                             -1 if merged.pulled_step is None else merged.pulled_step, int(merged.broadcast),
+                             merged.merged_step)
         with torch.no_grad():
             torch._foreach_copy_(self._views[p], [merged.tensors[n].float() for n in names])
         _INT64.pack_into(self._mm, base, seq + 1)
@@ -198,7 +200,7 @@ class SharedInbox:
         out: list[MergedFragment] = []
         complete = True
         for p, base in enumerate(self._base):
-            seq, version, pulled, broadcast = self._HEAD.unpack_from(self._mm, base)
+            seq, version, pulled, broadcast, merged_step = self._HEAD.unpack_from(self._mm, base)
             if seq % 2:
                 complete = False
                 continue
@@ -211,7 +213,8 @@ class SharedInbox:
             self._taken[p] = version
             out.append(MergedFragment(fragment=p, version=version,
                                       tensors=dict(zip(self.partition[p], tensors, strict=True)),
-                                      pulled_step=None if pulled < 0 else pulled, broadcast=bool(broadcast)))
+                                      pulled_step=None if pulled < 0 else pulled, broadcast=bool(broadcast),
+                                      merged_step=merged_step))
         if complete:
             self._seen_arrivals = arrivals
         return out

@@ -95,7 +95,8 @@ class DecoupledHandler:
         for p, version in enumerate(versions):
             if self.core.owns(p):  # a shard sends its own fragments; the others come from their shards
                 flag = conn.learner is not None and self._overwrites(conn.learner, p, version)
-                self.transport.send(conn, merged_to_message(p, version, self.core.fragment(p), broadcast=flag))
+                self.transport.send(conn, merged_to_message(p, version, self.core.fragment(p), broadcast=flag,
+                                                            merged_step=self._merged_step(conn.learner or 0, p)))
         if self.budget_reached:  # it came back after the budget was spent: it stops after a step
             self.transport.send(conn, Message(MsgType.STOP, {"total": self.budget_total}))
 
@@ -221,7 +222,8 @@ class DecoupledHandler:
             return
         version = self.core.versions[p]
         self.transport.send_fragment(conn, p, merged_to_message(p, version, self.core.fragment(p),
-                                                                broadcast=self._overwrites(learner, p, version)))
+                                                                broadcast=self._overwrites(learner, p, version),
+                                                                merged_step=self._merged_step(learner, p)))
         self.events.write(FragmentResent(learner=learner, fragment=p, version=version, reason=reason))
 
     # -- merges ------------------------------------------------------------------------------------
@@ -258,6 +260,10 @@ class DecoupledHandler:
         sent again (a resend, a welcome that replaced the queued broadcast), it keeps that flag."""
         return self.core.overwritten_at.get((learner, p)) == version
 
+    def _merged_step(self, learner: int, p: int) -> int:
+        """The last step of `learner`'s work on fragment p a merge took in (-1: none)."""
+        return self.core.merged_into.get((learner, p), (0, -1))[1]
+
     def _broadcast_others(self, rec: MergeRecord) -> list[int]:
         """diloco.broadcast = all (the paper's syncer loop, step 7): send the merge to every alive learner not in
         it, flagged so it overwrites its copy on arrival. Its carried pushes of the fragment, and its later
@@ -266,8 +272,9 @@ class DecoupledHandler:
         conns = self.transport.connections(others)
         sent = []
         for m, conn in conns.items():
-            self.transport.send_fragment(conn, rec.fragment, merged_to_message(rec.fragment, rec.version, rec.tensors,
-                                                                               broadcast=True))
+            msg = merged_to_message(rec.fragment, rec.version, rec.tensors, broadcast=True,
+                                    merged_step=self._merged_step(m, rec.fragment))
+            self.transport.send_fragment(conn, rec.fragment, msg)
             sent.append(m)
             for q in self.core.on_overwrite(m, rec.fragment, rec.version):
                 self.events.write(PushSuperseded(

@@ -128,7 +128,7 @@ SCHEMAS: dict[MsgType, dict[str, Field]] = {
                                          "last_step")},
                    "step_time_s": SECONDS, "final": Field(bool, required=False), "round": _optional(COUNT, True)},
     MsgType.FRAGMENT: {"fragment": COUNT, "version": COUNT, "pulled_step": _optional(COUNT, True),
-                       "broadcast": Field(bool, required=False)},
+                       "broadcast": Field(bool, required=False), "merged_step": Field(int, -1, I64_MAX, False)},
     MsgType.PULL: {"fragment": COUNT, "round": COUNT},
     MsgType.META: {"learner": COUNT, "step": COUNT, "step_time_s": SECONDS},
     MsgType.STOP: {"total": _optional(COUNT)},

@@ -268,6 +268,8 @@ class LearnerCore:
             return False
         if st.pending is not None and st.pending.pulled_step is not None:  # its merge replaced before applied
             st.merged_upto = max(st.merged_upto, st.pending.pulled_step)
+        if merged.broadcast:
+            st.merged_upto = max(st.merged_upto, merged.merged_step)
         st.answered = max(st.answered, merged.pulled_step if merged.pulled_step is not None else self.step)
         st.pending = merged
         st.pending_arrived = self.step
