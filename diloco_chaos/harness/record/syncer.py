@@ -324,8 +324,7 @@ class Merge(Event):
     outer_lr: float | None = None
     """decoupled: the outer learning rate used (NaN: not recorded)."""
     overwrites: list[int] | None = None
-    """decoupled, diloco.broadcast = all: the connected learners not in the merge it was sent to (each overwrites
-    its copy on arrival, `fragment_overwritten`)."""
+    """decoupled, broadcast = all: the alive learners not in the merge it was sent to (each overwrites its copy)."""
 
 
 @event("checkpoint_slot_rejected", DECOUPLED)
