@@ -53,6 +53,12 @@ class MergedFragment:
     tensors: dict[str, Tensor]
     pulled_step: int | None = None
     """The step at which our copy was pulled for this merge (None: not a merge we took part in)."""
+    broadcast: bool = False
+    """Sent to a learner that was not in this merge (diloco.broadcast = all): it overwrites its copy."""
+    merged_step: int = -1
+    """With `broadcast`: the last step of this learner's work on the fragment some merge took in (-1: none), so
+    the overwrite does not count it discarded (its own merge's value may never reach it: a newer one replaced it
+    in the send queue)."""
 
 
 @dataclass

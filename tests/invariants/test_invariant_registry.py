@@ -177,7 +177,8 @@ def test_updates_accounted_reads_a_superseded_push_by_its_typed_cause() -> None:
 
     for cause in SupersededCause:
         pool = _pool_of(superseded(cause=cause.value, reason="reworded in a later version"))
-        assert pool == ("newer" if cause in (SupersededCause.NEWER, SupersededCause.REJOIN_DROP) else cause.value)
+        assert pool == ("newer" if cause in (SupersededCause.NEWER, SupersededCause.REJOIN_DROP,
+                                             SupersededCause.BROADCAST_DROP) else cause.value)
     assert superseded(reason="lagging: based on version 3").cause is None  # a recorded run without causes
     assert _pool_of(superseded(reason="lagging: based on version 3")) == "lagging"
     assert _pool_of(superseded(reason="newer push in the same round")) == "newer"

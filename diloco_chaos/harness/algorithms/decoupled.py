@@ -18,10 +18,10 @@ if TYPE_CHECKING:
 
 
 def gloo_timeout_s(sc: Scenario) -> float:
-    """gloo_s; in the deterministic mode the host waits up to liveness_s at a sync point while its chips wait
-    in the group, so liveness_s + gloo_s."""
+    """gloo_s; in the deterministic mode (at a sync point) and with diloco.apply_wait = block (at step pulled +
+    tau) the host waits up to liveness_s while its chips wait in the group, so liveness_s + gloo_s."""
     t = sc.timeouts
-    return t.gloo_s + (t.liveness_s if sc.diloco.deterministic else 0.0)
+    return t.gloo_s + (t.liveness_s if sc.diloco.deterministic or sc.diloco.apply_wait == "block" else 0.0)
 
 
 def run_learner(ctx: LearnerContext) -> None:

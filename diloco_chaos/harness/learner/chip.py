@@ -25,9 +25,11 @@ from diloco_chaos.harness.learner.link_process import LinkProcess
 from diloco_chaos.harness.record.events import EVENTS_FILE, EventLog
 from diloco_chaos.harness.record.learner import (
     Apply,
+    ApplyWait,
     ChipError,
     ChipJoined,
     ChipStart,
+    FragmentOverwritten,
     GlooGroup,
     LearnerDone,
     LearnerNonfinite,
@@ -218,7 +220,8 @@ def chip_main(spec: ChipSpec) -> None:
     task = scenario_task(sc)  # imported from task.path, as the supervisor resolved it
     core = LearnerCore(spec.learner, task, sc.train, sc.diloco, sc.seed,
                        shrinkable=(learner_policy(sc.recovery.policy, sc.algorithm)[0] == "shrink"
-                                   and sc.elastic.engine != "torchrun"))  # torchrun restarts every chip instead
+                                   and sc.elastic.engine != "torchrun"),  # torchrun restarts every chip instead
+                       apply_wait_s=t.liveness_s if sc.diloco.apply_wait == "block" else 0.0)
     task.train_batch(spec.learner, spec.rank, spec.start_step + 1)  # loads the task's data (a shard) now
     members = list(spec.members) or list(range(spec.size))
     link = None
@@ -249,6 +252,10 @@ def chip_main(spec: ChipSpec) -> None:
                 events.write(LearnerNonfinite(
                     learner=spec.learner, step=step, loss=loss,
                     error=f"training loss {loss} at step {step}: the learner's work is non-finite"))
+            for p, pulled, waited, outcome in core.waits:  # diloco.apply_wait = block: this step's waits
+                events.write(ApplyWait(learner=spec.learner, fragment=p, step=step, waited_s=round(waited, 6),
+                                       outcome=outcome, pulled=pulled))
+            core.waits.clear()
             events.write(Step(learner=spec.learner, step=step, loss=round(loss, 5), tokens=tokens,
                               chips=core.collective.size, compute_s=round(core.last_compute_s, 5),
                               sync_s=round(core.last_sync_s, 5),
@@ -259,6 +266,13 @@ def chip_main(spec: ChipSpec) -> None:
             events.write(Apply(learner=spec.learner, step=step, fragments=[p for p, _ in applied],
                                versions=[v for _, v in applied], pulled=[f[0] for f in facts],
                                arrived=[f[1] for f in facts]))
+            for p, version in applied:  # diloco.broadcast = all: a merge it was not in discarded its work
+                over = core.frags[p].overwrote
+                if over is not None:
+                    events.write(FragmentOverwritten(
+                        learner=spec.learner, fragment=p, step=step, tokens=over[1],
+                        reason=f"not in the merge of version {version}: its unmerged steps {over[0]}-{step} "
+                               "overwritten"))
 
         if spec.joining:  # a repaired chip: the members re-form with it at a step boundary and send their state
             step = sync_replicas(core)

@@ -180,6 +180,10 @@ class LinkProcess:
         self._check_fatal()
         self._send(push_to_message(push))
 
+    def pulled_step(self, p: int) -> int | None:
+        """The step of the snapshot the link process last answered a pull of fragment p from (None: never)."""
+        return self.shared.pulled_step(p)
+
     def poll(self) -> list[MergedFragment]:
         self._drain(0.0)
         out, self._inbox = self._inbox + self.shared_inbox.take(), []

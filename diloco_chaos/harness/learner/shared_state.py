@@ -54,6 +54,11 @@ class SharedSnapshot:
         slot_bytes = self._head.size + 4 * n_params
         slot_bytes += -slot_bytes % 64
         self._mm = mmap.mmap(-1, 64 + 2 * slot_bytes)  # anonymous and shared: the fork child sees our writes
+        self._pulled = mmap.mmap(-1, max(8, 8 * fragments))
+        """Per fragment, the step of the snapshot the link last answered a pull from (-1: none); written by the
+        link process, read by the training process (diloco.apply_wait = block waits on it)."""
+        for p in range(fragments):
+            _INT64.pack_into(self._pulled, 8 * p, -1)
         self._set_word(0, -1)  # control words (_word): latest slot (-1: none yet), then each slot's sequence
         self._base = [64 + slot * slot_bytes for slot in range(2)]
         self._views = []
@@ -91,6 +96,11 @@ class SharedSnapshot:
         latest = self._word(0)
         return self._head.unpack_from(self._mm, self._base[latest]) if latest >= 0 else None
 
+    def pulled_step(self, p: int) -> int | None:
+        """The training process: the step of the snapshot fragment p was last pulled from (None: never)."""
+        step = int(_INT64.unpack_from(self._pulled, 8 * p)[0])
+        return None if step < 0 else step
+
     @property
     def step(self) -> int:
         head = self._latest_head()
@@ -112,6 +122,8 @@ class SharedSnapshot:
             version, c_steps, c_tokens, first = head[1 + 4 * p: 5 + 4 * p]
             tensors = {n: self._views[slot][n].clone() for n in names} if c_steps > 0 else {}
             if self._word(1 + slot) == seq:
+                if c_steps > 0 and not final:  # a pull answered with work: the training process may wait for it
+                    _INT64.pack_into(self._pulled, 8 * p, head[0])
                 return FragmentPush(learner=self.learner, fragment=p, base_version=version, c_steps=c_steps,
                                     c_tokens=c_tokens, first_step=first, last_step=head[0], step_time_s=head[-1],
                                     tensors=tensors, final=final)
@@ -126,7 +138,8 @@ class SharedInbox:
     what the training loop would do with it anyway (a newer version supersedes a pending one). One writer
     (the link's reader thread) and one reader (the training loop)."""
 
-    _HEAD = struct.Struct("=qqq")  # sequence (odd while written), version, pulled step (-1: none)
+    _HEAD = struct.Struct("=qqqqq")  # sequence (odd while written), version, pulled step (-1: none), broadcast,
+    # merged step (-1: none)
 
     def __init__(self, shapes: dict[str, torch.Size], partition: list[list[str]]) -> None:
         self.partition = partition
@@ -164,10 +177,14 @@ class SharedInbox:
                 raise ValueError(f"fragment {p}: {n} has shape {tuple(merged.tensors[n].shape)}, "
                                  f"expected {tuple(self._shapes[n])}")
         base = self._base[p]
-        seq = int(_INT64.unpack_from(self._mm, base)[0]) + 1
+        seq, version, _, was_broadcast, _ = (int(x) for x in self._HEAD.unpack_from(self._mm, base))
+        if seq and was_broadcast and version == merged.version:  # its welcome after its broadcast: keep the flag
+            return
+        seq += 1
         _INT64.pack_into(self._mm, base, seq)  # odd: mid-write
         self._HEAD.pack_into(self._mm, base, seq, merged.version,
-                             -1 if merged.pulled_step is None else merged.pulled_step)
+                             -1 if merged.pulled_step is None else merged.pulled_step, int(merged.broadcast),
+                             merged.merged_step)
         with torch.no_grad():
             torch._foreach_copy_(self._views[p], [merged.tensors[n].float() for n in names])
         _INT64.pack_into(self._mm, base, seq + 1)
@@ -183,7 +200,7 @@ class SharedInbox:
         out: list[MergedFragment] = []
         complete = True
         for p, base in enumerate(self._base):
-            seq, version, pulled = self._HEAD.unpack_from(self._mm, base)
+            seq, version, pulled, broadcast, merged_step = self._HEAD.unpack_from(self._mm, base)
             if seq % 2:
                 complete = False
                 continue
@@ -196,7 +213,8 @@ class SharedInbox:
             self._taken[p] = version
             out.append(MergedFragment(fragment=p, version=version,
                                       tensors=dict(zip(self.partition[p], tensors, strict=True)),
-                                      pulled_step=None if pulled < 0 else pulled))
+                                      pulled_step=None if pulled < 0 else pulled, broadcast=bool(broadcast),
+                                      merged_step=merged_step))
         if complete:
             self._seen_arrivals = arrivals
         return out

@@ -95,6 +95,8 @@ class SyncerLink:
         self._replies: dict[tuple[str, int], dict[str, Tensor]] = {}
         self._request: tuple[Any, Message] | None = None
         self._snapshot: tuple[Snapshot, list[list[str]]] | None = None
+        self._pulled: dict[int, int] = {}
+        """Fragment -> the step of the snapshot its last pull was answered from with work."""
         self._wsock: socket.socket | None = None
         self._rsock: socket.socket | None = None
         self.wire_dtype = wire_dtype
@@ -196,6 +198,10 @@ class SyncerLink:
             if push.final:
                 self._final_pushes[key] = self._outbox[key]
             self._cv.notify_all()
+
+    def pulled_step(self, p: int) -> int | None:
+        """The step of the snapshot this link last answered a pull of fragment p from with work (None: never)."""
+        return self._pulled.get(p)
 
     def poll(self) -> list[MergedFragment]:
         with self._cv:
@@ -427,6 +433,8 @@ class SyncerLink:
             else:
                 snap, partition = self._snapshot
                 push = snap.push_for(p, partition[p])
+                if push.c_steps > 0:
+                    self._pulled[p] = push.last_step
             self._outbox[("push", p)] = push_to_message(push, round_id)
             self._cv.notify_all()
 

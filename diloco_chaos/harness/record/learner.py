@@ -93,6 +93,44 @@ class Apply(Event):
     """diloco: the outer round applied."""
 
 
+@event("fragment_overwritten", CHIP)
+@dataclass(frozen=True, kw_only=True)
+class FragmentOverwritten(Event):
+    """decoupled, diloco.broadcast = all: the learner applied a merged fragment it was not in, which overwrote its
+    copy and reset that fragment's counters: its unmerged work on the fragment is discarded."""
+
+    learner: int
+    """The learner."""
+    fragment: int
+    """The fragment overwritten."""
+    step: int
+    """The learner's step when applied (the discarded steps end here)."""
+    tokens: float
+    """The discarded work's tokens on this fragment: 1/P of the tokens of the steps thrown away."""
+    reason: str
+    """Why (the merge it was not in)."""
+
+
+@event("apply_wait", CHIP)
+@dataclass(frozen=True, kw_only=True)
+class ApplyWait(Event):
+    """decoupled, diloco.apply_wait = block: the learner's host waited at step pulled + tau for the merge of a
+    fragment it was pulled for (bounded by timeouts.liveness_s); goodput counts the wait as lost."""
+
+    learner: int
+    """The learner."""
+    fragment: int
+    """The fragment waited for."""
+    step: int
+    """The learner's step at which it waited (pulled step + tau)."""
+    waited_s: float
+    """Seconds waited."""
+    outcome: Literal["applied", "overwritten", "timed_out"]
+    """applied: its merge arrived; overwritten: a merge it was not in arrived; timed_out: none within the bound."""
+    pulled: int
+    """The step its copy was pulled at."""
+
+
 @event("chip_joined", CHIP)
 @dataclass(frozen=True, kw_only=True)
 class ChipJoined(Event):

@@ -323,6 +323,8 @@ class Merge(Event):
     """decoupled: norms of the merge (diloco_chaos/trainers/merge/outer_gradient.py MergeNorms)."""
     outer_lr: float | None = None
     """decoupled: the outer learning rate used (NaN: not recorded)."""
+    overwrites: list[int] | None = None
+    """decoupled, broadcast = all: the alive learners not in the merge it was sent to (each overwrites its copy)."""
 
 
 @event("checkpoint_slot_rejected", DECOUPLED)

@@ -33,7 +33,7 @@ from typing import Any
 
 from diloco_chaos.harness.algorithms import base as algorithms
 from diloco_chaos.harness.record import Event
-from diloco_chaos.harness.record.learner import Apply, ChipStart, InitialPull, LearnerDone, Resume, Step
+from diloco_chaos.harness.record.learner import Apply, ApplyWait, ChipStart, InitialPull, LearnerDone, Resume, Step
 from diloco_chaos.harness.record.run import LearnerRestart, ProcessFault, ProcessFaultOff, SyncerDown
 from diloco_chaos.harness.record.syncer import LearnerBye, LearnerJoin, LearnerLeave, Merge, SyncerStart, shard_of
 from diloco_chaos.harness.report.elastic_phases import lost_to_rollback, rollbacks
@@ -261,7 +261,12 @@ def goodput_and_discards(evs: Sequence[Event], algorithm: str, learners: int, ch
     cover = prog.covered
     overlap = overwritten_in_overlap(evs) if algorithms.get(algorithm).fragmented else {}
     redone = rollbacks(evs)  # elastic_ddp's torchrun engine: steps after the checkpoint, lost and done again
-    credit = {m: [credit_step(x.interval_s, h, tolerance) for x, h in zip(xs, healthy[m], strict=True)]
+    waited: dict[tuple[int, int], float] = defaultdict(float)  # diloco.apply_wait = block: lost chip-time
+    for w in evs:
+        if isinstance(w, ApplyWait):
+            waited[(w.learner, w.step)] += w.waited_s
+    credit = {m: [_less_wait(credit_step(x.interval_s, h, tolerance), x.interval_s - waited[(m, x.step)])
+                  for x, h in zip(xs, healthy[m], strict=True)]
               for m, xs in spans.items()}
     begin = {m: xs[0].end - credit[m][0][0] for m, xs in spans.items()}
     start = min(begin.values(), default=0.0)
@@ -302,6 +307,12 @@ def goodput_and_discards(evs: Sequence[Event], algorithm: str, learners: int, ch
     return Goodput(ratio(good_total), ratio(strict_total), ratio(compute_total), round(good_total, 3),
                    round(allocated, 3), round(end - start, 3), round(stalled_total, 3), round(discarded_total, 3),
                    round(allocated - good_total - stalled_total - discarded_total, 3), tolerance, per), dropped
+
+
+def _less_wait(credit: tuple[float, StepCredit], cap: float) -> tuple[float, StepCredit]:
+    """A step's credit with its learner's apply waits (diloco.apply_wait = block) taken out: the wait is lost
+    chip-time, counted as stalled, never as training."""
+    return (min(credit[0], max(0.0, cap)), credit[1])
 
 
 def downtime(merge_times: list[float], start: float, end: float,

@@ -94,7 +94,9 @@ class DecoupledHandler:
         assert isinstance(versions, list)
         for p, version in enumerate(versions):
             if self.core.owns(p):  # a shard sends its own fragments; the others come from their shards
-                self.transport.send(conn, merged_to_message(p, version, self.core.fragment(p)))
+                flag = conn.learner is not None and self._overwrites(conn.learner, p, version)
+                self.transport.send(conn, merged_to_message(p, version, self.core.fragment(p), broadcast=flag,
+                                                            merged_step=self._merged_step(conn.learner or 0, p)))
         if self.budget_reached:  # it came back after the budget was spent: it stops after a step
             self.transport.send(conn, Message(MsgType.STOP, {"total": self.budget_total}))
 
@@ -156,7 +158,8 @@ class DecoupledHandler:
                                     c_tokens=push.c_tokens, first_step=push.first_step, last_step=push.last_step,
                                     base_version=push.base_version, outcome=outcome, final=push.final,
                                     joined=into_round))
-        if outcome in (PushOutcome.STALE, PushOutcome.UNANCHORED, PushOutcome.BEFORE_REJOIN, PushOutcome.LAGGING):
+        if outcome in (PushOutcome.STALE, PushOutcome.UNANCHORED, PushOutcome.BEFORE_REJOIN, PushOutcome.LAGGING,
+                       PushOutcome.OVERWRITTEN):
             if outcome is PushOutcome.STALE:
                 into = self.core.merged_into[(learner, push.fragment)]
                 reason = f"stale: its work is already in version {into[0]}, not yet applied"
@@ -164,6 +167,10 @@ class DecoupledHandler:
                 joined = self.core.joined_at[(learner, push.fragment)]
                 reason = (f"before rejoin: based on version {push.base_version}, older than version {joined} "
                           "it was sent when it rejoined, not yet applied")
+            elif outcome is PushOutcome.OVERWRITTEN:
+                sent = self.core.overwritten_at[(learner, push.fragment)]
+                reason = (f"overwritten: based on version {push.base_version}, older than version {sent} it was "
+                          "sent as a merge it was not in (broadcast = all), not yet applied")
             elif outcome is PushOutcome.LAGGING:
                 reason = (f"lagging: based on version {push.base_version}, more than "
                           f"{self.sc.diloco.max_staleness} versions behind version {self.core.versions[push.fragment]}")
@@ -174,7 +181,9 @@ class DecoupledHandler:
                                              cause=SupersededCause.of(outcome), first_step=push.first_step,
                                              last_step=push.last_step, base_version=push.base_version))
             # it stepped on without the merge, or is too far behind: send it the fragment's current value
-            if outcome in (PushOutcome.UNANCHORED, PushOutcome.LAGGING) or self.core.missed_broadcast(push):
+            # (an overwritten push's learner was just sent the merge it was not in)
+            if outcome is not PushOutcome.OVERWRITTEN and (
+                    outcome in (PushOutcome.UNANCHORED, PushOutcome.LAGGING) or self.core.missed_broadcast(push)):
                 self._resend_current(learner, push.fragment, reason=outcome.value)
         elif outcome not in (PushOutcome.ACCEPTED, PushOutcome.CARRIED):
             self.events.write(PushRejected(learner=learner, fragment=push.fragment, reason=outcome.value,
@@ -212,7 +221,9 @@ class DecoupledHandler:
         if conn is None:
             return
         version = self.core.versions[p]
-        self.transport.send_fragment(conn, p, merged_to_message(p, version, self.core.fragment(p)))
+        self.transport.send_fragment(conn, p, merged_to_message(p, version, self.core.fragment(p),
+                                                                broadcast=self._overwrites(learner, p, version),
+                                                                merged_step=self._merged_step(learner, p)))
         self.events.write(FragmentResent(learner=learner, fragment=p, version=version, reason=reason))
 
     # -- merges ------------------------------------------------------------------------------------
@@ -229,6 +240,7 @@ class DecoupledHandler:
             if m in targets:
                 self.transport.send_fragment(targets[m], rec.fragment,
                                              merged_to_message(rec.fragment, rec.version, rec.tensors, pulled))
+        overwrites = self._broadcast_others(rec) if self.sc.diloco.broadcast == "all" else None
         self.core.note_sync_time(time.monotonic() - rec.merged_at)
         w = rec.weights
         self.events.write(Merge(
@@ -240,5 +252,33 @@ class DecoupledHandler:
             wait_s=rec.merged_at - rec.started_at, broadcast_s=time.monotonic() - t0,
             tokens=tokens, tokens_merged=tokens_merged,
             outer_grad_norm=rec.outer_grad_norm, digest=fragment_digest(rec.tensors),
-            norms=dataclasses.asdict(rec.norms), outer_lr=rec.outer_lr,
+            norms=dataclasses.asdict(rec.norms), outer_lr=rec.outer_lr, overwrites=overwrites,
         ))
+
+    def _overwrites(self, learner: int, p: int, version: int) -> bool:
+        """Whether `version` of fragment p is a merge `learner` was sent without being in it (broadcast = all):
+        sent again (a resend, a welcome that replaced the queued broadcast), it keeps that flag."""
+        return self.core.overwritten_at.get((learner, p)) == version
+
+    def _merged_step(self, learner: int, p: int) -> int:
+        """The last step of `learner`'s work on fragment p a merge took in (-1: none)."""
+        return self.core.merged_into.get((learner, p), (0, -1))[1]
+
+    def _broadcast_others(self, rec: MergeRecord) -> list[int]:
+        """diloco.broadcast = all (the paper's syncer loop, step 7): send the merge to every alive learner not in
+        it, flagged so it overwrites its copy on arrival. Its carried pushes of the fragment, and its later
+        pushes based on older versions, are dropped (`DecoupledSyncer.on_overwrite`). Returns those learners."""
+        others = sorted(self.transport.alive() - set(rec.participants))
+        conns = self.transport.connections(others)
+        sent = []
+        for m, conn in conns.items():
+            msg = merged_to_message(rec.fragment, rec.version, rec.tensors, broadcast=True,
+                                    merged_step=self._merged_step(m, rec.fragment))
+            self.transport.send_fragment(conn, rec.fragment, msg)
+            sent.append(m)
+            for q in self.core.on_overwrite(m, rec.fragment, rec.version):
+                self.events.write(PushSuperseded(
+                    learner=m, fragment=q.fragment, first_step=q.first_step, last_step=q.last_step,
+                    base_version=q.base_version, cause=SupersededCause.BROADCAST_DROP,
+                    reason=f"dropped: carried, and its learner was sent version {rec.version}, a merge it was not in"))
+        return sent

@@ -37,15 +37,23 @@ def message_to_push(msg: Message) -> FragmentPush:
     )
 
 
-def merged_to_message(fragment: int, version: int, tensors: dict, pulled_step: int | None = None) -> Message:
-    meta = {"fragment": fragment, "version": version, "pulled_step": pulled_step}
+def merged_to_message(fragment: int, version: int, tensors: dict, pulled_step: int | None = None,
+                      broadcast: bool = False, merged_step: int = -1) -> Message:
+    """A merged fragment; `broadcast`: sent to a learner that was not in the merge (diloco.broadcast = all), with
+    the last step of its work on the fragment merged (`merged_step`)."""
+    meta: dict[str, object] = {"fragment": fragment, "version": version, "pulled_step": pulled_step}
+    if broadcast:
+        meta["broadcast"] = True
+        meta["merged_step"] = merged_step
     return Message(MsgType.FRAGMENT, meta, tensors)
 
 
 def message_to_merged(msg: Message) -> MergedFragment:
     pulled = msg.meta.get("pulled_step")
     return MergedFragment(fragment=int(msg.meta["fragment"]), version=int(msg.meta["version"]),
-                          tensors=dict(msg.tensors), pulled_step=None if pulled is None else int(pulled))
+                          tensors=dict(msg.tensors), pulled_step=None if pulled is None else int(pulled),
+                          broadcast=bool(msg.meta.get("broadcast", False)),
+                          merged_step=int(msg.meta.get("merged_step", -1)))
 
 
 def grads_request(learner: int, step: int, tokens: int, grads: dict) -> Message:

@@ -12,7 +12,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 import torch
 from torch import Tensor
@@ -24,6 +24,9 @@ from diloco_chaos.trainers.messages import FragmentPush, MergedFragment, Snapsho
 from diloco_chaos.trainers.model import ModelConfig
 from diloco_chaos.trainers.task import Task, model_finite, parameters
 from diloco_chaos.trainers.tasks import as_task
+
+WaitOutcome = Literal["applied", "overwritten", "timed_out"]
+"""How a diloco.apply_wait = block wait ended (the `apply_wait` record's outcome)."""
 
 
 class CollectiveFailed(RuntimeError):
@@ -83,6 +86,13 @@ class DecoupledLink(Protocol):
 
     def push(self, push: FragmentPush) -> None: ...
     def poll(self) -> list[MergedFragment]: ...
+    def pulled_step(self, p: int) -> int | None:
+        """The step of the snapshot fragment p was last pulled from with work (None: never)."""
+        ...
+
+    def wait_inbox(self, timeout_s: float) -> bool:
+        """Wait (bounded) until a merged fragment is waiting to be polled; False on timeout."""
+        ...
 
 
 class SyncLink(Protocol):
@@ -133,6 +143,17 @@ class FragmentState:
     pending_apply_at: int = 0
     pending_arrived: int = 0
     """The learner's step when `pending` arrived (taken off the link)."""
+    merged_upto: int = 0
+    """Host: the last step of this counter period merged in a merge whose value was replaced before it was
+    applied (a newer one arrived); those steps are not discarded by the overwrite."""
+    answered: int = -1
+    """Host: the latest pull step a merged value that arrived answers (its pulled step, or its arrival step for
+    one it was not in): diloco.apply_wait = block waits until it reaches the pull's step."""
+    waited: int = -1
+    """Host: the latest pull step already waited for (one wait per pull)."""
+    overwrote: tuple[int, float] | None = None
+    """Host: (first step discarded, its tokens / P) of the last apply of a merge it was not in (broadcast = all),
+    None when that apply discarded nothing; for the `fragment_overwritten` record."""
     applied_from: tuple[int | None, int] | None = None
     """Host: (pulled step, arrival step) of the merged value last applied, for the apply event (the `apply_schedule`
     invariant checks the apply step against them)."""
@@ -165,6 +186,11 @@ class LearnerCore:
     restarted after that step, never before a step its pushes may already hold."""
     shrinkable: bool = False
     """Re-form the group when a collective fails (the shrink policy) instead of failing the learner."""
+    apply_wait_s: float = 0.0
+    """diloco.apply_wait = block: how long the host waits at step s + tau for the merge of a fragment pulled at s
+    (timeouts.liveness_s); 0: on_arrival, never waits."""
+    waits: list[tuple[int, int, float, WaitOutcome]] = field(default_factory=list)
+    """Host: (fragment, pulled step, seconds, outcome) of the waits of the last step, for `apply_wait` records."""
 
     def __post_init__(self) -> None:
         self.task = as_task(self.model_cfg, self.seed)
@@ -175,6 +201,8 @@ class LearnerCore:
         self.partition = partition_tensors(sizes, self.diloco_cfg.fragments)
         self.schedule = FragmentSchedule(self.diloco_cfg.fragments, self.diloco_cfg.sync_every, self.diloco_cfg.overlap)
         self.frags = [FragmentState() for _ in self.partition]
+        self.step_tokens: dict[int, int] = {}
+        """Tokens of each step not yet behind every fragment's counter period (what an overwrite discards)."""
 
     # -- the inner step -------------------------------------------------------------------------
     def forward_backward(self, x: Tensor, y: Tensor) -> float:
@@ -205,6 +233,7 @@ class LearnerCore:
         self._add("allreduce", t2 - t1)
         self._add("compute", time.perf_counter() - t2 + t1 - t0)
         tokens = self.task.batch_tokens((x, y)) * self.collective.size
+        self.step_tokens[self.step] = tokens
         for st in self.frags:
             st.c_steps += 1
             st.c_tokens += tokens
@@ -237,6 +266,11 @@ class LearnerCore:
         newest = st.pending.version if st.pending is not None else st.version
         if merged.version <= newest:
             return False
+        if st.pending is not None and st.pending.pulled_step is not None:  # its merge replaced before applied
+            st.merged_upto = max(st.merged_upto, st.pending.pulled_step)
+        if merged.broadcast:
+            st.merged_upto = max(st.merged_upto, merged.merged_step)
+        st.answered = max(st.answered, merged.pulled_step if merged.pulled_step is not None else self.step)
         st.pending = merged
         st.pending_arrived = self.step
         pulled = merged.pulled_step
@@ -259,13 +293,22 @@ class LearnerCore:
             else:
                 torch._foreach_copy_(params, [t.view_as(q) for t, q in zip(flat, params, strict=True)])
         st = self.frags[p]
+        st.overwrote = None
         if st.pending is not None:  # the host: what it applied, as the facts the apply event logs
             st.applied_from = (st.pending.pulled_step, st.pending_arrived)
+            first = max(st.first_step, st.merged_upto + 1)
+            if st.pending.broadcast and first <= self.step:  # a merge it was not in: its unmerged work is discarded
+                tokens = sum(self.step_tokens.get(s, 0) for s in range(first, self.step + 1))
+                st.overwrote = (first, tokens / len(self.partition))
+        st.merged_upto = 0
         st.version = version
         st.c_steps = 0
         st.c_tokens = 0
         st.first_step = self.step + 1
         st.pending = None
+        oldest = min(f.first_step for f in self.frags)
+        for s in [s for s in self.step_tokens if s < oldest]:
+            del self.step_tokens[s]
 
     def finite(self) -> bool:
         """Every parameter and floating-point buffer finite."""

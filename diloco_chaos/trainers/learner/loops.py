@@ -19,6 +19,7 @@ from diloco_chaos.trainers.learner.core import (
     DecoupledLink,
     LearnerCore,
     SyncLink,
+    WaitOutcome,
 )
 from diloco_chaos.trainers.messages import STATE_STEP_KEY, flatten, unflatten_into
 
@@ -40,6 +41,8 @@ def _sync_applies(core: LearnerCore, link: DecoupledLink | None) -> tuple[list[t
         t0 = time.perf_counter()
         for merged in link.poll():
             core.receive(merged)
+        if core.apply_wait_s > 0:
+            block_for_merges(core, link)
         core.last_sync_s = time.perf_counter() - t0 + core.publish_s
         core.publish_s = 0.0
         due = core.due_applies()
@@ -69,6 +72,35 @@ def _sync_applies(core: LearnerCore, link: DecoupledLink | None) -> tuple[list[t
             core.apply_fragment(p, version, flat)
         applied.append((p, version))
     return applied, bool(values[1]), bool(values[2])
+
+
+def block_for_merges(core: LearnerCore, link: DecoupledLink) -> None:
+    """diloco.apply_wait = block, host, after step t: for each fragment p last pulled at step s with s + tau <= t
+    and not waited for yet, if no merged value answering that pull has arrived (`FragmentState.answered`), wait
+    for one, at most `core.apply_wait_s` (the link's liveness bound) for all of them together, then go on. A
+    value that arrives is applied after this step. Each wait is logged in `core.waits` (fragment, pulled step,
+    seconds, outcome: applied, overwritten by a merge it was not in, or timed_out)."""
+    tau = core.schedule.overlap
+    deadline = time.monotonic() + core.apply_wait_s
+    for p, st in enumerate(core.frags):
+        s = link.pulled_step(p)
+        if s is None or s <= st.waited or s + tau > core.step:
+            continue
+        st.waited = s
+        if st.answered >= s:
+            continue
+        t0 = time.monotonic()
+        while st.answered < s:
+            left = deadline - time.monotonic()
+            if left <= 0 or not link.wait_inbox(left):
+                break
+            for merged in link.poll():
+                core.receive(merged)
+        outcome: WaitOutcome = "timed_out"
+        if st.answered >= s and st.pending is not None:
+            st.pending_apply_at = core.step  # what it waited for is applied after this step
+            outcome = "overwritten" if st.pending.broadcast else "applied"
+        core.waits.append((p, s, time.monotonic() - t0, outcome))
 
 
 def host_state(core: LearnerCore) -> tuple[int, dict[str, Tensor]]:

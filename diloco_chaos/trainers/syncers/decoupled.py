@@ -104,6 +104,8 @@ class DecoupledSyncer:
         """Learner -> EWMA of the clock time between its reported steps, per step."""
         self.merged_into: dict[tuple[int, int], tuple[int, int]] = {}
         """(learner, fragment) -> (version its last merged push went into, last step that push covered)."""
+        self.overwritten_at: dict[tuple[int, int], int] = {}
+        """(learner, fragment) -> the version it was last sent as a merge it was not in (`on_overwrite`)."""
         self.joined_at: dict[tuple[int, int], int] = {}
         """(learner, fragment) -> the version it was sent when it last (re)joined (`on_join`)."""
         self.history: list[dict[int, dict[str, Tensor]]] = []
@@ -257,6 +259,18 @@ class DecoupledSyncer:
                     dropped.append(held.pop(learner))
         return dropped
 
+    def on_overwrite(self, learner: int, p: int, version: int) -> list[FragmentPush]:
+        """diloco.broadcast = all: `learner` was not in the merge that made fragment p's current version and is
+        sent it; it overwrites its copy and resets p's counters on arrival. From now on its pushes of p based on
+        an older version are declined (OVERWRITTEN): the work they hold is what the overwrite discards (the
+        learner's `fragment_overwritten` record). Returns its carried pushes of p dropped for the same reason
+        (a final push is kept, `_keeps_final`)."""
+        self.overwritten_at[(learner, p)] = max(version, self.overwritten_at.get((learner, p), 0))
+        q = self.held[p].get(learner)
+        if q is not None and q.base_version < version and not self._keeps_final(q):
+            return [self.held[p].pop(learner)]
+        return []
+
     def forget(self, learner: int) -> None:
         """A learner left: keep its last step (it may come back) but stop waiting on it."""
         self.step_times.forget(learner)
@@ -305,7 +319,8 @@ class DecoupledSyncer:
         return (PushOutcome.ACCEPTED if fresh else PushOutcome.CARRIED), older
 
     def _check(self, push: FragmentPush) -> PushOutcome | None:
-        """Why a push has nothing to merge (DECLINED, STALE, BEFORE_REJOIN, LAGGING, UNANCHORED), or None."""
+        """Why a push has nothing to merge (DECLINED, STALE, BEFORE_REJOIN, OVERWRITTEN, LAGGING, UNANCHORED), or
+        None."""
         p = push.fragment
         if push.c_steps <= 0 or push.c_tokens <= 0:
             return PushOutcome.DECLINED
@@ -313,6 +328,8 @@ class DecoupledSyncer:
             return PushOutcome.STALE
         if push.base_version < self.joined_at.get((push.learner, p), 0) and not self._keeps_final(push):
             return PushOutcome.BEFORE_REJOIN
+        if push.base_version < self.overwritten_at.get((push.learner, p), 0) and not self._keeps_final(push):
+            return PushOutcome.OVERWRITTEN
         if self.versions[p] - push.base_version > self.cfg.max_staleness:
             return PushOutcome.LAGGING
         if self.cfg.outer_anchor == "base" and push.base_version not in self.history[p]:

@@ -32,13 +32,20 @@ class SupersededCause(enum.Enum):
     """Based on a version older than the one its learner was sent when it rejoined."""
     LAGGING = "lagging"
     """Based on a version more than max_staleness versions behind the current one."""
+    OVERWRITTEN = "overwritten"
+    """Based on a version older than a merge its learner was not in and was sent (diloco.broadcast = all), which
+    overwrites that work (PushOutcome.OVERWRITTEN)."""
+    BROADCAST_DROP = "broadcast_drop"
+    """Carried for the fragment's next round when its learner was sent a merge it was not in, which overwrites
+    that work (diloco.broadcast = all)."""
 
     @classmethod
     def of(cls, outcome: PushOutcome) -> SupersededCause:
         """The cause a push's outcome gives it (only outcomes that supersede: STALE, UNANCHORED,
-        BEFORE_REJOIN, LAGGING)."""
+        BEFORE_REJOIN, LAGGING, OVERWRITTEN)."""
         return {PushOutcome.STALE: cls.STALE, PushOutcome.UNANCHORED: cls.STALE,
-                PushOutcome.BEFORE_REJOIN: cls.BEFORE_REJOIN, PushOutcome.LAGGING: cls.LAGGING}[outcome]
+                PushOutcome.BEFORE_REJOIN: cls.BEFORE_REJOIN, PushOutcome.LAGGING: cls.LAGGING,
+                PushOutcome.OVERWRITTEN: cls.OVERWRITTEN}[outcome]
 
 
 class PushOutcome(enum.Enum):
@@ -62,6 +69,9 @@ class PushOutcome(enum.Enum):
     """Based on a version more than `max_staleness` versions behind the fragment's current one: its learner sat
     out that many merges without being declared dead (a freeze or stall shorter than the liveness timeout).
     Measured against the current value, its outer gradient would undo the other learners' progress since."""
+    OVERWRITTEN = "overwritten"
+    """Based on a version older than one the learner was sent as a merge it was not in (diloco.broadcast = all):
+    that merge overwrites its copy and resets its counters, so this work is discarded, not merged later."""
     BEFORE_REJOIN = "before_rejoin"
     """Based on a version older than the one the learner was sent when it (re)joined: it trained on a copy the
     global model moved past while it was away (a freeze, a partition), and has not applied the current value

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 from diloco_chaos.harness.invariants.base import InvariantResult, RunRecord
+from diloco_chaos.harness.record.learner import Apply, FragmentOverwritten, InitialPull
+from diloco_chaos.harness.record.syncer import Merge
 
 PushKey = tuple[int, int, int, int]
 """(learner, fragment, first_step, last_step): a push's identity in both the learner's and the syncer's log."""
@@ -21,3 +25,50 @@ def _listing(problems: list[str], show: int) -> str:
 def _no_merges(name: str, bound: float, measure: str, unit: str = "") -> InvariantResult:
     return InvariantResult(name, False, None, bound, "no merge was logged: nothing to check", measure, unit)
 
+
+
+@dataclass(frozen=True)
+class Overwrite:
+    """diloco.broadcast = all: one apply of a merge its learner was not in (`Merge.overwrites`), with the steps
+    it discarded as the log shows them, and the learner's `fragment_overwritten` record of it (None: missing)."""
+
+    learner: int
+    fragment: int
+    version: int
+    step: int
+    first: int
+    """The first step discarded: after the learner's previous apply of the fragment (or its restart's initial
+    pull), and after the last step of a merge of its own whose value a newer one replaced before it applied it."""
+    record: FragmentOverwritten | None
+
+
+def overwrites(r: RunRecord) -> tuple[list[Overwrite], list[FragmentOverwritten]]:
+    """Every apply of a merge its learner was not in that discarded steps, and the `fragment_overwritten`
+    records no such apply accounts for."""
+    sent = {(int(e.fragment), int(e.version)): set(e.overwrites) for e in r.records(Merge)
+            if e.overwrites and e.fragment is not None}
+    merged: dict[tuple[int, int], list[int]] = defaultdict(list)  # (learner, fragment) -> merged last steps
+    for e in r.records(Merge):
+        for m, (_, b) in zip(e.participants, e.step_ranges or [], strict=False):
+            merged[(int(m), int(e.fragment or 0))].append(int(b))
+    records: dict[tuple[int, int, int], list[FragmentOverwritten]] = defaultdict(list)
+    for o in r.records(FragmentOverwritten):
+        records[(o.learner, o.fragment, o.step)].append(o)
+    start: dict[tuple[int, int], int] = {}  # (learner, fragment) -> first step of its counter period
+    out: list[Overwrite] = []
+    for x in r.all_records:
+        if isinstance(x, InitialPull):
+            for p in range(x.of):
+                start[(x.learner, p)] = x.step + 1
+        elif isinstance(x, Apply) and x.fragments:
+            for p, v in zip(x.fragments, x.versions or [], strict=False):
+                lo = start.get((x.learner, p), 1)
+                start[(x.learner, p)] = x.step + 1
+                if x.learner not in sent.get((p, v), ()):
+                    continue
+                lo = max([lo] + [b + 1 for b in merged[(x.learner, p)] if lo <= b <= x.step])
+                if lo > x.step:
+                    continue
+                got = records.get((x.learner, p, x.step))
+                out.append(Overwrite(x.learner, p, v, x.step, lo, got.pop(0) if got else None))
+    return out, [o for left in records.values() for o in left]

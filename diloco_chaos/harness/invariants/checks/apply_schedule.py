@@ -13,7 +13,7 @@ from collections import defaultdict
 from diloco_chaos.harness.invariants.base import InvariantResult, Run, _run
 from diloco_chaos.harness.invariants.checks._common import _diloco, _listing
 from diloco_chaos.harness.invariants.registry import Bound, register
-from diloco_chaos.harness.record.learner import Apply, Regroup
+from diloco_chaos.harness.record.learner import Apply, ApplyWait, Regroup
 from diloco_chaos.harness.record.syncer import Merge
 from diloco_chaos.trainers.config import DilocoConfig
 
@@ -36,6 +36,7 @@ def apply_schedule(run: Run, *, show: int = 5) -> InvariantResult:
     regroups: dict[int, list[int]] = defaultdict(list)
     for g in r.records(Regroup):
         regroups[g.learner].append(g.step)
+    waited = {(w.learner, w.fragment, w.step) for w in r.records(ApplyWait) if w.outcome != "timed_out"}
     bad, unlogged, checked, by_schedule = [], 0, 0, 0
     for e in applies:
         if e.pulled is None or e.arrived is None:
@@ -48,6 +49,8 @@ def apply_schedule(run: Run, *, show: int = 5) -> InvariantResult:
                 continue
             checked += 1
             due = int(arrived) + 1 if pulled is None else max(int(pulled) + tau, int(arrived) + 1)
+            if (m, p, step) in waited:  # diloco.apply_wait = block: waited for at this step, applied after it
+                due = step
             by_schedule += pulled is not None and int(pulled) + tau > int(arrived) + 1
             held = any(int(arrived) <= g <= step for g in regroups[m])
             if step < due or (step > due and not held):

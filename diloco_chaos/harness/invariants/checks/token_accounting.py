@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from diloco_chaos.harness.invariants.base import InvariantResult, Run, _run
+from diloco_chaos.harness.invariants.checks._common import overwrites
 from diloco_chaos.harness.invariants.registry import Bound, register
 from diloco_chaos.harness.record.learner import Step
 from diloco_chaos.harness.record.syncer import Eval, Merge, SyncerDone, SyncerRestore, shard_of
@@ -32,7 +33,9 @@ def token_accounting(run: Run, *, tolerance: float = 1e-3, show: int = 5) -> Inv
     * decoupled: each merged contribution's c_tokens against the tokens the learner's `step` events logged for
       the steps it trained (the c_steps steps ending at its last_step; the latest logged value of each step),
       divided by P; ddp and elastic_ddp: each participant's tokens against its step's (logged after the merge,
-      so every step is read first). A contribution whose
+      so every step is read first). diloco.broadcast = all: each `fragment_overwritten` record's tokens against
+      the tokens the learner's steps it discarded logged, / P (the discarded work, counted with its reason). A
+      contribution whose
       steps were not all logged is counted in the detail as unverifiable, not as a discrepancy."""
     r = _run(run)
     merges = r.records(Merge)
@@ -103,6 +106,19 @@ def token_accounting(run: Run, *, tolerance: float = 1e-3, show: int = 5) -> Inv
                     per_contrib += abs(ct - steps_sum) / p_div
                     issues.append(f"merge of fragment {e.fragment} v{e.version}: learner {m} "
                                   f"c_tokens {ct} but its steps {a}-{b} logged {steps_sum} tokens")
+    overwritten = 0.0
+    for o in [o for o in overwrites(r)[0] if o.record is not None]:  # broadcast = all: discarded work
+        have = step_tokens.get(o.learner, {})
+        if any(k not in have for k in range(o.first, o.step + 1)):
+            unverifiable += 1
+            continue
+        want = sum(have[k] for k in range(o.first, o.step + 1)) / p_div
+        assert o.record is not None
+        overwritten += o.record.tokens
+        if abs(o.record.tokens - want) > tolerance:
+            per_contrib += abs(o.record.tokens - want)
+            issues.append(f"fragment_overwritten of learner {o.learner} fragment {o.fragment} at step {o.step}: "
+                          f"{o.record.tokens:.6g} tokens discarded but its steps {o.first}-{o.step} logged {want:.6g}")
     total_gap = 0.0
     for k, (count, where) in sorted(reports.items(), reverse=True):
         gap = abs(count - (logged_of[k] + extra_of[k]))
@@ -115,6 +131,8 @@ def token_accounting(run: Run, *, tolerance: float = 1e-3, show: int = 5) -> Inv
     detail = "; ".join(issues[:show]) + (f"; and {len(issues) - show} more" if len(issues) > show else "")
     if not issues:
         detail = f"{reported:.6g} tokens merged ({src}) over {len(merges)} merges, P = {p_div}"
+        if overwritten:
+            detail += f"; {overwritten:.6g} discarded by overwrites (broadcast = all), as their steps logged"
     if unverifiable:
         detail += f"; {unverifiable} contribution(s) with steps not all logged, not checked against steps"
     if misreported:

@@ -11,6 +11,7 @@ from collections import Counter, defaultdict
 from typing import Any, NamedTuple
 
 from diloco_chaos.harness.invariants.base import InvariantResult, Run, _run
+from diloco_chaos.harness.invariants.checks._common import overwrites
 from diloco_chaos.harness.invariants.registry import Bound, register
 from diloco_chaos.harness.record.elastic import ElasticRollback
 from diloco_chaos.harness.record.learner import Apply
@@ -91,13 +92,17 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
       or lost with the syncer's open round: no merge of
       the fragment came between the push and the crash, and the learner applied the fragment after a later
       step (a carried push's learner applies the round it missed, so the dead syncer held the only copy);
-    * outcome late / stale: a `push_superseded` with reason late / stale and the same step range;
+    * outcome late / stale / overwritten: a `push_superseded` with that cause and the same step range
+      (overwritten, and a carried push superseded with cause broadcast_drop: diloco.broadcast = all sent its
+      learner a merge it was not in, whose overwrite discards that work);
     * outcome rejected_*: a `push_rejected` with a non-empty reason and the same step range.
     Problems: a push none of these accounts for (lost); a merged contribution that no push accounts for; two
     merged contributions of one learner and fragment whose trained steps overlap (the same steps merged twice,
     whether the same push twice or a stale copy; trained steps: the c_steps steps ending at last_step, see
     `Contribution.trained`); two merges giving one fragment the same version (a merge
-    the restored syncer forgot, so one broadcast version was lost).
+    the restored syncer forgot, so one broadcast version was lost). diloco.broadcast = all: every apply of a
+    merge the learner was not in (`merge.overwrites`) that discards steps (after its previous apply of the
+    fragment) has a `fragment_overwritten` record, every such record an apply, and no discarded step is merged.
 
     ddp, elastic_ddp and diloco log no push events: only the last check applies there, as one merge per step
     (ddp, elastic_ddp) or round (diloco); a step's merge that a restart from the checkpoint undid
@@ -242,7 +247,17 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
                 twice.append(f"learner {m} fragment {p}: steps {a1}-{b1} (v{v1}) and {a2}-{b2} (v{v2}) both merged")
     versions = Counter((e.fragment, e.version) for e in r.records(Merge))
     twice += [f"fragment {p} version {v} made by {n} merges" for (p, v), n in sorted(versions.items()) if n > 1]
-    problems = lost + phantom + twice
+    found, orphans = overwrites(r)
+    unaccounted = [f"learner {o.learner} applied fragment {o.fragment} v{o.version}, a merge it was not in, at step "
+                   f"{o.step}: its steps {o.first}-{o.step} overwritten but no fragment_overwritten accounts for them"
+                   for o in found if o.record is None]
+    unaccounted += [f"fragment_overwritten of learner {o.learner} fragment {o.fragment} at step {o.step} matches no "
+                    "apply of a merge it was not in" for o in orphans]
+    for o in found:  # work discarded by the overwrite must not be merged too
+        twice += [f"learner {o.learner} fragment {o.fragment}: steps {o.first}-{o.step} overwritten (v{o.version}) "
+                  f"and steps {a}-{b} (v{v}) merged" for a, b, v in ranges.get((o.learner, o.fragment), [])
+                  if a <= o.step and b >= o.first]
+    problems = lost + phantom + twice + unaccounted
     if problems:
         detail = "; ".join(problems[:show]) + (f"; and {len(problems) - show} more" if len(problems) > show else "")
     else:
@@ -250,17 +265,19 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
         detail = (f"{len(pushes)} pushes, {len(contribs)} merged contributions"
                   + (f", {n_unlogged} counted as merged in merges the killed syncer did not log" if n_unlogged else "")
                   + (f", {n_given_up} given up on rejoining the restored syncer" if n_given_up else "")
-                  + (f", {n_died} lost with the syncer's open round" if n_died else ""))
+                  + (f", {n_died} lost with the syncer's open round" if n_died else "")
+                  + (f", {len(found)} overwrites by merges the learner was not in (broadcast = all), their work "
+                     "discarded" if found else ""))
     return InvariantResult("updates_accounted", not problems, len(problems), 0, detail, measure)
 
 
 _SUPERSEDED_TAG = {"late": "late", "stale": "stale", "unanchored": "stale", "before_rejoin": "before_rejoin",
-                   "lagging": "lagging"}
+                   "lagging": "lagging", "overwritten": "overwritten"}
 """Push outcomes the syncer follows with a push_superseded event, and the start of that event's reason."""
 
 
-_POOL_OF_CAUSE = {"newer": "newer", "rejoin_drop": "newer", "stale": "stale", "before_rejoin": "before_rejoin",
-                  "lagging": "lagging", "late": "late"}
+_POOL_OF_CAUSE = {"newer": "newer", "rejoin_drop": "newer", "broadcast_drop": "newer", "stale": "stale",
+                  "before_rejoin": "before_rejoin", "lagging": "lagging", "late": "late", "overwritten": "overwritten"}
 """A push_superseded event's cause (diloco_chaos.trainers.syncers.decoupled.SupersededCause) -> the pool it accounts in:
 pushes superseded by a newer one or dropped on rejoin account for accepted or carried pushes; the others for
 pushes whose own outcome named them."""

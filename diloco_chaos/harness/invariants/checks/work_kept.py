@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from diloco_chaos.harness.invariants.base import InvariantResult, Run, RunRecord, _run
 from diloco_chaos.harness.invariants.checks._common import _listing
 from diloco_chaos.harness.invariants.registry import Bound, register
-from diloco_chaos.harness.record.learner import Apply, FinalPushesGivenUp
+from diloco_chaos.harness.record.learner import Apply, FinalPushesGivenUp, FragmentOverwritten
 from diloco_chaos.harness.record.run import FaultEnd, FaultStart, LearnerDown, LearnerRestart, SyncerDown
 from diloco_chaos.harness.record.syncer import LearnerJoin, Merge, Push, PushRejected, PushSuperseded, shard_of
 from diloco_chaos.harness.report.metrics import DiscardedStep, goodput_and_discards
@@ -47,6 +47,9 @@ class Cause(enum.Enum):
     SYNCER_OUTAGE = "syncer_outage"
     """Its push reached a syncer (or its shard) that went down before merging it, or was lost with the
     connection to it."""
+    BROADCAST = "broadcast"
+    """diloco.broadcast = all: its learner was sent a merge of the fragment it was not in, which overwrote that
+    work (`fragment_overwritten`), or its push was declined or dropped for it (overwritten, broadcast_drop)."""
     GIVEN_UP = "final_given_up"
     """A finished learner gave up its push after timeouts.final_flush_s with the syncer unreachable during a
     fault (`final_pushes_given_up`)."""
@@ -76,7 +79,8 @@ older step), frozen past the liveness timeout, or its connection cut (it rejoins
 A `slow`, `degrade` or `slice` fault only delays its work and explains no discard."""
 
 _FATE_OF_CAUSE = {SupersededCause.BEFORE_REJOIN: Cause.REJOIN, SupersededCause.REJOIN_DROP: Cause.REJOIN,
-                  SupersededCause.LAGGING: Cause.LAGGING, SupersededCause.STALE: Cause.SUPERSEDED}
+                  SupersededCause.LAGGING: Cause.LAGGING, SupersededCause.STALE: Cause.SUPERSEDED,
+                  SupersededCause.OVERWRITTEN: Cause.BROADCAST, SupersededCause.BROADCAST_DROP: Cause.BROADCAST}
 
 
 def attribute(r: RunRecord, discarded: Sequence[DiscardedStep]) -> list[Attributed]:
@@ -138,6 +142,8 @@ def attribute(r: RunRecord, discarded: Sequence[DiscardedStep]) -> list[Attribut
                 return True
         return False
 
+    overwrites = r.records(FragmentOverwritten)
+
     def fate(p: Push) -> Cause:
         """Why push p (not merged) came to nothing."""
         outcome = p.outcome if isinstance(p.outcome, PushOutcome) else None
@@ -174,6 +180,9 @@ def attribute(r: RunRecord, discarded: Sequence[DiscardedStep]) -> list[Attribut
             cause = Cause.GIVEN_UP
         elif any(c.explained for c in fates):
             cause = next(c for c in fates if c.explained)
+        elif any(o.learner == m and o.step >= k and d.end <= o.t <= next_merge(m, d.end, k)
+                 for o in overwrites):
+            cause = Cause.BROADCAST
         elif overwritten_on_join(m, d.end, k):
             cause = Cause.REJOIN
         elif not fates and any(d.end < t <= next_merge(m, d.end, k) for t in outages):
