@@ -93,6 +93,25 @@ class Apply(Event):
     """diloco: the outer round applied."""
 
 
+@event("fragment_overwritten", CHIP + " or " + LINK)
+@dataclass(frozen=True, kw_only=True)
+class FragmentOverwritten(Event):
+    """decoupled, `diloco.broadcast = "all"`: the learner overwrote its fragment with the broadcast value of a merge
+    it was not in, discarding its unmerged work on that fragment (report.json `tokens.discarded_broadcast`,
+    diloco_chaos/harness/report/tokens.py)."""
+
+    learner: int
+    """The learner."""
+    fragment: int
+    """The fragment overwritten."""
+    step: int
+    """The learner's step when it overwrote it (its work on the fragment up to this step is discarded)."""
+    tokens: float
+    """The unmerged tokens' share discarded (the fragment's token counter / P)."""
+    reason: str
+    """Why (e.g. a merge of a round it was not in)."""
+
+
 @event("chip_joined", CHIP)
 @dataclass(frozen=True, kw_only=True)
 class ChipJoined(Event):
