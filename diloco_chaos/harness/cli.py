@@ -44,6 +44,7 @@ from diloco_chaos.harness.run.progress import Progress, error_lines, faults_tabl
 from diloco_chaos.harness.run.rundir import FinishedRun
 from diloco_chaos.harness.run.supervisor import RunFailed, RunResult, run_scenario
 from diloco_chaos.harness.simulator import cli as simulate_cli
+from diloco_chaos.trainers import mutations
 
 EXIT_BAD_CONFIG = 2
 _SET_HELP = ("set a scenario key before validation, e.g. train.steps=500, diloco.wire_dtype=fp32, seed=3 "
@@ -166,7 +167,11 @@ def _execute(sc: scenario_mod.Scenario, args: argparse.Namespace, verb: str) -> 
     """Run with live progress unless --quiet; an exit code if the run failed or was interrupted."""
     progress = None if args.quiet else Progress(sc.topology.learners)
     try:
+        warn_mutation("starts")
         return run_scenario(sc, args.runs_dir, progress)
+    except ValueError as e:  # an unknown DILOCO_CHAOS_MUTATION, refused before any process starts
+        print(f"diloco-chaos: {e}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
     except ScenarioError as e:  # refused before it started (the memory check)
         return _invalid(e)
     except RunFailed as e:
@@ -175,6 +180,18 @@ def _execute(sc: scenario_mod.Scenario, args: argparse.Namespace, verb: str) -> 
     except KeyboardInterrupt:
         print("diloco-chaos: interrupted; every process of the run was stopped", file=sys.stderr)
         return 130
+    finally:
+        warn_mutation("ended")
+
+
+def warn_mutation(when: str) -> None:
+    """On stderr: the run was made with a mutation switched on (DILOCO_CHAOS_MUTATION, perhaps still exported
+    in the shell), so its figures are a known regression's, not the algorithm's; nothing when none is."""
+    name = os.environ.get(mutations.ENV_VAR, "").strip()
+    if name:
+        what = mutations.MUTATIONS.get(name, "not a known mutation")
+        print(f"diloco-chaos: WARNING: this run {when} with {mutations.ENV_VAR}={name} ({what}); its run directory "
+              f"records it and compare refuses to set it beside runs without it", file=sys.stderr)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -194,6 +211,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
         first = finished_run(args.run_dir)
         against = finished_run(args.against) if args.against else None
     except ScenarioError as e:
+        print(f"diloco-chaos: cannot replay: {e}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    from diloco_chaos.harness.report.results import MutationMismatch, same_mutation
+
+    try:  # a run made under a mutation is set beside one made under the same mutation only
+        now = against.report.get("mutation") if against is not None else os.environ.get(mutations.ENV_VAR) or None
+        same_mutation([(str(first.run_dir), first.report.get("mutation")),
+                       (str(against.run_dir) if against is not None else "this replay", now)])
+    except MutationMismatch as e:
         print(f"diloco-chaos: cannot replay: {e}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     if against is None:
@@ -258,15 +284,24 @@ def cmd_compare(args: argparse.Namespace) -> int:
             sc = sc.replace(seed=args.seed)
     except ScenarioError as e:
         return _invalid(e)
+    from diloco_chaos.harness.report.results import MutationMismatch
+
     try:
+        warn_mutation("starts")
         rows = compare(sc, args.runs_dir, baseline=not args.no_baseline,
                        on_run=lambda r: print(f"{r.label}: final eval {r.final_eval_loss}, goodput {r.goodput}, "
                                               f"uptime {r.uptime} ({r.run_dir})", flush=True))
     except RunFailed as e:
         print(f"diloco-chaos: compare failed: {e}", file=sys.stderr)
         return EXIT_RUN_FAILED
+    finally:
+        warn_mutation("ended")
     print(table(rows))
-    claims = verdict(rows)
+    try:
+        claims = verdict(rows)
+    except MutationMismatch as e:
+        print(f"diloco-chaos: cannot judge: {e}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
     for c in claims:
         print(f"{'holds ' if c.holds else 'FAILS '} {c.claim}: {c.figures}")
     if args.json:

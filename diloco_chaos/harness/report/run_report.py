@@ -92,6 +92,7 @@ def build_report(run: FinishedRun | str | os.PathLike[str]) -> dict[str, Any]:
         "name": sc.name,
         "algorithm": sc.algorithm,
         "seed": sc.seed,
+        "mutation": run_start.mutation if run_start is not None else None,
         "learners": sc.topology.learners,
         "chips_per_learner": sc.topology.chips_per_learner,
         "wall_s": round(end - start, 3),
