@@ -167,11 +167,13 @@ def _execute(sc: scenario_mod.Scenario, args: argparse.Namespace, verb: str) -> 
     """Run with live progress unless --quiet; an exit code if the run failed or was interrupted."""
     progress = None if args.quiet else Progress(sc.topology.learners)
     try:
-        warn_mutation("starts")
-        return run_scenario(sc, args.runs_dir, progress)
+        mutations.from_env(os.environ)
     except ValueError as e:  # an unknown DILOCO_CHAOS_MUTATION, refused before any process starts
         print(f"diloco-chaos: {e}", file=sys.stderr)
         return EXIT_BAD_CONFIG
+    try:
+        warn_mutation("starts")
+        return run_scenario(sc, args.runs_dir, progress)
     except ScenarioError as e:  # refused before it started (the memory check)
         return _invalid(e)
     except RunFailed as e:
