@@ -44,6 +44,7 @@ from diloco_chaos.harness.run.progress import Progress, error_lines, faults_tabl
 from diloco_chaos.harness.run.rundir import FinishedRun
 from diloco_chaos.harness.run.supervisor import RunFailed, RunResult, run_scenario
 from diloco_chaos.harness.simulator import cli as simulate_cli
+from diloco_chaos.trainers import mutations
 
 EXIT_BAD_CONFIG = 2
 _SET_HELP = ("set a scenario key before validation, e.g. train.steps=500, diloco.wire_dtype=fp32, seed=3 "
@@ -166,6 +167,12 @@ def _execute(sc: scenario_mod.Scenario, args: argparse.Namespace, verb: str) -> 
     """Run with live progress unless --quiet; an exit code if the run failed or was interrupted."""
     progress = None if args.quiet else Progress(sc.topology.learners)
     try:
+        mutations.from_env(os.environ)
+    except ValueError as e:  # an unknown DILOCO_CHAOS_MUTATION, refused before any process starts
+        print(f"diloco-chaos: {e}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    try:
+        warn_mutation("starts")
         return run_scenario(sc, args.runs_dir, progress)
     except ScenarioError as e:  # refused before it started (the memory check)
         return _invalid(e)
@@ -175,6 +182,18 @@ def _execute(sc: scenario_mod.Scenario, args: argparse.Namespace, verb: str) -> 
     except KeyboardInterrupt:
         print("diloco-chaos: interrupted; every process of the run was stopped", file=sys.stderr)
         return 130
+    finally:
+        warn_mutation("ended")
+
+
+def warn_mutation(when: str) -> None:
+    """On stderr: the run was made with a mutation switched on (DILOCO_CHAOS_MUTATION, perhaps still exported
+    in the shell), so its figures are a known regression's, not the algorithm's; nothing when none is."""
+    name = os.environ.get(mutations.ENV_VAR, "").strip()
+    if name:
+        what = mutations.MUTATIONS.get(name, "not a known mutation")
+        print(f"diloco-chaos: WARNING: this run {when} with {mutations.ENV_VAR}={name} ({what}); its run directory "
+              f"records it and compare refuses to set it beside runs without it", file=sys.stderr)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -205,6 +224,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     else:
         again = against
     replay_dir = str(again.run_dir)
+    mutated = [first.report.get("mutation"), again.report.get("mutation")]
+    if mutated[0] != mutated[1]:  # a replay under a mutation measures what the invariants catch: said, and a difference
+        print(f"diloco-chaos: replay differs: mutation ({mutations.ENV_VAR}) {mutated[0] or 'none'} in the original, "
+              f"{mutated[1] or 'none'} in the replay: the runs are not the same algorithm", file=sys.stderr)
     original = RunVerdicts.read(first)
     before, after = fired_faults(first), fired_faults(again)
     seen = {x["index"]: x for x in after}
@@ -223,7 +246,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"diloco-chaos: replay's verdict differs: {d}", file=sys.stderr)
     print("verdicts: " + ("the same in both runs" if not verdicts else f"{len(verdicts)} differ (above)"))
     print(f"run directory: {replay_dir}")
-    return EXIT_RUN_FAILED if diffs or verdicts else 0
+    return EXIT_RUN_FAILED if diffs or verdicts or mutated[0] != mutated[1] else 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -258,15 +281,24 @@ def cmd_compare(args: argparse.Namespace) -> int:
             sc = sc.replace(seed=args.seed)
     except ScenarioError as e:
         return _invalid(e)
+    from diloco_chaos.harness.report.results import MutationMismatch
+
     try:
+        warn_mutation("starts")
         rows = compare(sc, args.runs_dir, baseline=not args.no_baseline,
                        on_run=lambda r: print(f"{r.label}: final eval {r.final_eval_loss}, goodput {r.goodput}, "
                                               f"uptime {r.uptime} ({r.run_dir})", flush=True))
     except RunFailed as e:
         print(f"diloco-chaos: compare failed: {e}", file=sys.stderr)
         return EXIT_RUN_FAILED
+    finally:
+        warn_mutation("ended")
     print(table(rows))
-    claims = verdict(rows)
+    try:
+        claims = verdict(rows)
+    except MutationMismatch as e:
+        print(f"diloco-chaos: cannot judge: {e}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
     for c in claims:
         print(f"{'holds ' if c.holds else 'FAILS '} {c.claim}: {c.figures}")
     if args.json:

@@ -90,6 +90,7 @@ def test_replay_with_a_mutation_exits_1_naming_the_verdict_that_differs(runs_dir
     assert row.split()[2:4] == ["holds", "0"] and "VIOLATED" in row and row.endswith("<- verdict differs"), row
     assert "replay's verdict differs: invariant pushes_received: holds 0 (<= 0) in the original, VIOLATED" \
         in out.stderr, out.stderr
+    assert "mutation (DILOCO_CHAOS_MUTATION) none in the original, drop_pushes in the replay" in out.stderr
     for key in ("final eval loss", "goodput", "merges", "uptime", "unexpected errors"):
         assert any(ln.startswith(key + " ") for ln in out.stdout.splitlines()), key
     (replay_dir,) = (runs_dir / "replays").iterdir()

@@ -34,6 +34,9 @@ class RunStart(Event):
     schema_version: int | None = None
     """Version of this event schema (diloco_chaos.harness.record.SCHEMA_VERSION); absent in runs written before it
     existed."""
+    mutation: str | None = None
+    """The mutation DILOCO_CHAOS_MUTATION switched on for the run (diloco_chaos/trainers/mutations.py): a known
+    regression, not the algorithm; None (absent in older runs) when none was."""
 
 
 @event("store_ready", SUPERVISOR)

@@ -25,7 +25,7 @@ from typing import Any
 from diloco_chaos.harness.algorithms import base as registry
 from diloco_chaos.harness.config.scenario import Scenario
 from diloco_chaos.harness.config.sections import ScenarioError
-from diloco_chaos.harness.report.results import Claim, RunRow, run_row
+from diloco_chaos.harness.report.results import Claim, RunRow, run_row, same_mutation
 from diloco_chaos.harness.report.tolerance import K_SIGMA
 from diloco_chaos.harness.run.supervisor import run_scenario
 
@@ -167,6 +167,7 @@ def verdict(rows: list[RunRow], tolerance: float | None = None) -> list[Claim]:
     order (`goodput_order()`: decoupled > elastic_ddp > ddp, a missing row skipped); decoupled's final eval loss
     within `tolerance` of fault-free ddp (default: loss_allowance at the decoupled run's train.steps, the
     parity curve plus the measured spread). Nothing to judge without a decoupled row."""
+    same_mutation([(r.label, r.mutation) for r in rows if r.ran])
     by = {r.algorithm: r for r in rows if r.label.endswith("with faults") and r.ran}
     subject = claim_subject()
     dec = by.get(subject)

@@ -108,6 +108,8 @@ class RunRow:
     ran: bool = True
     """False for a compare row whose run was not made (its target refused the scenario: `note` says why); its
     figures are then empty and the verdict ignores it."""
+    mutation: str | None = None
+    """report.json `mutation`: the DILOCO_CHAOS_MUTATION the run was made under; null when none."""
 
 
 @dataclass(frozen=True)
@@ -197,7 +199,8 @@ def run_row(label: str, res: Any, baseline_loss: float | None = None, tolerance:
         merges=int(r["merge_count"]), longest_gap_s=float(r["longest_gap_s"]), wall_s=float(r["wall_s"]),
         run_dir=str(res.run_dir),
         invariants=invariant_figures(getattr(res, "finished", None) or res.run_dir, baseline_loss, tolerance),
-        train_steps=None if steps is None else int(steps), back_s=_back_s(r), restart_phases=_restart_phases(r))
+        train_steps=None if steps is None else int(steps), back_s=_back_s(r), restart_phases=_restart_phases(r),
+        mutation=r.get("mutation"))
 
 
 def _restart_phases(report: dict[str, Any]) -> dict[str, float] | None:
@@ -213,6 +216,19 @@ def _back_s(report: dict[str, Any]) -> float | None:
     backs = [f["detect_s"] + f["rejoin_s"] for f in report.get("fault_response") or []
              if f.get("detect_s") is not None and f.get("rejoin_s") is not None]
     return round(max(backs), 3) if backs else None
+
+
+class MutationMismatch(ValueError):
+    """Runs made under different mutations (DILOCO_CHAOS_MUTATION) were to be compared or judged together."""
+
+
+def same_mutation(runs: list[tuple[str, str | None]]) -> None:
+    """Refuse (MutationMismatch) to compare runs, given as (label, report.json `mutation`), unless every one was
+    made under the same mutation or none: a mutated run's figures are a known regression's, not the algorithm's."""
+    if len({m for _, m in runs}) > 1:
+        listed = "; ".join(f"{label}: {m or 'none'}" for label, m in runs)
+        raise MutationMismatch(f"refusing to compare runs made under different mutations (DILOCO_CHAOS_MUTATION, "
+                               f"diloco_chaos/trainers/mutations.py): {listed}")
 
 
 def to_json(results: ResultsFile) -> dict[str, Any]:

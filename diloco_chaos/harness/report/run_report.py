@@ -37,6 +37,7 @@ from diloco_chaos.harness.report.metrics import achieved_speeds, downtime, goodp
 from diloco_chaos.harness.report.progress import progress
 from diloco_chaos.harness.report.shard_metrics import shard_figures
 from diloco_chaos.harness.report.timeline import fault_response, fault_timeline
+from diloco_chaos.harness.report.tokens import token_parts
 from diloco_chaos.harness.run.rundir import CONFIG_FILE, FinishedRun
 from diloco_chaos.harness.wire.precision import wire_dtype_for
 
@@ -87,10 +88,12 @@ def build_report(run: FinishedRun | str | os.PathLike[str]) -> dict[str, Any]:
     links_ready = log.first(LinksReady)
     last_per_shard = {a.shard: a.tokens_merged for a in sorted(advances, key=lambda a: a.t)}
     """Each shard's cumulative count at its last merge (one entry, the syncer's, when unsharded)."""
+    tokens_merged = round(sum(last_per_shard.values()), 1)
     return {
         "name": sc.name,
         "algorithm": sc.algorithm,
         "seed": sc.seed,
+        "mutation": run_start.mutation if run_start is not None else None,
         "learners": sc.topology.learners,
         "chips_per_learner": sc.topology.chips_per_learner,
         "wall_s": round(end - start, 3),
@@ -99,7 +102,8 @@ def build_report(run: FinishedRun | str | os.PathLike[str]) -> dict[str, Any]:
         "gloo_groups": sorted(groups),
         "per_learner": per_learner,
         "tokens_trained": sum(d["tokens"] for d in per_learner.values()),
-        "tokens_merged": round(sum(last_per_shard.values()), 1),
+        "tokens_merged": tokens_merged,
+        "tokens": token_parts(recs, sc.algorithm, sc.diloco.fragments, sc.diloco.sync_every, tokens_merged).to_dict(),
         "merge_count": len(advances),
         "pushes": log.count(Push),
         "pushes_rejected": log.count(PushRejected),

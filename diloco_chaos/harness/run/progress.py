@@ -81,10 +81,11 @@ class Progress:
 def summary_table(reports: list[dict[str, Any]]) -> str:
     """A fixed-width table comparing runs (one row per report)."""
     head = ["algorithm", "learners", "final eval", "initial eval", "tokens merged", "tokens trained",
-            "merges", "longest gap s", "goodput", "wall s"]
+            "merged/trained", "merges", "longest gap s", "goodput", "wall s"]
     rows = [[r["algorithm"], f'{r["learners"]}x{r["chips_per_learner"]}', _f(r["final_eval_loss"]),
              _f(r["initial_eval_loss"]), f'{r["tokens_merged"]:.0f}', str(r["tokens_trained"]),
-             str(r["merge_count"]), _f(r["longest_gap_s"]), _f((r.get("goodput") or {}).get("goodput")),
+             _f(r["tokens_merged"] / r["tokens_trained"] if r["tokens_trained"] else None), str(r["merge_count"]),
+             _f(r["longest_gap_s"]), _f((r.get("goodput") or {}).get("goodput")),
              _f(r["wall_s"], 1)] for r in reports]
     widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=False)]
     line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=False))  # noqa: E731

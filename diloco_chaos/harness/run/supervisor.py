@@ -31,7 +31,7 @@ from typing import Any
 import torch.distributed as dist
 
 from diloco_chaos.chaos.processes import ProcessChaos, syncer_repair_key
-from diloco_chaos.harness.config.scenario import Scenario, validate
+from diloco_chaos.harness.config.scenario import MUTATION_KEY, Scenario, validate
 from diloco_chaos.harness.config.sections import learner_policy
 from diloco_chaos.harness.hosts.base import Hosts, HostsUnavailable, Proc
 from diloco_chaos.harness.hosts.launch import open_hosts
@@ -166,13 +166,15 @@ class Supervisor:
 
     def run(self) -> RunResult:
         sc = self.sc
-        write_json(self.run_dir / CONFIG_FILE, sc.to_dict())
+        mutation = mutations.current()
+        write_json(self.run_dir / CONFIG_FILE, {**sc.to_dict(), **({MUTATION_KEY: mutation} if mutation else {})})
         old_term = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread() else None
         t0 = time.monotonic()
         policy, why = learner_policy(sc.recovery.policy, sc.algorithm)
         self.events.write(RunStart(algorithm=sc.algorithm, learners=sc.topology.learners,
                                    chips_per_learner=sc.topology.chips_per_learner, seed=sc.seed, learner_policy=policy,
-                                   learner_policy_why=why, schema_version=SCHEMA_VERSION))
+                                   learner_policy_why=why, schema_version=SCHEMA_VERSION,
+                                   mutation=mutation))
         try:
             self.launch_and_watch(t0)
         except (KeyboardInterrupt, _Terminate) as e:
