@@ -61,6 +61,10 @@ def test_broadcast_all_overwrites_a_left_out_learner_and_counts_its_discarded_to
     res.check("token_accounting")
     res.check("work_kept")
     res.check_all()
+    tokens = res.report["tokens"]  # report.json's parts: the overwritten work is discarded_broadcast
+    parts = sum(v for k, v in tokens.items() if k not in ("trained", "merged_unlogged"))
+    assert abs(parts - tokens["trained"]) <= 1e-6 * tokens["trained"], tokens
+    assert tokens["discarded_broadcast"] >= sum(e["tokens"] for e in overwritten) - 1e-6, tokens
 
 
 def test_broadcast_participants_sends_no_merge_to_a_left_out_learner(run_scenario):
