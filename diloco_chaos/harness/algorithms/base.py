@@ -46,7 +46,8 @@ MergeUnit = Literal["fragment", "round", "step"]
 """What one `merge` event merges: a fragment (decoupled), a round of H steps (diloco), one step's gradients
 (ddp, elastic_ddp); it is also the unit the report and the invariants account work in."""
 
-Trait = Literal["fragmented", "data_parallel", "elastic", "outer_step", "shardable_syncer", "restorable_syncer"]
+Trait = Literal["fragmented", "data_parallel", "elastic", "outer_step", "shardable_syncer", "restorable_syncer",
+                "torchrun_engine"]
 """The boolean traits by name: what an invariant may require (`register(requires=...)`) and a check may name."""
 
 System = str
@@ -102,6 +103,9 @@ class Algorithm:
     """The system under test that runs it (`target.system`, diloco_chaos/harness/targets/): builtin, or another
     target (torchft, a plugin's) whose trainer runs it; `run_learner`, `resume_learner` and `syncer_handler` are
     then never called. Invariants select the systems they apply to by this name (`register(systems=...)`)."""
+    torchrun_engine: bool = False
+    """Its learners can run as one torchrun elastic job (`[elastic] engine = "torchrun"`: a loss stops every
+    worker, which restarts from the last checkpoint); every other algorithm runs with engine "regroup"."""
     adapt: Callable[[Scenario], tuple[dict[str, object], str | None]] | None = None
     """The smallest change a scenario written for another algorithm needs before this one can run it: the
     sections to replace (`Scenario.replace` keywords) and what was changed (None: nothing); None: every
@@ -185,9 +189,10 @@ def switch(sc: Scenario, name: str) -> tuple[Scenario, str | None]:
     if sc.target.system not in ("auto", alg.system):
         changes["target"] = dataclasses.replace(sc.target, system="auto")
     note = None
-    if sc.elastic.engine == "torchrun" and name != "elastic_ddp":  # the engine is elastic_ddp's (check.py)
+    if sc.elastic.engine == "torchrun" and not alg.torchrun_engine:  # check.py refuses it for the others
         changes["elastic"] = dataclasses.replace(sc.elastic, engine="regroup")
-        note = "elastic.engine = 'regroup' (torchrun is elastic_ddp's engine)"
+        note = (f"elastic.engine = 'regroup' (torchrun is the engine of {', '.join(with_trait('torchrun_engine'))} "
+                "only)")
     if alg.adapt is not None:
         more, adapted = alg.adapt(sc)
         changes.update(more)

@@ -135,4 +135,4 @@ ALGORITHM = register(Algorithm(
     name="elastic_ddp", summary="data parallel whose global group drops a lost learner and admits it again",
     order=3, merge_unit="step", elastic=True, outer_step=False, shardable_syncer=False, restorable_syncer=False,
     gloo_timeout_s=barrier_gloo_timeout_s, run_learner=run_learner, resume_learner=resume_from_syncer,
-    syncer_handler=syncer_handler, compare_order=1, goodput_rank=2, sim_method="elastic_dp"))
+    syncer_handler=syncer_handler, compare_order=1, goodput_rank=2, sim_method="elastic_dp", torchrun_engine=True))

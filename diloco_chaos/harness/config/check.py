@@ -276,9 +276,10 @@ def _elastic(sc: Scenario, found: Found) -> None:
     e = sc.elastic
     if e.engine != "torchrun" or not found.ok("elastic.engine"):
         return
-    if sc.algorithm != "elastic_ddp" and found.ok("algorithm"):
-        found.add("elastic.engine", f"elastic.engine = 'torchrun': algorithm = 'elastic_ddp' only, not "
-                                    f"{sc.algorithm!r}")
+    if found.ok("algorithm") and not algorithms.get(sc.algorithm).torchrun_engine:
+        found.add("elastic.engine", f"elastic.engine = 'torchrun': algorithm = "
+                                    f"{' or '.join(repr(a) for a in algorithms.with_trait('torchrun_engine'))} "
+                                    f"only, not {sc.algorithm!r}")
     if sc.launch.hosts != "local" or sc.launch.backend != "local":
         found.add("elastic.engine", "elastic.engine = 'torchrun': needs launch.hosts = 'local' and launch.backend "
                                     "= 'local' (the job's workers run on this machine)")
