@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 from conftest import as_records, complete, tiny
 
-from diloco_chaos.harness.config.scenario import from_dict
+from diloco_chaos.harness.config.scenario import ScenarioError, from_dict
 from diloco_chaos.harness.report.compare import verdict
 from diloco_chaos.harness.report.results import MutationMismatch, RunRow
 from diloco_chaos.harness.report.tokens import PARTS, token_parts
+from diloco_chaos.harness.run.replay import recorded_scenario
 from diloco_chaos.harness.run.supervisor import run_scenario
 from diloco_chaos.trainers import mutations
 
@@ -160,7 +161,9 @@ def test_a_mutated_run_is_warned_about_and_recorded(tmp_path: Path) -> None:
     (run_dir,) = (tmp_path / "runs").iterdir()
     config = json.loads((run_dir / "config.json").read_text())
     assert config["mutation"] == name
-    assert from_dict(config).name == "mutated", "a mutated run's config.json loads again (replay, run)"
+    assert recorded_scenario(run_dir).name == "mutated", "a mutated run's config.json loads again (replay)"
+    with pytest.raises(ScenarioError, match="unknown key mutation"):  # a scenario file cannot switch one on
+        from_dict(config)
     first = json.loads((run_dir / "events.jsonl").read_text().splitlines()[0])
     assert first["ev"] == "run_start" and first["mutation"] == name
     assert json.loads((run_dir / "report.json").read_text())["mutation"] == name

@@ -111,10 +111,10 @@ def test_inbox_leaves_a_region_mid_write_for_the_next_take() -> None:
     box = SharedInbox(SHAPES, PARTITION)
     box.put(merged(0, 1, 1.0))
     base = box._base[0]
-    seq = box._HEAD.unpack_from(box._mm, base)[0]
-    box._HEAD.pack_into(box._mm, base, seq + 1, 1, 5)  # odd: as if the link process were writing it
+    seq, *rest = box._HEAD.unpack_from(box._mm, base)
+    box._HEAD.pack_into(box._mm, base, seq + 1, *rest)  # odd: as if the link process were writing it
     assert box.take() == []
-    box._HEAD.pack_into(box._mm, base, seq + 2, 1, 5)  # the write finished
+    box._HEAD.pack_into(box._mm, base, seq + 2, *rest)  # the write finished
     (m,) = box.take()
     assert (m.fragment, m.version) == (0, 1)
 

@@ -140,11 +140,6 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return path, value
 
 
-MUTATION_KEY = "mutation"
-"""A top-level key of a run's config.json, not a scenario setting: the DILOCO_CHAOS_MUTATION the run was made under
-(diloco_chaos/trainers/mutations.py). The loader accepts it so that a run's config.json loads again, and ignores it:
-only the environment turns a mutation on."""
-
 _OVERRIDE_PART = re.compile(r"[A-Za-z0-9_-]+")
 
 
@@ -208,10 +203,7 @@ def build(table: Any) -> tuple[Scenario | None, list[ScenarioError]]:
         found.add("scenario", "scenario: must be a table")
         return None, found.capped()
     fields = {f.name: f for f in dataclasses.fields(Scenario)}
-    allowed = [*fields, "random_faults", MUTATION_KEY]
-    recorded = table.get(MUTATION_KEY)
-    if recorded is not None and not isinstance(recorded, str):
-        found.add(MUTATION_KEY, f"{MUTATION_KEY}: must be a mutation's name (a run's config.json records it)")
+    allowed = [*fields, "random_faults"]
     for name in sorted(set(table) - set(allowed), key=str):
         found.add(name, f"unknown key {name}{did_you_mean(name, allowed)} in the top level; "
                         f"allowed: {', '.join(allowed)}")

@@ -38,7 +38,7 @@ from diloco_chaos.harness.report.progress import progress
 from diloco_chaos.harness.report.shard_metrics import shard_figures
 from diloco_chaos.harness.report.timeline import fault_response, fault_timeline
 from diloco_chaos.harness.report.tokens import token_parts
-from diloco_chaos.harness.run.rundir import CONFIG_FILE, FinishedRun
+from diloco_chaos.harness.run.rundir import CONFIG_FILE, FinishedRun, scenario_table
 from diloco_chaos.harness.wire.precision import wire_dtype_for
 
 
@@ -53,7 +53,7 @@ def build_report(run: FinishedRun | str | os.PathLike[str]) -> dict[str, Any]:
     run = FinishedRun.of(run)
     if not run.config:
         raise FileNotFoundError(f"{run.run_dir}: no {CONFIG_FILE} (not a run directory)")
-    sc = from_dict(run.config)
+    sc = from_dict(scenario_table(run.config))
     log = run.log
     recs = log.records
     run_start, run_end = log.first(RunStart), log.first(RunEnd)

@@ -31,7 +31,15 @@ from diloco_chaos.harness.config.sections import ScenarioError, read_toml
 from diloco_chaos.harness.record.events import EVENTS_FILE
 from diloco_chaos.harness.report.results import InvariantFigure, invariant_figures
 from diloco_chaos.harness.report.timeline import fault_timeline
-from diloco_chaos.harness.run.rundir import CONFIG_FILE, REPORT_FILE, FinishedRun, RunDirError, check_run_dir, read_json
+from diloco_chaos.harness.run.rundir import (
+    CONFIG_FILE,
+    REPORT_FILE,
+    FinishedRun,
+    RunDirError,
+    check_run_dir,
+    read_json,
+    scenario_table,
+)
 
 
 def recorded_scenario(run_dir: str | os.PathLike[str]) -> Scenario:
@@ -43,7 +51,7 @@ def recorded_scenario(run_dir: str | os.PathLike[str]) -> Scenario:
         check_run_dir(run_dir, (CONFIG_FILE,), None)
     except RunDirError as e:
         raise ScenarioError(str(e)) from None
-    return from_dict(read_json(path))
+    return from_dict(scenario_table(read_json(path)))
 
 
 def load_incident(path: str | os.PathLike[str], sc: Scenario) -> Scenario:

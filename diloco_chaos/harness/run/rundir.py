@@ -30,6 +30,10 @@ from diloco_chaos.harness.record.events import EVENTS_FILE
 from diloco_chaos.harness.record.run_record import RunLog
 
 CONFIG_FILE = "config.json"
+MUTATION_KEY = "mutation"
+"""A top-level key of config.json beside the scenario's, written only when a mutation was switched on
+(diloco_chaos/trainers/mutations.py): its name. Not a scenario setting (a scenario file holding it is refused:
+only the environment turns a mutation on); `scenario_table` leaves it out when a run's scenario is read back."""
 REPORT_FILE = "report.json"
 INVARIANTS_FILE = "invariants.json"
 CHECKPOINT_FILE = "global.pt"
@@ -165,3 +169,9 @@ class FinishedRun:
     def with_report(self, report: dict[str, Any]) -> FinishedRun:
         """The same run with its report (the supervisor builds the report from the run it loaded)."""
         return replace(self, report=report)
+
+
+def scenario_table(config: dict[str, Any]) -> dict[str, Any]:
+    """The scenario's own table of a run's config.json: without MUTATION_KEY, which records the run, not the
+    scenario."""
+    return {k: v for k, v in config.items() if k != MUTATION_KEY}

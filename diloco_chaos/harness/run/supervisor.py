@@ -31,7 +31,7 @@ from typing import Any
 import torch.distributed as dist
 
 from diloco_chaos.chaos.processes import ProcessChaos, syncer_repair_key
-from diloco_chaos.harness.config.scenario import MUTATION_KEY, Scenario, validate
+from diloco_chaos.harness.config.scenario import Scenario, validate
 from diloco_chaos.harness.config.sections import learner_policy
 from diloco_chaos.harness.hosts.base import Hosts, HostsUnavailable, Proc
 from diloco_chaos.harness.hosts.launch import open_hosts
@@ -56,7 +56,14 @@ from diloco_chaos.harness.record.run import (
 from diloco_chaos.harness.run.fault_runner import FaultRunner
 from diloco_chaos.harness.run.finish import finish_run
 from diloco_chaos.harness.run.procutil import main_thread, signal_proc, wait_any
-from diloco_chaos.harness.run.rundir import CONFIG_FILE, PROCESSES_FILE, FinishedRun, make_run_dir, write_json
+from diloco_chaos.harness.run.rundir import (
+    CONFIG_FILE,
+    MUTATION_KEY,
+    PROCESSES_FILE,
+    FinishedRun,
+    make_run_dir,
+    write_json,
+)
 from diloco_chaos.harness.syncer.service import SyncerSpec, syncer_main
 from diloco_chaos.harness.syncer.shards import proc_name
 from diloco_chaos.harness.wire.handshake import new_secret
