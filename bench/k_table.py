@@ -18,13 +18,14 @@ import argparse
 import itertools
 import json
 import random
+import shutil
 import statistics
 import tempfile
 from typing import Any
 
 from diloco_chaos.harness.config.scenario import from_dict
 from diloco_chaos.harness.record.events import EVENTS_FILE, read_events
-from diloco_chaos.harness.run.supervisor import run_scenario
+from diloco_chaos.harness.run.supervisor import RunFailed, run_scenario
 
 CONFIGS = {
     "K=M": {"min_quorum": 4, "grace_enabled": False},
@@ -35,7 +36,9 @@ FIGURES = ("goodput", "uptime", "participants", "final", "merged_frac")
 PERMUTATIONS = 10_000
 
 
-def run(seed: int, steps: int, diloco: dict[str, Any], speed: float, jitter: float) -> dict[str, float]:
+def run(seed: int, steps: int, diloco: dict[str, Any], speed: float, jitter: float,
+        runs_dir: str) -> dict[str, float] | str:
+    """One run's figures, or why it failed (its run directory is kept under `runs_dir`)."""
     sc = from_dict({
         "name": "k-table", "seed": seed, "algorithm": "decoupled",
         "topology": {"learners": 4, "chips_per_learner": 1},
@@ -44,9 +47,12 @@ def run(seed: int, steps: int, diloco: dict[str, Any], speed: float, jitter: flo
         "eval": {"every_s": 5.0},
         "faults": [{"action": "slow", "learner": m, "speed": speed, "jitter": jitter} for m in (2, 3)],
     })
-    with tempfile.TemporaryDirectory() as d:
-        res = run_scenario(sc, d)
-        merges = [e for e in read_events(res.run_dir / EVENTS_FILE) if e["ev"] == "merge"]
+    try:
+        res = run_scenario(sc, runs_dir)
+    except RunFailed as e:
+        return f"failed: {e}"
+    merges = [e for e in read_events(res.run_dir / EVENTS_FILE) if e["ev"] == "merge"]
+    shutil.rmtree(res.run_dir)  # a failed run's directory stays, to be looked into
     rep = res.report
     return {"goodput": rep["goodput"]["goodput"], "uptime": rep["availability"]["uptime"],
             "participants": statistics.mean(len(e["participants"]) for e in merges) if merges else 0.0,
@@ -75,25 +81,37 @@ def main() -> None:
     ap.add_argument("--speed", type=float, default=0.5)
     ap.add_argument("--jitter", type=float, default=0.2)
     ap.add_argument("--json", default=None, help="also write every run's figures here")
+    ap.add_argument("--runs-dir", default=None, help="where failed runs' directories are kept (default: a new "
+                                                     "temporary directory, printed)")
     a = ap.parse_args()
+    runs_dir = a.runs_dir or tempfile.mkdtemp(prefix="k-table-")
     rows: dict[tuple[str, str], list[dict[str, float]]] = {}
+    failed: list[str] = []
     for wait in a.apply_wait:
         for name, cfg in CONFIGS.items():
             diloco = {**cfg, "broadcast": a.broadcast, "apply_wait": wait}
             rows[(name, wait)] = []
             for seed in range(a.seeds):
-                rows[(name, wait)].append(run(seed, a.steps, diloco, a.speed, a.jitter))
-                print(f"  {name} apply_wait={wait} seed {seed}: {rows[(name, wait)][-1]}", flush=True)
+                got = run(seed, a.steps, diloco, a.speed, a.jitter, runs_dir)
+                print(f"  {name} apply_wait={wait} seed {seed}: {got}", flush=True)
+                if isinstance(got, str):
+                    failed.append(f"{name} apply_wait={wait} seed {seed}: {got}")
+                else:
+                    rows[(name, wait)].append(got)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({f"{n}|{w}": r for (n, w), r in rows.items()}, f, indent=1)
     print(f"\nM=4 x 1 chip, learners 2 and 3 at speed {a.speed} (jitter {a.jitter}), {a.steps} steps a learner "
           f"(budget total), broadcast {a.broadcast}, {a.seeds} seeds a row; mean +- sd")
-    print(f"{'row':28}" + "".join(f"{k:>18}" for k in FIGURES))
+    print(f"{'row':28}" + "".join(f"{k:>18}" for k in FIGURES) + f"{'runs':>6}")
     for (name, wait), runs in rows.items():
         cells = [f"{statistics.mean(r[k] for r in runs):.3f} +- {statistics.stdev(r[k] for r in runs):.3f}"
                  if len(runs) > 1 else f"{runs[0][k]:.3f}" for k in FIGURES]
-        print(f"{name + ', ' + wait:28}" + "".join(f"{c:>18}" for c in cells))
+        print(f"{name + ', ' + wait:28}" + "".join(f"{c:>18}" for c in cells) + f"{len(runs):>6}")
+    if failed:
+        print(f"\n{len(failed)} run(s) failed (their directories are under {runs_dir}):")
+        for why in failed:
+            print(f"  {why}")
     rng = random.Random(0)
     print("\npermutation tests (two-sided p; same apply_wait):")
     for wait in a.apply_wait:
