@@ -98,3 +98,17 @@ def test_a_scenario_the_torchft_target_refuses_gets_a_row_saying_so(tmp_path: Pa
     path = write_results(tmp_path / "out.json", ResultsFile("compare", tuple(rows), tuple(verdict(rows))))
     back = {r.algorithm: r for r in read_results(path).runs}
     assert not back["torchft_ddp"].ran and back["ddp"].ran and back["torchft_ddp"].note == refused[0].note
+
+
+def test_a_scenario_with_the_torchrun_engine_compares_every_algorithm(tmp_path: Path) -> None:
+    """`[elastic] engine = "torchrun"` is elastic_ddp's only: the fault-free ddp reference and the other rows run
+    with the in-place engine (said in their notes), elastic_ddp's row with torchrun."""
+    table = scenario_mod.builtin("chip-loss").to_dict()
+    table.update(algorithm="elastic_ddp", elastic={"engine": "torchrun", "checkpoint_every": 25})
+    sc = scenario_mod.from_dict(table)
+    asked: list[Scenario] = []
+    rows = compare(sc, runner=fake_runner(tmp_path, asked), algorithms=("ddp", "elastic_ddp", "decoupled"))
+    engines = {(s.algorithm, bool(s.faults)): s.elastic.engine for s in asked}
+    assert engines == {("ddp", False): "regroup", ("ddp", True): "regroup", ("elastic_ddp", True): "torchrun",
+                       ("decoupled", True): "regroup"}, engines
+    assert [r.note is not None and "elastic.engine = 'regroup'" in r.note for r in rows[1:]] == [True, False, True]

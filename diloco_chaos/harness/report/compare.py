@@ -140,7 +140,7 @@ def compare(sc: Scenario, runs_dir: str | os.PathLike[str] | None = None,
     ref: float | None = None
     if baseline:
         ref_alg = quality_reference()
-        rows.append(row(f"{ref_alg}, fault-free", runner(sc.replace(algorithm=ref_alg, faults=()))))
+        rows.append(row(f"{ref_alg}, fault-free", runner(registry.switch(sc.replace(faults=()), ref_alg)[0])))
         ref = rows[-1].final_eval_loss
         if on_run is not None:
             on_run(rows[-1])
