@@ -111,7 +111,9 @@ def test_killed_group_restarts_heals_and_commits_again(run_scenario):
     # quorum (the survivors may still be at the kill's next step when it arrives: they wait out join and heartbeat)
     assert back[0]["step"] > down["step"] and back[0]["step"] in {e["step"] for m in (0, 1) for e in syncs(res, m)
                                                                    if e["quorum_id"] == back[0]["quorum_id"]}, back[0]
-    assert back[0]["participants"] == 3
+    # in a quorum with the survivors: all three, or, when a survivor was still inside the allreduce the kill broke
+    # as the quorum formed (1 run in 8), the other survivor, and all three from the next quorum on
+    assert back[0]["participants"] >= 2 and any(e["participants"] == 3 for e in back[:3]), back[:3]
     stall = longest_stall(res, [0, 1], start["t"], back[0]["t"])
     figures = {"survivor_stall_s": round(stall, 3), "kill_to_commit_s": round(back[0]["t"] - start["t"], 3),
                "healed_to_step": back[0]["step"], "killed_at_step": down["step"],
