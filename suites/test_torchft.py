@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from torchft_history import committed, longest_stall
 
 from diloco_chaos.harness.config.scenario import from_dict
 
@@ -62,27 +63,13 @@ def scenario(fault: dict[str, Any], steps: int = STEPS, **torchft: Any) -> Any:
     })
 
 
-def syncs(res: Any, learner: int) -> list[dict[str, Any]]:
-    """Group `learner`'s committed torchft syncs, in time order."""
-    return [e for e in res.events if e["ev"] == "torchft_sync" and e["learner"] == learner and e["committed"]]
-
-
-def longest_stall(res: Any, learners: list[int], t0: float, t1: float) -> float:
-    """The longest time between two consecutive committed steps of any of `learners` that overlaps [t0, t1]."""
-    worst = 0.0
-    for m in learners:
-        ts = [e["t"] for e in res.events if e["ev"] == "step" and e["learner"] == m]
-        worst = max([worst, *[b - a for a, b in zip(ts, ts[1:], strict=False) if b >= t0 and a <= t1]])
-    return worst
-
-
 def check_history(res: Any, steps: int = STEPS) -> dict[str, Any]:
     """The invariants every test asserts: faults fired, replicas agree on each step committed by two groups
     (the victim's steps after its return included), every group reached STEPS, the loss went down."""
     res.check("faults_fired")
     agree = res.check("replicas_agree")
     for m in range(3):
-        assert syncs(res, m)[-1]["step"] == steps, f"group {m} did not reach step {steps}"
+        assert committed(res.events, m)[-1]["step"] == steps, f"group {m} did not reach step {steps}"
     rep = res.report
     assert rep["final_eval_loss"] < rep["initial_eval_loss"], rep
     unexpected = [e for e in rep["errors"] if not e["expected"]]
@@ -92,8 +79,8 @@ def check_history(res: Any, steps: int = STEPS) -> dict[str, Any]:
 
 def steps_agreed_after(res: Any, learner: int, t: float) -> int:
     """Steps `learner` committed after `t` that another group committed too (replicas_agree compared them)."""
-    own = {e["step"] for e in syncs(res, learner) if e["t"] > t}
-    others = {e["step"] for m in range(3) if m != learner for e in syncs(res, m)}
+    own = {e["step"] for e in committed(res.events, learner) if e["t"] > t}
+    others = {e["step"] for m in range(3) if m != learner for e in committed(res.events, m)}
     return len(own & others)
 
 
@@ -105,16 +92,17 @@ def test_killed_group_restarts_heals_and_commits_again(run_scenario):
     assert down["learner"] == restart["learner"] == VICTIM and restart["generation"] == 1
     assert restart["t"] - down["t"] >= REPAIR_S, "restarted before its repair delay"
     assert [e["generation"] for e in res.of("chip_start") if e["learner"] == VICTIM] == [0, 1]
-    back = [e for e in syncs(res, VICTIM) if e["t"] > restart["t"]]
+    back = [e for e in committed(res.events, VICTIM) if e["t"] > restart["t"]]
     assert back and back[0]["healed"], "the restarted group's first committed step follows a heal from a peer"
     # it resumed at the survivors' step, not from 0: its first commit is a step a survivor committed in the same
     # quorum (the survivors may still be at the kill's next step when it arrives: they wait out join and heartbeat)
-    assert back[0]["step"] > down["step"] and back[0]["step"] in {e["step"] for m in (0, 1) for e in syncs(res, m)
-                                                                   if e["quorum_id"] == back[0]["quorum_id"]}, back[0]
+    quorum = back[0]["quorum_id"]
+    same_quorum = {e["step"] for m in (0, 1) for e in committed(res.events, m) if e["quorum_id"] == quorum}
+    assert back[0]["step"] > down["step"] and back[0]["step"] in same_quorum, back[0]
     # in a quorum with the survivors: all three, or, when a survivor was still inside the allreduce the kill broke
     # as the quorum formed (1 run in 8), the other survivor, and all three from the next quorum on
     assert back[0]["participants"] >= 2 and any(e["participants"] == 3 for e in back[:3]), back[:3]
-    stall = longest_stall(res, [0, 1], start["t"], back[0]["t"])
+    stall = longest_stall(res.events, [0, 1], start["t"], back[0]["t"])
     figures = {"survivor_stall_s": round(stall, 3), "kill_to_commit_s": round(back[0]["t"] - start["t"], 3),
                "healed_to_step": back[0]["step"], "killed_at_step": down["step"],
                "rejoin_s": res.report["fault_response"][0]["rejoin_s"],
@@ -134,12 +122,12 @@ def test_frozen_group_is_dropped_and_catches_up_after_sigcont(run_scenario):
     (start,) = res.of("fault_start")
     (end,) = res.of("fault_end")
     assert not res.of("learner_restart"), "a freeze is not a failure: no restart"
-    during = [e for m in (0, 1) for e in syncs(res, m) if start["t"] < e["t"] < end["t"]]
+    during = [e for m in (0, 1) for e in committed(res.events, m) if start["t"] < e["t"] < end["t"]]
     assert during and {e["participants"] for e in during} >= {2}, "the survivors went on without the frozen group"
-    back = [e for e in syncs(res, VICTIM) if e["t"] > end["t"]]
+    back = [e for e in committed(res.events, VICTIM) if e["t"] > end["t"]]
     assert back and any(e["healed"] for e in back[:2]), "after SIGCONT it healed from a peer"
     assert back[-1]["participants"] == 3, "and rejoined the quorum"
-    stall = longest_stall(res, [0, 1], start["t"], end["t"])
+    stall = longest_stall(res.events, [0, 1], start["t"], end["t"])
     figures = {"survivor_stall_s": round(stall, 3), "frozen_s": round(end["t"] - start["t"], 3),
                "sigcont_to_commit_s": round(back[0]["t"] - end["t"], 3), "healed_to_step": back[0]["step"],
                "steps_agreed_after_sigcont": steps_agreed_after(res, VICTIM, end["t"]), **check_history(res)}
@@ -163,14 +151,14 @@ def test_lighthouse_killed_with_quorum_retries_is_survived(run_scenario):
     ready = res.of("lighthouse_ready")
     assert len(ready) == 2 and ready[0]["port"] == ready[1]["port"] == restart["port"], ready
     assert restart["t"] - down["t"] >= REPAIR_S
-    after = {m: [e for e in syncs(res, m) if e["t"] > restart["t"]] for m in range(3)}
+    after = {m: [e for e in committed(res.events, m) if e["t"] > restart["t"]] for m in range(3)}
     assert all(after.values()), "every group committed again under the new Lighthouse"
-    before = {e["quorum_id"] for m in range(3) for e in syncs(res, m) if e["t"] < start["t"]}
+    before = {e["quorum_id"] for m in range(3) for e in committed(res.events, m) if e["t"] < start["t"]}
     assert before == {1}, f"one quorum of all three before the kill: {before}"
     first_id = min(after.values(), key=lambda es: es[0]["t"])[0]["quorum_id"]
     assert first_id == 1, f"the new Lighthouse numbers its quorums from 1 again (measured): {first_id}"
     first = min(e["t"] for es in after.values() for e in es)
-    stall = longest_stall(res, [0, 1, 2], start["t"], first)
+    stall = longest_stall(res.events, [0, 1, 2], start["t"], first)
     figures = {"stall_s": round(stall, 3), "kill_to_commit_s": round(first - start["t"], 3),
                "lighthouse_restart_ready_s": ready[1]["ready_s"], **check_history(res)}
     res.figures(figures)

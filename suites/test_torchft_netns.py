@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from torchft_history import committed, longest_stall
 
 from diloco_chaos.harness.config.scenario import from_dict
 from diloco_chaos.harness.hosts.netns import availability
@@ -72,20 +73,6 @@ def scenario(fault: dict[str, Any], steps: int = STEPS, **torchft: Any) -> Any:
     })
 
 
-def syncs(res: Any, learner: int) -> list[dict[str, Any]]:
-    """Group `learner`'s committed torchft syncs, in time order."""
-    return [e for e in res.events if e["ev"] == "torchft_sync" and e["learner"] == learner and e["committed"]]
-
-
-def longest_stall(res: Any, learners: list[int], t0: float, t1: float) -> float:
-    """The longest time between two consecutive committed steps of any of `learners` that overlaps [t0, t1]."""
-    worst = 0.0
-    for m in learners:
-        ts = [e["t"] for e in res.events if e["ev"] == "step" and e["learner"] == m]
-        worst = max([worst, *[b - a for a, b in zip(ts, ts[1:], strict=False) if b >= t0 and a <= t1]])
-    return worst
-
-
 def test_a_partitioned_group_is_excluded_heals_and_rejoins(run_scenario):
     res = run_scenario(scenario({"action": "partition", "learner": VICTIM, "at": AT,
                                  "until": {"after_s": PARTITION_S}}))
@@ -93,11 +80,11 @@ def test_a_partitioned_group_is_excluded_heals_and_rejoins(run_scenario):
     (start,) = res.of("fault_start")
     (end,) = res.of("fault_end")
     assert res.report["links"]["backend"] == "kernel"
-    during = [e for m in (0, 1) for e in syncs(res, m) if start["t"] + IN_FLIGHT_S < e["t"] < end["t"]]
+    during = [e for m in (0, 1) for e in committed(res.events, m) if start["t"] + IN_FLIGHT_S < e["t"] < end["t"]]
     assert during and {e["participants"] for e in during} == {2}, "the survivors went on without the victim"
-    assert not [e for e in syncs(res, VICTIM) if start["t"] + GLOO_S < e["t"] < end["t"]], \
+    assert not [e for e in committed(res.events, VICTIM) if start["t"] + GLOO_S < e["t"] < end["t"]], \
         "the partitioned group committed nothing while cut off"
-    back = [e for e in syncs(res, VICTIM) if e["t"] > end["t"]]
+    back = [e for e in committed(res.events, VICTIM) if e["t"] > end["t"]]
     assert back, "the victim committed again after the partition"
     assert back[0]["healed"], "its first commit after the partition follows a heal from a live peer"
     assert back[0]["step"] > AT["step"] + 1, "it resumed from the others' step"
@@ -105,10 +92,10 @@ def test_a_partitioned_group_is_excluded_heals_and_rejoins(run_scenario):
     res.check("faults_fired")
     agree = res.check("replicas_agree")
     for m in range(3):
-        assert syncs(res, m)[-1]["step"] == STEPS, f"group {m} did not reach step {STEPS}"
+        assert committed(res.events, m)[-1]["step"] == STEPS, f"group {m} did not reach step {STEPS}"
     unexpected = [e for e in res.report["errors"] if not e["expected"]]
     assert not unexpected, f"errors no injected fault explains: {unexpected}"
-    stall = longest_stall(res, [0, 1], start["t"], end["t"])
+    stall = longest_stall(res.events, [0, 1], start["t"], end["t"])
     figures = {"partition_s": round(end["t"] - start["t"], 3), "survivor_stall_s": round(stall, 3),
                "end_to_victim_commit_s": round(back[0]["t"] - end["t"], 3), "healed_to_step": back[0]["step"],
                "survivor_commits_during": len(during), "replicas_agree": agree.detail}

@@ -12,7 +12,6 @@ rather than a list of names, so a plugin's target brings its rules with it.
 
 from __future__ import annotations
 
-import importlib.util
 from typing import TYPE_CHECKING
 
 from diloco_chaos.harness.algorithms import base as algorithms
@@ -34,7 +33,7 @@ def target_rules(sc: Scenario, keys: list[str], found: Found) -> None:
                                    f"the {alg.system!r} system, not {system!r} (use 'auto' or {alg.system!r})")
         return
     target = targets.get(system)
-    if target.needs_module and importlib.util.find_spec(target.needs_module) is None:
+    if not target.installed():
         found.add("target.system", f"target.system = {system!r}: needs the Python module {target.needs_module!r} "
                                    f"(pip install 'diloco-chaos[{target.needs_module}]')")
     if target.fault_kinds is not None:

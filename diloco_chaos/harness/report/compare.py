@@ -14,7 +14,6 @@ the global model"); the verdict stays about decoupled against the built-in basel
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import logging
 import math
 import os
@@ -28,6 +27,7 @@ from diloco_chaos.harness.config.sections import ScenarioError
 from diloco_chaos.harness.report.results import Claim, RunRow, run_row, same_mutation
 from diloco_chaos.harness.report.tolerance import K_SIGMA
 from diloco_chaos.harness.run.supervisor import run_scenario
+from diloco_chaos.harness.targets import base as targets
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +42,10 @@ def compared() -> tuple[str, ...]:
 
 def beside() -> tuple[str, ...]:
     """The algorithms of other systems under test compare runs after `compared()`, reported beside them and never
-    judged by the verdict: torchft_ddp and torchft_diloco (their `compare_order`) when torchft is importable."""
+    judged by the verdict: those of every other target whose module is installed (`Target.installed`), in their
+    `compare_order` (torchft_ddp and torchft_diloco when torchft is importable)."""
     return tuple(a.name for a in sorted(registry.every(), key=lambda a: (a.compare_order, a.order))
-                 if a.system == "torchft" and importlib.util.find_spec("torchft") is not None)
+                 if a.system != "builtin" and targets.get(a.system).installed())
 
 
 def not_run(label: str, sc: Scenario, algorithm: str, why: str) -> RunRow:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
 import os
 import pkgutil
 import sys
@@ -78,6 +79,10 @@ class Target:
     rules: Rules | None = None
     """Its own validation rules (its launch modes, its settings' hierarchy), None: none beyond the common ones
     (the algorithm's system, needs_module, fault_kinds)."""
+
+    def installed(self) -> bool:
+        """Whether what it needs is importable here (`needs_module`; a target that needs nothing always is)."""
+        return not self.needs_module or importlib.util.find_spec(self.needs_module) is not None
 
 
 _REGISTRY: dict[str, Target] = {}
