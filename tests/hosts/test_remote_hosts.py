@@ -43,6 +43,12 @@ LEARNERS = 2
 
 
 
+def agent_log_tail(work: Path, chars: int = 3000) -> str:
+    """The end of the agent's own log (stdout and stderr), beside its work dir, for a failure's message."""
+    log = work.with_suffix(".log")
+    return log.read_text(errors="replace")[-chars:] if log.exists() else "(no log)"
+
+
 @pytest.fixture
 def agents(tmp_path):
     """LEARNERS netns hosts, an operator's agent in each with its own work dir; stopped and removed after."""
@@ -128,7 +134,8 @@ def test_a_remote_run_through_operators_agents_converges_with_its_events_shipped
 
     wait_for(gone, WAIT_S, f"the run's torchruns and workers to be gone: {sorted(pids)}")
     assert res.leftovers() == {"processes": [], "ports": []}
-    assert all(p.poll() is None for p in procs), "the operator's agents stay"
+    exited = [(m, p.returncode, agent_log_tail(work_dirs[m])) for m, p in enumerate(procs) if p.poll() is not None]
+    assert not exited, f"the operator's agents stay: {exited}"
     secret = bytes.fromhex(secret_file.read_text())
     for m, address in enumerate(addresses):  # and serve the next supervisor
         AgentConnection(m, address, secret, WAIT_S, tmp_path / "second.jsonl").close()
@@ -209,7 +216,8 @@ def test_a_sigkilled_supervisors_remote_processes_end_and_the_agents_serve_on(ag
         return not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
     wait_for(gone, WAIT_S, f"every process of the run to end after its supervisor's SIGKILL: {sorted(pids)}")
-    assert all(p.poll() is None for p in procs), "the operator's agents stay"
+    exited = [(m, p.returncode, agent_log_tail(work_dirs[m])) for m, p in enumerate(procs) if p.poll() is not None]
+    assert not exited, f"the operator's agents stay: {exited}"
     secret = bytes.fromhex(secret_file.read_text())
     for m, h in enumerate(hosts.hosts):
         AgentConnection(m, f"{h.address}:{AGENT_PORT}", secret, WAIT_S, tmp_path / "after.jsonl").close()
