@@ -201,3 +201,20 @@ def test_an_agent_started_with_once_exits_after_its_connection(tmp_path):
     finally:
         agent.kill()
         agent.wait(WAIT_S)
+
+
+def test_a_session_whose_supervisor_vanished_mid_send_closes_without_raising(tmp_path):
+    """The agent's events tail was sending when the supervisor was SIGKILLed: the failed send leaves its bytes in
+    the connection file's buffer, and closing the file flushes them again. That BrokenPipeError, raised from the
+    session's close, ended the operator's agent (1 CI run in 3 of the SIGKILL test in test_remote_hosts.py)."""
+    import socket
+
+    from diloco_chaos.harness.hosts.remote_agent import RemoteAgentConfig, Session
+
+    mine, supervisor = socket.socketpair()
+    session = Session(RemoteAgentConfig("127.0.0.1", 0, new_secret(), str(tmp_path)), mine)
+    supervisor.close()
+    with pytest.raises(OSError):
+        session.send(w.Events(['{"ev": "step"}']))
+    session.close()
+    assert session.closed.is_set() and mine.fileno() == -1, "the session ended and its socket is closed"

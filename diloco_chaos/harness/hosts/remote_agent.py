@@ -231,10 +231,15 @@ class Session:
             self.send(self.answer(req))
 
     def close(self) -> None:
+        """End the session's processes and its connection. Never raises for a dead connection: a send that
+        failed when the supervisor vanished (the events tail's, mid-batch) leaves bytes in the file's write
+        buffer, and closing the file flushes them again (BrokenPipeError); raised here, it ended the agent."""
         self.closed.set()
         self.end_torchrun(signal.SIGKILL)
         try:
             self.f.close()
+        except (OSError, ValueError) as e:
+            log.info("remote host agent: unsent bytes of a dead connection dropped: %s", e)
         finally:
             self.conn.close()
 
