@@ -182,8 +182,10 @@ class ProcessChaos:
             pids = [pids[chip]]
         return self._signal("freeze", learner, pids, signal.SIGSTOP, children=True, chip=chip)
 
-    def slow(self, learner: int, speed: float, period_s: float = 0.2, jitter: float = 0.0) -> ProcessFault:
-        """Hold the learner to `speed` of the unslowed learners' progress (SIGSTOP/SIGCONT), until cleared."""
+    def slow(self, learner: int, speed: float, period_s: float = 0.2, jitter: float = 0.0,
+             own: bool = False) -> ProcessFault:
+        """Hold the learner to `speed` of the unslowed learners' progress (SIGSTOP/SIGCONT), until cleared; with
+        `own`, or when no progress is read, to `speed` of its own pace (a duty cycle)."""
         if not 0.0 < speed < 1.0:
             raise ValueError(f"speed = {speed}: must be in (0, 1)")
         if not 0.0 <= jitter < 1.0:
@@ -195,11 +197,11 @@ class ProcessChaos:
                 raise ValueError(f"learner {learner} is already slowed")
             self._slowed[learner] = fault
             self.sent["slow"] = self.sent.get("slow", 0) + 1
-        fault.thread = threading.Thread(target=self._hold_to_speed, args=(fault, speed, period_s, jitter),
+        fault.thread = threading.Thread(target=self._hold_to_speed, args=(fault, speed, period_s, jitter, own),
                                         name=f"slow-{learner}", daemon=True)
         fault.thread.start()
         self.on_event("process_fault", kind="slow", learner=learner, speed=speed, period_s=period_s,
-                      jitter=jitter, mode="progress" if self.progress is not None else "duty")
+                      jitter=jitter, mode="progress" if self.progress is not None and not own else "duty")
         return fault
 
     def _reference(self, learner: int, start: dict[int, int]) -> float | None:
@@ -212,10 +214,12 @@ class ProcessChaos:
                 if m not in slowed and m != learner and self.pids_of(m)]
         return sum(refs) / len(refs) if refs else None
 
-    def _hold_to_speed(self, fault: ProcessFault, speed: float, period_s: float, jitter: float) -> None:
+    def _hold_to_speed(self, fault: ProcessFault, speed: float, period_s: float, jitter: float,
+                       own: bool = False) -> None:
         rng = random.Random(f"{self.seed}/slow/{fault.learner}")
-        start = dict(self.progress()) if self.progress is not None else {}
-        tick = min(period_s / 4, CONTROL_TICK_S) if self.progress is not None else period_s / 4
+        progress = None if own else self.progress
+        start = dict(progress()) if progress is not None else {}
+        tick = min(period_s / 4, CONTROL_TICK_S) if progress is not None else period_s / 4
         target, next_draw, t = speed, 0.0, 0.0
         stopped = False
         try:
@@ -223,10 +227,10 @@ class ProcessChaos:
                 if t >= next_draw:  # a new target speed each period (jitter 0: always `speed`)
                     target = speed * (1.0 + jitter * rng.uniform(-1.0, 1.0))
                     next_draw = t + period_s
-                ref = self._reference(fault.learner, start) if self.progress is not None else None
+                ref = self._reference(fault.learner, start) if progress is not None else None
                 if ref is not None:
-                    own = self.progress().get(fault.learner, 0) - start.get(fault.learner, 0)  # type: ignore[misc]
-                    want_stop = own > target * ref
+                    done = progress().get(fault.learner, 0) - start.get(fault.learner, 0)  # type: ignore[misc]
+                    want_stop = done > target * ref
                 else:  # duty cycle: run the first `target` of each period
                     want_stop = (t % period_s) >= target * period_s
                 if want_stop != stopped:

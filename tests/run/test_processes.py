@@ -132,6 +132,39 @@ def test_slow_duty_cycles_a_busy_process_to_its_speed() -> None:
         busy.wait(timeout=10)
 
 
+@pytest.mark.parametrize(("own", "stopped_range"), [(False, (0.9, 1.0)), (True, (0.3, 0.7))])
+def test_a_slow_learner_relative_to_others_stops_with_them_and_one_relative_to_itself_keeps_its_pace(
+        own: bool, stopped_range: tuple[float, float]) -> None:
+    """The other learner makes no progress (it is waiting, say, for the slowed one's merge). Held relative to
+    the others (`relative_to = "others"`), the slowed learner, which is ahead of speed x 0, is stopped the whole
+    time; relative to its own pace (`"own"`) it still runs about half of each period."""
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    t0 = time.monotonic()
+    try:
+        pc = ProcessChaos(lambda m: [busy.pid] if m == 0 else [idle.pid], learners=2,
+                          progress=lambda: {0: 1 + int((time.monotonic() - t0) * 100), 1: 0})
+        proc = psutil.Process(busy.pid)
+        tick = threading.Event()
+        events: list[tuple[str, dict]] = []
+        pc.on_event = lambda name, **f: events.append((name, f))
+        fault = pc.slow(0, speed=0.5, period_s=0.1, own=own)
+        wait_status(busy.pid, {psutil.STATUS_STOPPED})
+        samples, start = [], time.monotonic()
+        while time.monotonic() - start < 1.0:
+            samples.append(proc.status() == psutil.STATUS_STOPPED)
+            tick.wait(0.003)
+        fault.clear()
+        stopped = sum(samples) / len(samples)
+        assert stopped_range[0] <= stopped <= stopped_range[1], f"own={own}: stopped {stopped:.2f}"
+        assert events[0][1]["mode"] == ("duty" if own else "progress")
+        wait_status(busy.pid, {psutil.STATUS_RUNNING, psutil.STATUS_SLEEPING})
+    finally:
+        for p in (busy, idle):
+            p.kill()
+            p.wait(timeout=10)
+
+
 def test_freeze_stops_a_hosts_child_with_it() -> None:
     """A host chip's link process is its child: a frozen host is silent on its link too, and comes back."""
     code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); " \

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from diloco_chaos.chaos.faults.base import FaultContext, FaultHandle, FaultKind, register
-from diloco_chaos.trainers.config import bounded
+from diloco_chaos.trainers.config import bounded, choice
 
 if TYPE_CHECKING:
     from diloco_chaos.chaos.schedule import FaultSpec
@@ -22,6 +22,12 @@ class SlowParams:
     """Seconds of one run+stop cycle (default 0.2)."""
     jitter: float | None = bounded(None, 0.0, 0.9)
     """The target speed varies per period, uniformly in speed x (1 +- jitter), seeded (default 0)."""
+    relative_to: str | None = choice(None, ("others", "own"))
+    """"others" (default): the learner's steps are held to `speed` x the unslowed learners' progress, so it
+    falls behind them whatever they do (and stops when they stop). "own": a fixed duty cycle, running the first
+    `speed` of each period: an older chip that is slower by itself, which keeps its pace while fast learners
+    wait (what a bounded wait for a straggler's merge needs: with "others" the straggler waits for the
+    waiting learners, and every wait runs to its bound)."""
 
 
 @register
@@ -35,4 +41,5 @@ class Slow(FaultKind):
 
     def apply(self, ctx: FaultContext, spec: FaultSpec) -> FaultHandle:
         p = spec.options
-        return ctx.process().slow(spec.target_learner, p.speed, p.period_s or 0.2, p.jitter or 0.0)
+        return ctx.process().slow(spec.target_learner, p.speed, p.period_s or 0.2, p.jitter or 0.0,
+                                  own=p.relative_to == "own")
