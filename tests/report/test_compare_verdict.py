@@ -94,3 +94,16 @@ def test_the_default_bound_is_the_parity_gap_plus_the_measured_spread() -> None:
         assert [c.holds for c in claim] == [holds], claim
         assert claim[0].claim == f"decoupled final eval within {allowed:.3f} of fault-free ddp"
         assert f"parity gap at {steps} steps" in claim[0].figures
+
+
+def test_the_printed_table_lists_a_torchrun_restarts_phases_and_no_section_without_one() -> None:
+    from diloco_chaos.harness.report.compare import table
+
+    plain = rows(0.9, 1.0, 0.6)
+    assert "restarts (elastic.engine" not in table(plain)
+    phases = {"detect": 0.21, "stop": 0.5, "rendezvous": 1.25, "spawn": 0.4, "worker_init": 11.8, "pg_init": 0.05,
+              "checkpoint_load": None, "restarts": 2.0, "steps_redone": 17.0}
+    el = dataclasses.replace(r("elastic_ddp, with faults", "elastic_ddp", 0.7, 1.0, 0.1), restart_phases=phases)
+    out = table([*plain, el])
+    assert ("elastic_ddp, with faults: 2 restart(s), 17 steps redone, detect 0.21, stop 0.50, rendezvous 1.25, "
+            "spawn 0.40, worker_init 11.80, pg_init 0.05") in out, out

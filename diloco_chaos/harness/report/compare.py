@@ -219,7 +219,17 @@ def table(rows: list[RunRow]) -> str:
     lines = ["  ".join(c[i].ljust(widths[i]) if i in (0, len(head) - 1) else c[i].rjust(widths[i])
                        for i in range(len(head))).rstrip() for c in cells]
     notes = [f"{r.label}: {r.note}" for r in rows if r.note]
-    return "\n".join(lines + (["", "notes:", *(f"  {n}" for n in notes)] if notes else []))
+    restarts = [f"{r.label}: {restart_line(r.restart_phases)}" for r in rows if r.restart_phases]
+    return "\n".join(lines + (["", "notes:", *(f"  {n}" for n in notes)] if notes else [])
+                     + (["", "restarts (elastic.engine = torchrun; seconds, summed over restarts):",
+                         *(f"  {x}" for x in restarts)] if restarts else []))
+
+
+def restart_line(phases: dict[str, float]) -> str:
+    """RunRow.restart_phases in one line: how many restarts, steps redone, then each measured phase."""
+    counts = f"{int(phases.get('restarts', 0))} restart(s), {int(phases.get('steps_redone', 0))} steps redone"
+    timed = [f"{k} {v:.2f}" for k, v in phases.items() if k not in ("restarts", "steps_redone") and v is not None]
+    return ", ".join([counts, *timed])
 
 
 def verdicts(r: RunRow) -> str:
