@@ -42,9 +42,10 @@ def merge(t: float, p: int, version: int, parts: list[tuple[int, int, int]], tok
               step_ranges=[[a, b] for _, a, b in parts], base_versions=[version - 1] * len(parts), round=version)
 
 
-def apply(t: float, m: int, s: int, p: int, version: int, pulled: int | None) -> dict[str, Any]:
+def apply(t: float, m: int, s: int, p: int, version: int, pulled: int | None,
+          broadcast: bool = False) -> dict[str, Any]:
     return ev(t, "apply", f"learner{m}.chip0", learner=m, step=s, fragments=[p], versions=[version], pulled=[pulled],
-              arrived=[s])
+              arrived=[s], broadcast=[broadcast])
 
 
 def parts_of(evs: list[dict[str, Any]], algorithm: str = "decoupled", fragments: int = 2) -> dict[str, float]:
@@ -83,6 +84,20 @@ def test_a_broadcast_overwrite_a_restart_and_a_redone_step_are_each_counted() ->
     assert got["merged"] == 800 and got["discarded_broadcast"] == 400
     assert got["discarded_restart"] == 400, "the first step 3 (both fragments) was lost with the learner"
     assert got["trained"] == 1600 and got["in_flight_at_end"] == 0
+
+
+@pytest.mark.parametrize(("broadcast", "part"), [(True, "discarded_broadcast"), (False, "discarded_restart")])
+def test_a_value_it_did_not_pull_discards_as_a_broadcast_or_as_a_rejoin(broadcast: bool, part: str) -> None:
+    """Learner 1 pushed fragment 0's steps 1-2 and was left out of the merge (K = 1), which it then applied at
+    step 2: with nothing unpushed to lose it writes no fragment_overwritten, and its pushed steps no merge took are
+    lost to that broadcast (diloco.broadcast = all). The same apply of a value it did not pull without the
+    broadcast flag is the current value taken on (re)joining: a restart's loss. (A fault-free default run counted
+    2560 tokens as discarded_restart before the apply record said which.)"""
+    evs = [step(1.0, 1, 1), step(2.0, 1, 2), merge(2.5, 1, 1, [(1, 1, 2)]),
+           apply(2.6, 1, 2, 0, 1, pulled=None, broadcast=broadcast)]
+    got = parts_of(evs)
+    assert got[part] == 400 and got["merged"] == 400 and got["unattributed"] == 0, got
+    assert got["discarded_restart" if broadcast else "discarded_broadcast"] == 0, got
 
 
 def test_a_declined_push_is_rejected_and_a_step_merged_but_never_logged_is_told_apart() -> None:

@@ -262,10 +262,10 @@ def chip_main(spec: ChipSpec) -> None:
                               cpu_s=round(time.process_time(), 4) if step % CPU_MARK_EVERY == 0 else None))
 
         def on_apply(step: int, applied: list[tuple[int, int]]) -> None:
-            facts = [core.frags[p].applied_from or (None, None) for p, _ in applied]
+            facts = [core.frags[p].applied_from or (None, None, False) for p, _ in applied]
             events.write(Apply(learner=spec.learner, step=step, fragments=[p for p, _ in applied],
                                versions=[v for _, v in applied], pulled=[f[0] for f in facts],
-                               arrived=[f[1] for f in facts]))
+                               arrived=[f[1] for f in facts], broadcast=[f[2] for f in facts]))
             for p, version in applied:  # diloco.broadcast = all: a merge it was not in discarded its work
                 over = core.frags[p].overwrote
                 if over is not None:

@@ -89,6 +89,9 @@ class Apply(Event):
     """decoupled: the learner step its push for each was pulled at (None: not from a pull of its own)."""
     arrived: list[int | None] | None = None
     """decoupled: the learner step each merged fragment arrived at."""
+    broadcast: list[bool] | None = None
+    """decoupled: whether each was the broadcast of a merge the learner was not in (diloco.broadcast = all), as
+    opposed to the answer to its own pull or the current value it took on (re)joining; None in older logs."""
     round: int | None = None
     """diloco: the outer round applied."""
 

@@ -140,8 +140,13 @@ def _builtin(evs: Sequence[Event], alg: algorithms.Algorithm, fragments: int, sy
                     continue  # every chip of a learner may log its apply
                 seen.add((e.learner, p, e.step))
                 pulled = (e.pulled or [])[i] if i < len(e.pulled or []) else None
+                broadcast = bool((e.broadcast or [])[i]) if i < len(e.broadcast or []) else False
                 if pulled is not None:
                     claims.append(Claim(e.t, e.learner, "discarded_overlap", p, e.step, pulled=pulled))
+                elif broadcast and (e.learner, p, e.step) not in overwritten:
+                    # a merge it was not in, over work its learner had already pushed (so no fragment_overwritten):
+                    # what no merge took of that work was lost to the broadcast, not to a restart
+                    claims.append(Claim(e.t, e.learner, "discarded_broadcast", p, e.step))
                 elif (e.learner, p, e.step) not in overwritten:
                     claims.append(Claim(e.t, e.learner, "discarded_restart", p, e.step))
         elif isinstance(e, Apply) and e.round is not None:

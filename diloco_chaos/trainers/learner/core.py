@@ -154,9 +154,9 @@ class FragmentState:
     overwrote: tuple[int, float] | None = None
     """Host: (first step discarded, its tokens / P) of the last apply of a merge it was not in (broadcast = all),
     None when that apply discarded nothing; for the `fragment_overwritten` record."""
-    applied_from: tuple[int | None, int] | None = None
-    """Host: (pulled step, arrival step) of the merged value last applied, for the apply event (the `apply_schedule`
-    invariant checks the apply step against them)."""
+    applied_from: tuple[int | None, int, bool] | None = None
+    """Host: (pulled step, arrival step, broadcast) of the merged value last applied, for the apply event (the
+    `apply_schedule` invariant checks the apply step against them; broadcast: a merge it was not in)."""
 
 
 @dataclass
@@ -295,7 +295,7 @@ class LearnerCore:
         st = self.frags[p]
         st.overwrote = None
         if st.pending is not None:  # the host: what it applied, as the facts the apply event logs
-            st.applied_from = (st.pending.pulled_step, st.pending_arrived)
+            st.applied_from = (st.pending.pulled_step, st.pending_arrived, st.pending.broadcast)
             first = max(st.first_step, st.merged_upto + 1)
             if st.pending.broadcast and first <= self.step:  # a merge it was not in: its unmerged work is discarded
                 tokens = sum(self.step_tokens.get(s, 0) for s in range(first, self.step + 1))
