@@ -1,7 +1,8 @@
 """The paper's K table (Figure 6) in miniature, with enough seeds to say which differences are real.
 
-Not a test: it prints a table. M = 4 learners x 1 chip, learners 2 and 3 held to `--speed` of the fast ones with
-`--jitter` (the `slow` fault), the scenario of bench/quorum_stragglers.py. Rows: K = M (wait for all), K = 1 without
+Not a test: it prints a table. M = 4 learners x 1 chip, learners 2 and 3 held to `--speed` of their own pace (or, with
+`--relative-to others`, of the fast ones' progress) with `--jitter` (the `slow` fault), the scenario of
+bench/quorum_stragglers.py. Rows: K = M (wait for all), K = 1 without
 grace, K = 1 with the adaptive grace window, each under every `--apply-wait` given (diloco.apply_wait) with
 `--broadcast` (diloco.broadcast). For each row over `--seeds` seeds: mean +- sd of goodput, uptime, participants per
 merge, final eval loss and tokens merged / trained; then, for each pair of rows with the same apply_wait, a
@@ -9,7 +10,7 @@ two-sided permutation test on the final eval loss and on goodput (the share of t
 difference of means is at least the measured one: a p-value that assumes no distribution).
 
     python bench/k_table.py [--seeds 10] [--steps 200] [--broadcast all] [--apply-wait on_arrival block]
-                            [--speed 0.5] [--jitter 0.2] [--json out.json]
+                            [--speed 0.5] [--jitter 0.2] [--relative-to own] [--json out.json]
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ FIGURES = ("goodput", "uptime", "participants", "final", "merged_frac")
 PERMUTATIONS = 10_000
 
 
-def run(seed: int, steps: int, diloco: dict[str, Any], speed: float, jitter: float,
+def run(seed: int, steps: int, diloco: dict[str, Any], speed: float, jitter: float, relative_to: str,
         runs_dir: str) -> dict[str, float] | str:
     """One run's figures, or why it failed (its run directory is kept under `runs_dir`)."""
     sc = from_dict({
@@ -45,7 +46,8 @@ def run(seed: int, steps: int, diloco: dict[str, Any], speed: float, jitter: flo
         "train": {"steps": steps, "budget": "total"},
         "diloco": {"fragments": 8, "sync_every": 8, "overlap": 2, **diloco},
         "eval": {"every_s": 5.0},
-        "faults": [{"action": "slow", "learner": m, "speed": speed, "jitter": jitter} for m in (2, 3)],
+        "faults": [{"action": "slow", "learner": m, "speed": speed, "jitter": jitter, "relative_to": relative_to}
+                   for m in (2, 3)],
     })
     try:
         res = run_scenario(sc, runs_dir)
@@ -80,6 +82,9 @@ def main() -> None:
     ap.add_argument("--apply-wait", nargs="+", default=["on_arrival", "block"])
     ap.add_argument("--speed", type=float, default=0.5)
     ap.add_argument("--jitter", type=float, default=0.2)
+    ap.add_argument("--relative-to", default="own", choices=("own", "others"),
+                    help="the stragglers' speed: of their own pace (a fixed duty cycle, default) or of the fast "
+                         "learners' progress (they then stop whenever the fast ones wait)")
     ap.add_argument("--json", default=None, help="also write every run's figures here")
     ap.add_argument("--runs-dir", default=None, help="where failed runs' directories are kept (default: a new "
                                                      "temporary directory, printed)")
@@ -92,7 +97,7 @@ def main() -> None:
             diloco = {**cfg, "broadcast": a.broadcast, "apply_wait": wait}
             rows[(name, wait)] = []
             for seed in range(a.seeds):
-                got = run(seed, a.steps, diloco, a.speed, a.jitter, runs_dir)
+                got = run(seed, a.steps, diloco, a.speed, a.jitter, a.relative_to, runs_dir)
                 print(f"  {name} apply_wait={wait} seed {seed}: {got}", flush=True)
                 if isinstance(got, str):
                     failed.append(f"{name} apply_wait={wait} seed {seed}: {got}")
@@ -101,7 +106,8 @@ def main() -> None:
     if a.json:
         with open(a.json, "w") as f:
             json.dump({f"{n}|{w}": r for (n, w), r in rows.items()}, f, indent=1)
-    print(f"\nM=4 x 1 chip, learners 2 and 3 at speed {a.speed} (jitter {a.jitter}), {a.steps} steps a learner "
+    print(f"\nM=4 x 1 chip, learners 2 and 3 at speed {a.speed} of the {a.relative_to} pace (jitter {a.jitter}), "
+          f"{a.steps} steps a learner "
           f"(budget total), broadcast {a.broadcast}, {a.seeds} seeds a row; mean +- sd")
     print(f"{'row':28}" + "".join(f"{k:>18}" for k in FIGURES) + f"{'runs':>6}")
     for (name, wait), runs in rows.items():

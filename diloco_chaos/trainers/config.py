@@ -68,12 +68,12 @@ class DilocoConfig:
     """H: inner steps between two syncs of the same fragment (also DiLoCo's round length)."""
     overlap: int = bounded(2, 0, 1_000_000)
     """tau: a merged fragment is applied tau steps after it was sent, or on arrival if later."""
-    broadcast: str = choice("participants", ("all", "participants"))
-    """Who receives a merged fragment. all (the paper's syncer loop, step 7): every connected learner; one that
-    was not in the merge overwrites its copy on arrival and resets that fragment's counters, discarding its
-    unmerged work on it (a `fragment_overwritten` record). participants (the default until every suite and the
-    K table are measured with all): only the merge's participants (a left-out learner keeps its work and sends
-    it in a later round)."""
+    broadcast: str = choice("all", ("all", "participants"))
+    """Who receives a merged fragment. all (the default; the paper's syncer loop, step 7): every connected
+    learner; one that was not in the merge overwrites its copy on arrival and resets that fragment's counters,
+    discarding its unmerged work on it (a `fragment_overwritten` record). participants: only the merge's
+    participants (a left-out learner keeps its work and sends it in a later round; this project's behaviour
+    before the paper's was measured)."""
     apply_wait: str = choice("on_arrival", ("on_arrival", "block"))
     """What a learner does when the merge of a fragment it was pulled for at step s has not arrived by step
     s + tau. on_arrival: step on and apply it whenever it comes. block: wait for it, at most timeouts.liveness_s
