@@ -37,6 +37,8 @@ MUTATIONS: dict[str, str] = {
                            "comes back one merge behind and makes that version again (fault path: kill_syncer)."),
     "restore_tokens_reset": ("a restored syncer's count of tokens merged starts again from zero instead of the "
                              "checkpointed count (fault path: kill_syncer)."),
+    "restore_drops_momentum": ("a restored syncer drops each fragment's outer Nesterov momentum (restarts it "
+                               "from zero) instead of loading it from the checkpoint (fault path: kill_syncer)."),
     "resume_one_step_early": ("a restarted learner resumes one step too early: after its initial pull it trains its "
                               "last logged step again, so its counters hold a step its step range does not "
                               "(fault path: a learner restart)."),

@@ -323,6 +323,10 @@ class Merge(Event):
     """decoupled: norms of the merge (diloco_chaos/trainers/merge/outer_gradient.py MergeNorms)."""
     outer_lr: float | None = None
     """decoupled: the outer learning rate used (NaN: not recorded)."""
+    momentum_in: float | None = None
+    """decoupled: norm of the fragment's outer momentum before the merge's step (`outer_momentum` invariant)."""
+    momentum_out: float | None = None
+    """decoupled: norm of the fragment's outer momentum after the merge's step."""
     overwrites: list[int] | None = None
     """decoupled, broadcast = all: the alive learners not in the merge it was sent to (each overwrites its copy)."""
 

@@ -253,6 +253,7 @@ class DecoupledHandler:
             tokens=tokens, tokens_merged=tokens_merged,
             outer_grad_norm=rec.outer_grad_norm, digest=fragment_digest(rec.tensors),
             norms=dataclasses.asdict(rec.norms), outer_lr=rec.outer_lr, overwrites=overwrites,
+            momentum_in=rec.momentum_in, momentum_out=rec.momentum_out,
         ))
 
     def _overwrites(self, learner: int, p: int, version: int) -> bool:
