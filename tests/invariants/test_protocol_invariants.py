@@ -107,8 +107,9 @@ def with_momentum(evs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for e in evs:
         if e["ev"] == "merge":
             p = e["fragment"]
-            e.update(momentum_in=left.get(p, 0.0), momentum_out=left.get(p, 0.0) * 0.9 + 1.0 + p)
-            left[p] = e["momentum_out"]
+            e["norms"] = {**e.get("norms", {}), "momentum_in": left.get(p, 0.0),
+                          "momentum_out": left.get(p, 0.0) * 0.9 + 1.0 + p}
+            left[p] = e["norms"]["momentum_out"]
     return evs
 
 
@@ -125,7 +126,7 @@ def test_outer_lr_checks_that_each_step_starts_from_the_momentum_the_previous_on
                  merges=2, clock=4, tokens_merged=0.0, digests={}, merged_into={})
     holds(outer_lr(write_run(tmp_path, sorted([*evs, restore], key=lambda e: e["t"]), name="b")))
     dropped = copy.deepcopy(evs)
-    [e for e in dropped if e["ev"] == "merge" and e["fragment"] == 0][1]["momentum_in"] = 0.0
+    [e for e in dropped if e["ev"] == "merge" and e["fragment"] == 0][1]["norms"]["momentum_in"] = 0.0
     violated(outer_lr(write_run(tmp_path, sorted([*dropped, restore], key=lambda e: e["t"]), name="c")),
              "starting momentum 1 > bound 0.01",
              f"fragment 0 v{second['version']}: its step started from momentum norm 0 after a syncer restore, "

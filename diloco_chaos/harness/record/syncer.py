@@ -320,13 +320,9 @@ class Merge(Event):
     digest: str | None = None
     """decoupled: hash of the merged fragment (diloco_chaos/harness/syncer/fragment_checkpoint.py fragment_digest)."""
     norms: dict[str, float] | None = None
-    """decoupled: norms of the merge (diloco_chaos/trainers/merge/outer_gradient.py MergeNorms)."""
+    """decoupled: MergeNorms (diloco_chaos/trainers/merge/outer_gradient.py), momentum_in / momentum_out (outer_lr)."""
     outer_lr: float | None = None
     """decoupled: the outer learning rate used (NaN: not recorded)."""
-    momentum_in: float | None = None
-    """decoupled: norm of the fragment's outer momentum before the merge's step (`outer_momentum` invariant)."""
-    momentum_out: float | None = None
-    """decoupled: norm of the fragment's outer momentum after the merge's step."""
     overwrites: list[int] | None = None
     """decoupled, broadcast = all: the alive learners not in the merge it was sent to (each overwrites its copy)."""
 

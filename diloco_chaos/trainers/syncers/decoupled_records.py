@@ -124,7 +124,7 @@ class MergeRecord:
     """The outer step's effective learning rate, measured on the tensors (`outer_lr` invariant)."""
     momentum_in: float = 0.0
     momentum_out: float = 0.0
-    """The norm of the fragment's outer momentum before and after this merge's step (`outer_momentum` invariant)."""
+    """The norm of the fragment's outer momentum before and after this merge's step (`outer_lr` invariant)."""
 
 
 @dataclass

@@ -24,9 +24,9 @@ from diloco_chaos.trainers.config import DilocoConfig
 def outer_lr(run: Run, *, rel_tol: float = 1e-2, show: int = 3) -> InvariantResult:
     """Per merge, the outer step's effective learning rate it logged (`outer_lr`: the applied change's norm over
     the Nesterov direction's, diloco_chaos.trainers.merge.outer_optimizer) equals diloco.outer_lr within `rel_tol`
-    (relative); and the norm of its fragment's momentum before the step (`momentum_in`) equals the norm the
-    fragment's previous merge left (`momentum_out`; 0 before its first), within `rel_tol`. A restored syncer
-    (`syncer_restore`, of the fragment's shard) between the two must have loaded the momentum with the fragment:
+    (relative); and the norm of its fragment's momentum before the step (`momentum_in`, in the merge's `norms`)
+    equals the norm the fragment's previous merge left (`momentum_out`; 0 before its first), within `rel_tol`. A
+    restored syncer (`syncer_restore`, of the fragment's shard) between the two must have loaded the momentum:
     the pair is compared when it restored the version the previous merge made, and skipped (counted) when it
     restored another (a merge checkpointed but never logged). Merges that logged no momentum (an older run) are
     not compared.
@@ -84,13 +84,12 @@ def _momentum(records: list, rel_tol: float) -> tuple[float, list[str], int, int
         prev = last.get(p)
         last[p] = e
         back = restored.pop(p, None)
-        if e.momentum_in is None or (prev is not None and prev.momentum_out is None):
+        got, want = _norm(e, "momentum_in"), _norm(prev, "momentum_out") if prev is not None else 0.0
+        if got is None or want is None:
             continue
         if back is not None and back != (prev.version if prev is not None else 0):
             skipped += 1
             continue
-        want = float(prev.momentum_out) if prev is not None and prev.momentum_out is not None else 0.0
-        got = float(e.momentum_in)
         dev = abs(got - want) / max(abs(want), 1e-12) if got != want else 0.0
         compared += 1
         if dev > rel_tol:
@@ -99,3 +98,9 @@ def _momentum(records: list, rel_tol: float) -> tuple[float, list[str], int, int
                        f"previous step of the fragment left {want:.6g}")
         worst = max(worst, dev)
     return worst, bad, compared, skipped
+
+
+def _norm(e: Merge, key: str) -> float | None:
+    """A momentum norm a merge logged in its `norms` (None: an older run, which logged none)."""
+    value = (e.norms or {}).get(key)
+    return None if value is None else float(value)
