@@ -10,7 +10,10 @@ rate. Scenarios (2 learners x 1 chip, P = H = 4, tau = 3):
 
 * `fault_free`: no fault; every mutation but skip_initial_pull runs on it;
 * `restart`: learner 1 killed (`kill_learner`) when learner 0 reaches a third of its steps, restarted after
-  0.5 s (`recovery.policy = "restart"`): the scenario a restarted learner's initial pull needs.
+  0.5 s (`recovery.policy = "restart"`): the scenario a restarted learner's initial pull needs (skip_initial_pull,
+  resume_one_step_early);
+* `syncer_restart`: the syncer killed (`kill_syncer`) when learner 0 reaches a third of its steps, restored from its
+  per-merge checkpoint after 0.5 s (`recovery.syncer_policy = "restart"`): the fault path of the restore_* mutations.
 
 `converged` is bounded by the median final eval loss of the unmodified runs of the same scenario plus
 `--loss-tolerance` (0.5 nats: asynchronous runs on a loaded 2-core machine spread by ~0.4 at this length).
@@ -38,7 +41,11 @@ from diloco_chaos.trainers.mutations import ENV_VAR, MUTATIONS
 
 NONE = "none"
 """The unmodified algorithm: its detections are false alarms."""
-SCENARIO_OF = {name: "fault_free" for name in MUTATIONS} | {"skip_initial_pull": "restart"}
+SCENARIO_OF = ({name: "fault_free" for name in MUTATIONS}
+               | {"skip_initial_pull": "restart", "resume_one_step_early": "restart"}
+               | {name: "syncer_restart" for name in MUTATIONS if name.startswith("restore_")})
+"""The scenario each mutation runs on: a fault-path mutation needs the fault whose path it sits on
+(docs/explore-planted.md)."""
 LOSS_TOLERANCE = 0.5
 RUN_TIMEOUT_S = 300.0
 CHILD = ("import json, sys\n"
@@ -49,7 +56,8 @@ CHILD = ("import json, sys\n"
 
 
 def scenario_table(kind: str, seed: int, steps: int) -> dict[str, Any]:
-    """The scenario `kind` (fault_free or restart) as a table for diloco_chaos.harness.config.scenario.from_dict."""
+    """The scenario `kind` (fault_free, restart or syncer_restart) as a table for
+    diloco_chaos.harness.config.scenario.from_dict."""
     table: dict[str, Any] = {
         "name": f"sensitivity-{kind}", "seed": seed, "algorithm": "decoupled",
         "topology": {"learners": 2, "chips_per_learner": 1},
@@ -61,6 +69,9 @@ def scenario_table(kind: str, seed: int, steps: int) -> dict[str, Any]:
     if kind == "restart":
         table["recovery"] = {"policy": "restart", "repair_s": 0.5, "max_restarts": 2}
         table["faults"] = [{"action": "kill_learner", "learner": 1, "at": {"step": steps // 3, "learner": 0}}]
+    if kind == "syncer_restart":
+        table["recovery"] = {"syncer_policy": "restart", "syncer_repair_s": 0.5, "syncer_checkpoint": "every_merge"}
+        table["faults"] = [{"action": "kill_syncer", "at": {"step": steps // 3, "learner": 0}}]
     return table
 
 

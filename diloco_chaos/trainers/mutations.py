@@ -33,6 +33,15 @@ MUTATIONS: dict[str, str] = {
     "final_before_rejoin": ("a finished learner's final pushes are declined as before_rejoin (and dropped from "
                             "the carried ones) when it reconnects to a restored syncer, as before issue 26."),
     "skip_initial_pull": "a restarted learner skips its initial pull of the global model before its first step.",
+    "restore_older_slot": ("a restored syncer loads each fragment's older checkpoint slot instead of the newest: it "
+                           "comes back one merge behind and makes that version again (fault path: kill_syncer)."),
+    "restore_tokens_reset": ("a restored syncer's count of tokens merged starts again from zero instead of the "
+                             "checkpointed count (fault path: kill_syncer)."),
+    "restore_drops_momentum": ("a restored syncer drops each fragment's outer Nesterov momentum (restarts it "
+                               "from zero) instead of loading it from the checkpoint (fault path: kill_syncer)."),
+    "resume_one_step_early": ("a restarted learner resumes one step too early: after its initial pull it trains its "
+                              "last logged step again, so its counters hold a step its step range does not "
+                              "(fault path: a learner restart)."),
 }
 """Every mutation name, with what it breaks."""
 

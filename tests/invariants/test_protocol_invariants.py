@@ -94,10 +94,46 @@ def test_outer_lr(tmp_path: Path) -> None:
     holds(outer_lr(write_run(tmp_path, good(), name="a")))
     evs = good()
     first(evs, "merge", fragment=1)["outer_lr"] = LR / 2
-    violated(outer_lr(write_run(tmp_path, evs, name="b")), "effective outer lr 0.5 > bound 0.01",
+    violated(outer_lr(write_run(tmp_path, evs, name="b")), "starting momentum 0.5 > bound 0.01",
              f"fragment 1 v1: effective lr {LR / 2:g}")
     first(evs, "merge", fragment=1)["outer_lr"] = float("nan")  # a zero direction: nothing to measure
     assert "1 with a zero direction skipped" in holds(outer_lr(write_run(tmp_path, evs, name="c"))).detail
+
+
+def with_momentum(evs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every merge with the norms of its fragment's outer momentum before and after its step, carried over: each
+    step starts from what the fragment's previous step left (0 before its first)."""
+    left: dict[int, float] = {}
+    for e in evs:
+        if e["ev"] == "merge":
+            p = e["fragment"]
+            e["norms"] = {**e.get("norms", {}), "momentum_in": left.get(p, 0.0),
+                          "momentum_out": left.get(p, 0.0) * 0.9 + 1.0 + p}
+            left[p] = e["norms"]["momentum_out"]
+    return evs
+
+
+def test_outer_lr_checks_that_each_step_starts_from_the_momentum_the_previous_one_left(tmp_path: Path) -> None:
+    """A restored syncer that dropped a fragment's outer momentum (mutation restore_drops_momentum) starts its next
+    step of that fragment from 0, not from what the merge before the crash left: outer_lr fails naming it. A
+    restore that loaded the same version with its momentum holds; one that loaded another version (a merge it
+    checkpointed but never logged) is not compared."""
+    evs = with_momentum(good())
+    res = holds(outer_lr(write_run(tmp_path, evs, name="a")))
+    assert "momentum carried over in 5 steps" in res.detail, res.detail
+    second = [e for e in evs if e["ev"] == "merge" and e["fragment"] == 0][1]
+    restore = ev("syncer_restore", second["t"] - 0.01, fragments=[0, 1], versions=[second["version"] - 1, 2],
+                 merges=2, clock=4, tokens_merged=0.0, digests={}, merged_into={})
+    holds(outer_lr(write_run(tmp_path, sorted([*evs, restore], key=lambda e: e["t"]), name="b")))
+    dropped = copy.deepcopy(evs)
+    [e for e in dropped if e["ev"] == "merge" and e["fragment"] == 0][1]["norms"]["momentum_in"] = 0.0
+    violated(outer_lr(write_run(tmp_path, sorted([*dropped, restore], key=lambda e: e["t"]), name="c")),
+             "starting momentum 1 > bound 0.01",
+             f"fragment 0 v{second['version']}: its step started from momentum norm 0 after a syncer restore, "
+             "the previous step of the fragment left 1")
+    other = {**restore, "versions": [second["version"], 2]}  # checkpointed a merge the log does not show
+    res = holds(outer_lr(write_run(tmp_path, sorted([*dropped, other], key=lambda e: e["t"]), name="d")))
+    assert "(1 after a restore of another version, not compared)" in res.detail, res.detail
 
 
 def test_token_weights(tmp_path: Path) -> None:

@@ -40,6 +40,7 @@ from diloco_chaos.harness.record.learner import (
 from diloco_chaos.harness.run.procutil import become_run_process, cpu_seconds, print_error, stderr_to_file
 from diloco_chaos.harness.wire.frame_limit import max_frame_bytes
 from diloco_chaos.harness.wire.precision import wire_dtype_for
+from diloco_chaos.trainers import mutations
 from diloco_chaos.trainers.learner.core import CollectiveFailed, LearnerCore
 from diloco_chaos.trainers.learner.lockstep import await_round, due_here
 from diloco_chaos.trainers.learner.loops import ApplyHook, BatchFn, RegroupHook, StepHook, sync_replicas
@@ -293,6 +294,8 @@ def chip_main(spec: ChipSpec) -> None:
             for st in core.frags:  # counters count from here (a fragment the pull does not update included)
                 st.first_step = spec.start_step + 1
             algorithm.resume_learner(ctx)
+            if mutations.active("resume_one_step_early"):  # mutation: the last logged step is trained again
+                core.step -= 1
         algorithm.run_learner(ctx)
         if spec.rank == 0:
             events.write(LearnerDone(learner=spec.learner, steps=core.step, finite=core.finite(),

@@ -320,7 +320,7 @@ class Merge(Event):
     digest: str | None = None
     """decoupled: hash of the merged fragment (diloco_chaos/harness/syncer/fragment_checkpoint.py fragment_digest)."""
     norms: dict[str, float] | None = None
-    """decoupled: norms of the merge (diloco_chaos/trainers/merge/outer_gradient.py MergeNorms)."""
+    """decoupled: MergeNorms (diloco_chaos/trainers/merge/outer_gradient.py), momentum_in / momentum_out (outer_lr)."""
     outer_lr: float | None = None
     """decoupled: the outer learning rate used (NaN: not recorded)."""
     overwrites: list[int] | None = None

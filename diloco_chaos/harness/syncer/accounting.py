@@ -18,6 +18,7 @@ import torch
 
 from diloco_chaos.harness.run.rundir import atomic_torch_save
 from diloco_chaos.harness.syncer.fragment_checkpoint import FragmentCheckpoints
+from diloco_chaos.trainers import mutations
 from diloco_chaos.trainers.syncers.core import SyncerCore
 from diloco_chaos.trainers.syncers.decoupled_records import MergeRecord
 
@@ -78,6 +79,8 @@ class Accounting:
         """The newest valid slot of every fragment, and why any slot was rejected; restores the token counts."""
         states, rejected = FragmentCheckpoints(os.path.join(self.run_dir, self.state_dir)).load(max_frame)
         for st in states:
+            if mutations.active("restore_tokens_reset"):  # mutation: the checkpointed count is not restored
+                continue
             self.frag_tokens[int(st["fragment"])] = float(st["tokens_merged"])
         self.tokens_merged = sum(self.frag_tokens)
         return states, rejected

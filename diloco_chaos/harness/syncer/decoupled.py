@@ -252,7 +252,8 @@ class DecoupledHandler:
             wait_s=rec.merged_at - rec.started_at, broadcast_s=time.monotonic() - t0,
             tokens=tokens, tokens_merged=tokens_merged,
             outer_grad_norm=rec.outer_grad_norm, digest=fragment_digest(rec.tensors),
-            norms=dataclasses.asdict(rec.norms), outer_lr=rec.outer_lr, overwrites=overwrites,
+            norms={**dataclasses.asdict(rec.norms), "momentum_in": rec.momentum_in, "momentum_out": rec.momentum_out},
+            outer_lr=rec.outer_lr, overwrites=overwrites,
         ))
 
     def _overwrites(self, learner: int, p: int, version: int) -> bool:

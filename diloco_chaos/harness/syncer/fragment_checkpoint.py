@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from diloco_chaos.harness.wire.framing import FrameError, Message, MsgType, decode_frame, encode
+from diloco_chaos.trainers import mutations
 
 SLOTS = 2
 _NAME = re.compile(r"fragment-(\d+)\.slot([01])$")
@@ -123,7 +124,10 @@ class FragmentCheckpoints:
             except (FrameError, ValueError, KeyError) as e:
                 rejected.append(f"{os.path.basename(path)}: {type(e).__name__}: {e}")
                 continue
-            if p not in best or int(state["version"]) > int(best[p]["version"]):
+            newer = p not in best or int(state["version"]) > int(best[p]["version"])
+            if mutations.active("restore_older_slot") and p in best:  # mutation: the older valid slot is kept
+                newer = not newer
+            if newer:
                 best[p] = state
         return [best[p] for p in sorted(best)], rejected
 

@@ -98,6 +98,15 @@ class NesterovOuterOptimizer:
         holds, without copying every fragment's buffers as `state_dict` does."""
         return {name: buf.detach().clone() for name, buf in self._bufs.get(key, {}).items()}
 
+    def momentum_norm(self, key: str) -> float:
+        """The L2 norm of one key's momentum buffers, over all of its tensors (0.0 before its first step): what a
+        merge logs before and after its step, so the `outer_lr` invariant can check that each step starts
+        from the momentum the previous one left (across a syncer restore too)."""
+        bufs = self._bufs.get(key, {})
+        if not bufs:
+            return 0.0
+        return float(torch.sqrt(torch.stack([(b.double() ** 2).sum() for b in bufs.values()]).sum()))
+
     def state_dict(self) -> dict:
         """Momentum buffers as {"buffers": {key: {name: tensor}}} (copies; safe for torch.save)."""
         return {

@@ -156,6 +156,8 @@ class DecoupledSyncer:
             self.versions[p] = int(st["version"])
             self.round_ids[p] = int(st["round_id"])
             buffers[f"frag{p}"] = st["momentum"]
+            if mutations.active("restore_drops_momentum"):  # mutation: the outer momentum restarts from zero
+                del buffers[f"frag{p}"]
             self.clock = max(self.clock, int(st["clock"]))
             for m, step in st["reported_step"].items():
                 self.reported_step[int(m)] = max(int(step), self.reported_step.get(int(m), 0))
@@ -421,6 +423,7 @@ class DecoupledSyncer:
                                self.cfg.merge_rule, anchors, norms)
         if not all_finite(delta.values()):  # unreachable while pushes are checked; kept as a last guard
             raise FloatingPointError(f"non-finite outer gradient for fragment {p}")
+        momentum_in = self.outer.momentum_norm(f"frag{p}")
         outer_lr = self.outer.step(f"frag{p}", frag, delta)
         self.versions[p] += 1
         if self.cfg.outer_anchor == "base":
@@ -444,4 +447,5 @@ class DecoupledSyncer:
             reason=reason, grace_s=grace_s,
             started_at=rnd.started_at, quorum_at=rnd.quorum_at, merged_at=now,
             tensors={n: t.clone() for n, t in frag.items()}, outer_grad_norm=norm, norms=norms, outer_lr=outer_lr,
+            momentum_in=momentum_in, momentum_out=self.outer.momentum_norm(f"frag{p}"),
         )

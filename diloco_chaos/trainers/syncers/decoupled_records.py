@@ -122,6 +122,9 @@ class MergeRecord:
     """Radial and merged norms of the outer gradient, measured in the merge (`rda_norms` invariant)."""
     outer_lr: float = float("nan")
     """The outer step's effective learning rate, measured on the tensors (`outer_lr` invariant)."""
+    momentum_in: float = 0.0
+    momentum_out: float = 0.0
+    """The norm of the fragment's outer momentum before and after this merge's step (`outer_lr` invariant)."""
 
 
 @dataclass
