@@ -80,8 +80,8 @@ def test_apply_wait_block_waits_bounded_and_goodput_counts_it(run_scenario):
     res = run_scenario(scenario("all", "block", faults=[]))
     waits = res.of("apply_wait")
     bound = float(res.record.config.get("timeouts", {}).get("liveness_s", 3.0))
-    res.figures({"waits": len(waits), "at_overlap_end": sum(w["step"] == w["pulled"] + 1 for w in waits), "waited_s":
-    round(sum(w["waited_s"] for w in waits), 3),
+    res.figures({"waits": len(waits), "at_overlap_end": sum(w["step"] == w["pulled"] + 1 for w in waits),
+                 "waited_s": round(sum(w["waited_s"] for w in waits), 3),
                  "outcomes": sorted({w["outcome"] for w in waits}), "goodput": res.report.get("goodput")})
     assert waits, "no learner waited at pulled + tau"
     for w in waits:
