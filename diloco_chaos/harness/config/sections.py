@@ -147,9 +147,10 @@ class LaunchConfig:
     hosts: Literal["local", "netns", "remote"] = choice("local", ("local", "netns", "remote"))
     """local: every process shares this machine's network (loopback); netns: each learner host gets its own
     Linux network namespace with a veth on a bridge, so learner<->syncer traffic crosses a real kernel network
-    path (diloco_chaos/harness/hosts/netns.py; needs root, `ip` and `nft`); remote: each learner host runs a host agent
-    an operator started there (`agents`), which starts the learner's torchrun and ships its events back
-    (diloco_chaos/harness/hosts/remote.py; needs backend = "torchrun" and links.proxy = "off")."""
+    path (diloco_chaos/harness/hosts/netns.py; needs root, `ip` and `nft`; links.proxy and links.backend auto pick no
+    proxy and the kernel backend there); remote: each learner host runs a host agent an operator started there
+    (`agents`), which starts the learner's torchrun and ships its events back (diloco_chaos/harness/hosts/remote.py;
+    needs backend = "torchrun" and links.proxy auto or "off")."""
     agents: tuple[str, ...] = ()
     """hosts = "remote": each learner's host agent, "host:port" (learner i's is the i-th; one per learner). The
     supervisor's machine must reach every one through the same local address: the syncer and the rendezvous
