@@ -41,7 +41,7 @@ def loop(switch_s: float, bg_ms: float, out: mp.Queue) -> None:
 
     if bg_ms > 0:
         threading.Thread(target=background, daemon=True).start()
-    sc = builtin()
+    sc = builtin("fault-free")
     core = LearnerCore(0, sc.model, sc.train, sc.diloco, sc.seed)
     shard = make_splits(sc.data, sc.topology.learners).shards[0]
     t0 = c0 = 0.0

@@ -54,7 +54,7 @@ def bare_chip(rank: int, size: int, port: int, steps: int, out: mp.Queue) -> Non
     torch.set_num_threads(1)  # the numeric settings every run process has (diloco_chaos/harness/run/procutil.py)
     torch.set_flush_denormal(FLUSH_DENORMAL)
     keep_heap()
-    sc = builtin()
+    sc = builtin("fault-free")
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=size,
                             timeout=datetime.timedelta(seconds=60))
@@ -122,7 +122,7 @@ def bare(steps: int, chips: int, neighbour_duty: float = 0.0) -> tuple[float, fl
 
 def harness(steps: int, chips: int, eval_every_s: float, proxy: str,
             eval_points: int = 0) -> tuple[float, float, float, float]:
-    sc = builtin()
+    sc = builtin("fault-free")
     sc = sc.replace(topology=type(sc.topology)(learners=1, chips_per_learner=chips),
                     train=type(sc.train)(steps=steps), eval=type(sc.eval)(every_s=eval_every_s, points=eval_points),
                     diloco=type(sc.diloco)(fragments=8, sync_every=8, overlap=2, min_quorum=1),

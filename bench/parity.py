@@ -1,6 +1,6 @@
 """Quality parity at miniature: each algorithm's final eval loss against fault-free ddp's at equal tokens.
 
-Not a test: it prints a table. For every step count in --steps, the scenario (the built-in default unless
+Not a test: it prints a table. For every step count in --steps, the scenario (the built-in fault-free one unless
 --scenario names a file or --suite a suite's scenario function, such as test_compare:compare_scenario) is run
 fault-free (its [[faults]] dropped) with each algorithm in --algorithms over seeds 0..N-1, with the --set overrides
 for all of them and --set-for ALGORITHM:KEY=VALUE for one of them (e.g. a DiLoCo outer learning rate). With
@@ -34,7 +34,7 @@ COLUMNS = (Column("steps", "steps", 6), Column("algorithm", "algorithm", 12, lef
 
 def main() -> None:
     ap = parser(__doc__)
-    ap.add_argument("--scenario", help="scenario file (default: the built-in default scenario)")
+    ap.add_argument("--scenario", help="scenario file (default: the built-in fault-free scenario)")
     ap.add_argument("--suite", metavar="MODULE:FUNCTION",
                     help="a suite's scenario function, e.g. test_compare:compare_scenario (instead of --scenario)")
     ap.add_argument("--steps", default="300", help="comma-separated train.steps values")
@@ -49,7 +49,7 @@ def main() -> None:
         module, _, function = args.suite.partition(":")
         sc = getattr(suite(module), function)()
     else:
-        sc = load(args.scenario) if args.scenario else builtin("default")
+        sc = load(args.scenario) if args.scenario else builtin("fault-free")
     base = sc.to_dict()
     base.pop("random_faults_source", None)
     base["faults"] = []

@@ -1,6 +1,6 @@
 """Run-to-run spread of the final eval loss: where it comes from and how large it is.
 
-Not a test: it prints a table. A scenario (the built-in default unless --scenario) is run over seeds
+Not a test: it prints a table. A scenario (the built-in fault-free one unless --scenario) is run over seeds
 0..N-1 (--seeds) and N times with one seed (--repeats): the first spread holds everything a seed changes
 (initial weights, data order, timing); the second only what differs between two runs of the same seed
 (merge order and the timing of pushes: what asynchrony makes, and the deterministic mode removes). For each
@@ -94,14 +94,14 @@ COLUMNS = (Column("set", "set", 16, left=True), Column("runs", "runs", 5), Colum
 
 def main() -> None:
     ap = parser(__doc__)
-    ap.add_argument("--scenario", help="scenario file (default: the built-in default scenario)")
+    ap.add_argument("--scenario", help="scenario file (default: the built-in fault-free scenario)")
     ap.add_argument("--seeds", type=int, default=10, help="run seeds 0..N-1")
     ap.add_argument("--repeats", type=int, default=0, help="also run the scenario's own seed N times")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a scenario key, e.g. diloco.deterministic=true or train.steps=200")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    sc = load(args.scenario) if args.scenario else builtin("default")
+    sc = load(args.scenario) if args.scenario else builtin("fault-free")
     table = sc.to_dict()
     table.pop("random_faults_source", None)
     table = merged(table, parse_set(args.set))

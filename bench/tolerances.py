@@ -60,9 +60,9 @@ def references() -> dict[str, Callable[[], Scenario]]:
         "elastic ddp fault-free": lambda: el.scenario("ddp").replace(faults=[]),
         "compare ddp fault-free": lambda: cmp.compare_scenario().replace(algorithm="ddp", faults=[]),
         "compare decoupled with faults": lambda: cmp.compare_scenario().replace(algorithm="decoupled"),
-        "default decoupled": lambda: builtin("default"),
-        "default diloco": lambda: builtin("default").replace(algorithm="diloco"),
-        "default ddp": lambda: builtin("default").replace(algorithm="ddp"),
+        "fault-free decoupled": lambda: builtin("fault-free"),
+        "fault-free diloco": lambda: builtin("fault-free").replace(algorithm="diloco"),
+        "fault-free ddp": lambda: builtin("fault-free").replace(algorithm="ddp"),
     }
 
 

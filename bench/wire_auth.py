@@ -31,7 +31,7 @@ COLUMNS = (Column("frame", "frame", 26, left=True), Column("kib", "KiB", 9, ".1f
 
 
 def frames() -> dict[str, Message]:
-    model = build_model(builtin("default").model, 0)
+    model = build_model(builtin("fault-free").model, 0)
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
     biggest = max(params.items(), key=lambda kv: kv[1].numel())
     meta = {"learner": 0, "fragment": 0, "base_version": 0, "c_steps": 4, "c_tokens": 64, "first_step": 0,

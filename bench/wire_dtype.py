@@ -1,6 +1,6 @@
 """Wire precision (diloco.wire_dtype): bytes on the links and final eval loss of each dtype, over seeds.
 
-Not a test: it prints a table. The built-in default scenario (decoupled, 4 learners x 2 chips) is run for each
+Not a test: it prints a table. The built-in fault-free scenario (decoupled, 4 learners x 2 chips) is run for each
 wire dtype and seeds 0..N-1 (--seeds), optionally with fewer steps (--steps; the figures in
 docs/wire-precision.md say which). Per dtype: the frame bytes every link carried up and down (report.json's
 wire_bytes_up / wire_bytes_down, all frames: tensors, metadata, PINGs), per merge, and as a fraction of fp32's
@@ -50,7 +50,7 @@ def main() -> None:
     ap.add_argument("--dtypes", default="fp32,bf16,int8,int4", help="comma-separated; fp32 first for ratios")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    table = builtin("default").to_dict()
+    table = builtin("fault-free").to_dict()
     table.pop("random_faults_source", None)
     if args.steps is not None:
         table["train"] = {**table["train"], "steps": args.steps}
@@ -71,7 +71,7 @@ def main() -> None:
             row["vs_fp32"] = statistics.median(t / (b["up"] + b["down"]) for t, b in zip(total, base, strict=True))
             row["dloss"] = row["loss"] - statistics.median(b["loss"] for b in base)
         rows.append(row)
-    print(f"default scenario, train.steps = {table['train']['steps']}, seeds 0-{args.seeds - 1}")
+    print(f"fault-free scenario, train.steps = {table['train']['steps']}, seeds 0-{args.seeds - 1}")
     emit(COLUMNS, rows, args.json, detail="finals")
 
 

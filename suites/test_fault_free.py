@@ -1,4 +1,4 @@
-"""Fault-free reference runs of the built-in default scenario (M=4 learners x C=2 chips), one per algorithm.
+"""Fault-free reference runs of the built-in fault-free scenario (M=4 learners x C=2 chips), one per algorithm.
 
 What: these are the baselines the chaos suites compare against. Each algorithm (decoupled, diloco, ddp) must
 converge from chance (ln 256 = 5.55 nats/byte) to well under 3.0 with every chip a real process in its own
@@ -27,15 +27,15 @@ import pytest
 from diloco_chaos.harness.config.scenario import builtin, from_dict
 from diloco_chaos.harness.report.tolerance import SEED_SD, Reference
 
-REFERENCES = {"decoupled": Reference("default decoupled", mean=2.031, sd=0.022),
-              "diloco": Reference("default diloco", mean=2.0581, sd=SEED_SD),
-              "ddp": Reference("default ddp", mean=1.7829, sd=SEED_SD)}
-"""The default scenario's final eval loss under each algorithm, repeated with its seed by bench/tolerances.py
+REFERENCES = {"decoupled": Reference("fault-free decoupled", mean=2.031, sd=0.022),
+              "diloco": Reference("fault-free diloco", mean=2.0581, sd=SEED_SD),
+              "ddp": Reference("fault-free ddp", mean=1.7829, sd=SEED_SD)}
+"""The fault-free scenario's final eval loss under each algorithm, repeated with its seed by bench/tolerances.py
 (docs/metrics.md, "Loss tolerances"; chance is 5.55 nats per byte): a fault-free run must end at most the
 reference's bound(), its mean plus 3 standard deviations of a two-run difference. diloco and ddp repeat exactly
 on one machine: their sd is diloco_chaos.harness.report.tolerance.SEED_SD."""
 LEARNERS, CHIPS = 4, 2
-"""The built-in default scenario's topology (diloco_chaos/harness/config/scenarios/default.toml)."""
+"""The built-in fault-free scenario's topology (diloco_chaos/harness/config/scenarios/fault-free.toml)."""
 MAX_GAP_S = {"decoupled": 1.5, "diloco": 5.0, "ddp": 1.5}
 """Longest the global model may stand still while at least K = 1 learner is alive (no_global_downtime). The
 decoupled syncer merges some fragment every ~0.1 s and ddp every step (longest gaps measured on this shared
@@ -55,8 +55,8 @@ design only moves once per round (~2 s here, longest gap measured 2.07 s): a rou
 
 
 @pytest.mark.parametrize("algorithm", ["decoupled", "diloco", "ddp"])
-def test_default_scenario_converges(run_scenario, algorithm):
-    sc = builtin("default").replace(algorithm=algorithm)
+def test_fault_free_scenario_converges(run_scenario, algorithm):
+    sc = builtin("fault-free").replace(algorithm=algorithm)
     assert (sc.topology.learners, sc.topology.chips_per_learner) == (LEARNERS, CHIPS), sc.topology
     res = run_scenario(sc, f"fault-free-{algorithm}")
     rep = res.report
@@ -93,8 +93,8 @@ def test_deterministic_mode_repeats_a_run_exactly(run_scenario):
     """diloco.deterministic (lockstep): two fault-free runs with the same seed make the same merges (each
     merged fragment's digest, in the same order per fragment) and end at the same final eval, to the last
     digit, so a regression between two commits can be bisected on one run each. Small (2 learners x 1 chip,
-    60 steps) to keep the suite fast: the mode's figures on the default scenario are in docs/metrics.md."""
-    table = builtin("default").to_dict()
+    60 steps) to keep the suite fast: the mode's figures on the fault-free scenario are in docs/metrics.md."""
+    table = builtin("fault-free").to_dict()
     table.pop("random_faults_source")
     table.update(name="deterministic", topology={"learners": 2, "chips_per_learner": 1})
     table["train"] = {**table["train"], "steps": 60, "warmup_steps": 5}

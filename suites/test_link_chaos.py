@@ -28,7 +28,7 @@ pytestmark = pytest.mark.link
 
 MAX_GAP_S = 1.5
 """Longest the decoupled global model may stand still while at least K = 1 learner is alive, whatever one
-learner's link does (a fault-free run of the default scenario: ~1 s at worst on this shared 2-core machine)."""
+learner's link does (a run of the fault-free scenario: ~1 s at worst on this shared 2-core machine)."""
 MIN_UPTIME = 0.9
 """Decoupled uptime (diloco_chaos/harness/report/metrics.py: the training span minus merge gaps beyond their first
 second) with one learner's link degraded, partitioned, sliced or cut: the other learners keep it near 1.0."""

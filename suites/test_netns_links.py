@@ -1,9 +1,10 @@
 """Netns hosts suite: learners in their own network namespaces, link faults made by the kernel (tc, nftables).
 
-Each test runs the real system with `[launch] hosts = "netns"` and `links.backend = "kernel"`: every learner
-host's chips live in its namespace and reach the syncer across a veth and a bridge, and a partition is an
-nftables rule on that veth. The claims: a kernel partition of one learner stalls ddp (which needs every learner
-every step) but not Decoupled DiLoCo, as a proxy's partition does (suites/test_link_chaos.py); and no namespace,
+Each test runs the real system with `[launch] hosts = "netns"` and the kernel link backend (set, or `[links]` left
+at its default "auto", which picks it there): every learner host's chips live in its namespace and reach the
+syncer across a veth and a bridge, and a partition is an nftables rule on that veth. The claims: a kernel
+partition of one learner stalls ddp (which needs every learner every step) but not Decoupled DiLoCo, as a proxy's
+partition does (suites/test_link_chaos.py); the default link settings carry it on netns hosts; and no namespace,
 veth, qdisc or nft table is left after a run, after a failed run, or after a SIGKILLed supervisor once the next
 run starts. Skipped, with the reason, where namespaces cannot be made (not root, no `ip`, `tc` or `nft`).
 """
@@ -87,6 +88,30 @@ def test_a_kernel_partition_of_one_learner_stalls_ddp_but_not_decoupled(run_scen
             assert len(steps0) >= 20, f"learner 0 made only {len(steps0)} steps during the partition"
         res.check("model_finite")
     res.figures(**figures)
+
+
+def test_default_link_settings_on_netns_hosts_run_a_link_fault_through_the_kernel(run_scenario):
+    """`[launch] hosts = "netns"` and nothing in `[links]`: links.proxy and links.backend stay "auto", which on
+    netns hosts is no proxy and the kernel backend (diloco_chaos/harness/config/sections.py
+    `LinksConfig.in_effect`); the partition is an nft rule on learner 1's veth, and nothing is left after."""
+    doc = {**table("decoupled", 120, PARTITION), "name": "netns-default-links"}
+    del doc["links"]
+    sc = from_dict(doc)
+    assert (sc.links.proxy, sc.links.backend) == ("auto", "auto")
+    res = run_scenario(sc)
+    rep, evs = res.report, res.events
+    assert rep["links"]["backend"] == "kernel", rep["links"]
+    assert json.loads((res.run_dir / "config.json").read_text())["links"]["backend"] == "auto"
+    t0, t1 = window(evs)
+    assert t1 - t0 >= PARTITION_S - 0.5, (t0, t1)
+    merges = [e for e in evs if e["ev"] == "merge" and t0 + 0.5 <= e["t"] <= t1]
+    assert len(merges) >= 4, f"decoupled merged only {len(merges)} times during the partition"
+    assert all(e["participants"] == [0] for e in merges[len(merges) // 2:]), "the kernel cut learner 1 off"
+    assert all(d["steps"] == 120 for d in rep["per_learner"].values()), "both learners finished after the heal"
+    assert residue(prefix_of(evs)) == [], "the run's namespaces, veths, qdiscs and nft tables are gone"
+    assert next(e for e in evs if e["ev"] == "hosts_removed")["left"] == []
+    res.check("model_finite")
+    res.figures(partition_s=round(t1 - t0, 2), merges_during=len(merges))
 
 
 KILLED = {**table("decoupled", 100_000, []), "name": "netns-killed"}

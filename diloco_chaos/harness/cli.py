@@ -1,6 +1,8 @@
 """The `diloco-chaos` command line.
 
     diloco-chaos run [SCENARIO.toml] [--algorithm ddp|elastic_ddp|diloco|decoupled] [--runs-dir DIR] [--json PATH]
+                                  no file: the built-in default scenario, with a chip loss, a degraded link and a
+                                  straggler; --builtin fault-free for the same run without faults (benchmarks)
     diloco-chaos run ... --incident INCIDENT.toml   the same, with an incident's [[faults]] on top
     diloco-chaos run ... --set train.steps=500 --set diloco.wire_dtype=fp32
                                   change a scenario key (a dotted path; the value read as TOML) before validation;
@@ -8,7 +10,7 @@
     diloco-chaos replay RUN_DIR [--against RUN_DIR2]   run a recorded run again (config, seed, fault schedule),
                                   or take RUN_DIR2 as its replay, and compare: fault timeline, key figures and
                                   invariant verdicts side by side; exit 1 when the timeline or a verdict differs
-    diloco-chaos scenarios        list the built-in scenarios
+    diloco-chaos scenarios        list the built-in scenarios: name, algorithm, topology, steps, faults
     diloco-chaos tasks            list the built-in tasks (a scenario's [task] factory; docs/api.md)
     diloco-chaos report RUN_DIR [--open]   write RUN_DIR/report.html (plots, timeline, metrics); print its path
     diloco-chaos compare [SCENARIO.toml] [--builtin chip-loss] [--runs-dir DIR] [--json PATH]
@@ -312,6 +314,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_scenarios(args: argparse.Namespace) -> int:
+    """One line per built-in scenario (`run --builtin NAME`): its name, algorithm, topology, steps and faults."""
+    for name in scenario_mod.builtin_names():
+        sc = scenario_mod.builtin(name)
+        faults = ", ".join(f.action for f in sc.faults) or "none"
+        print(f"{name:<12} {sc.algorithm:<10} {sc.topology.learners}x{sc.topology.chips_per_learner}  "
+              f"{sc.train.steps} steps  faults: {faults}")
+    return 0
+
+
 def cmd_tasks(args: argparse.Namespace) -> int:
     """One line per built-in task: its name, factory and what it trains."""
     import importlib
@@ -339,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="diloco-chaos", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="run a scenario with real processes (default: the built-in one)")
-    run.add_argument("scenario", nargs="?", help="scenario TOML file (default: built-in 'default')")
+    run.add_argument("scenario", nargs="?", help="scenario TOML file (default: the built-in 'default', which has "
+                                                 "a few faults; --builtin fault-free has none)")
     run.add_argument("--builtin", default="default", help="name of a built-in scenario")
     run.add_argument("--algorithm", choices=algorithms.names(), help="override the algorithm")
     run.add_argument("--seed", type=int, help="override the seed")
@@ -369,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     tk = sub.add_parser("tasks", help="list the built-in tasks ([task] factory = NAME or module:function)")
     tk.set_defaults(func=cmd_tasks)
     sc = sub.add_parser("scenarios", help="list the built-in scenarios")
-    sc.set_defaults(func=lambda a: print("\n".join(scenario_mod.builtin_names())) or 0)
+    sc.set_defaults(func=cmd_scenarios)
     rep = sub.add_parser("report", help="write a run's self-contained HTML report (eval loss, faults, timeline)")
     rep.add_argument("run_dir", help="a run directory (holds events.jsonl and report.json)")
     rep.add_argument("--open", action="store_true", help="open the report in a web browser")

@@ -117,7 +117,7 @@ class DilocoConfig:
     (docs/algorithm.md has the measured staleness of fault-free and straggler runs)."""
     outer_lr: float = bounded(0.35, 0.0, 10.0)
     """Outer SGD learning rate (the paper publishes none). Half of DiLoCo's 0.7, which is tuned for H in the
-    hundreds: at this project's H = 4-8, 0.7 overshoots, and 0.35 ended lower on the default scenario with a
+    hundreds: at this project's H = 4-8, 0.7 overshoots, and 0.35 ended lower on the fault-free scenario with a
     third of the spread (docs/algorithm.md, Outer step, has the measurements)."""
     outer_momentum: float = bounded(0.9, 0.0, 0.999)
     """Outer Nesterov momentum."""

@@ -46,7 +46,30 @@ def test_builtin_default_validates() -> None:
     assert isinstance(sc, Scenario)
     assert sc.name == "default" and sc.algorithm == "decoupled"
     assert sc.topology.learners == 4 and sc.diloco.fragments == 8 and sc.diloco.min_quorum == 1
-    assert "default" in builtin_names()
+    assert {"default", "fault-free", "chip-loss"} <= set(builtin_names())
+
+
+def test_the_default_scenario_shows_chaos_and_fault_free_is_the_same_run_without_it() -> None:
+    """A first `diloco-chaos run` fires a chip loss (with a repair), a degraded link and a straggler, each
+    triggered by progress so it fires however slow the machine; `--builtin fault-free` is the quiet twin for
+    benchmarks: the same tables but its name, the faults and the recovery that only the faults need."""
+    sc, quiet = builtin("default"), builtin("fault-free")
+    assert [f.action for f in sc.faults] == ["kill_chip", "degrade", "slow"]
+    assert all(f.at.step is not None for f in sc.faults), "progress-triggered"
+    assert sc.recovery.policy == "elastic" and sc.recovery.repair_s > 0, "the lost chip is repaired"
+    assert all(f.until is not None for f in sc.faults if f.action != "kill_chip"), "link and straggler end"
+    assert quiet.faults == () and quiet.name == "fault-free"
+    assert quiet == sc.replace(name="fault-free", faults=(), recovery=type(sc.recovery)())
+
+
+def test_the_scenarios_command_lists_each_builtin_with_its_faults(capsys: pytest.CaptureFixture[str]) -> None:
+    from diloco_chaos.harness import cli
+
+    assert cli.main(["scenarios"]) == 0
+    lines = {ln.split()[0]: ln for ln in capsys.readouterr().out.splitlines()}
+    assert sorted(lines) == builtin_names()
+    assert lines["default"].endswith("faults: kill_chip, degrade, slow"), lines["default"]
+    assert lines["fault-free"].endswith("faults: none") and "4x2" in lines["fault-free"], lines["fault-free"]
 
 
 def test_valid_table_round_trips_through_to_dict() -> None:

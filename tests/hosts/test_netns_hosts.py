@@ -58,8 +58,24 @@ def test_validation_refuses_what_the_kernel_backend_cannot_carry() -> None:
     with pytest.raises(ScenarioError) as e:
         from_dict({"links": {"backend": "kernel"}})
     assert "links.backend = 'kernel': needs launch.hosts = 'netns'" in str(e.value)
-    with pytest.raises(ScenarioError, match="links.proxy = 'auto': netns hosts reach the syncer directly"):
-        from_dict({"launch": {"hosts": "netns"}})
+    with pytest.raises(ScenarioError, match="links.proxy = 'embedded': netns hosts reach the syncer directly"):
+        from_dict({"launch": {"hosts": "netns"}, "links": {"proxy": "embedded"}})
+    with pytest.raises(ScenarioError, match="links.backend = 'toxiproxy': on netns hosts no proxy can carry"):
+        from_dict(_kernel({"links": {"backend": "toxiproxy"}}, a={"action": "partition"}))
+
+
+def test_auto_links_on_netns_hosts_resolve_to_no_proxy_and_the_kernel_backend_for_link_faults() -> None:
+    """links.proxy and links.backend left at auto: off and kernel on netns hosts (toxiproxy when no fault needs a
+    carrier); on local hosts auto stays auto (the server is picked at start) and the backend is toxiproxy."""
+    quiet = from_dict({"launch": {"hosts": "netns"}})
+    assert (quiet.links.proxy, quiet.links.backend) == ("auto", "auto"), "what was written is kept (config.json)"
+    assert (quiet.links_in_effect.proxy, quiet.links_in_effect.backend) == ("off", "toxiproxy")
+    faulty = from_dict(_kernel({"links": {}}, a={"action": "partition"}, b={"action": "loss", "percent": 5}))
+    assert (faulty.links_in_effect.proxy, faulty.links_in_effect.backend) == ("off", "kernel")
+    with pytest.raises(ScenarioError, match="reset_peer': not supported by the kernel backend .links.backend = 'auto'"):
+        from_dict(_kernel({"links": {}}, a={"action": "reset_peer"}))
+    local = from_dict({"faults": [{"action": "partition", "learner": 0}]})
+    assert (local.links_in_effect.proxy, local.links_in_effect.backend) == ("auto", "toxiproxy")
 
 
 def test_the_capability_table_names_every_link_kind() -> None:

@@ -1,4 +1,6 @@
-"""ci/user-workflow.yml, the workflow a user copies: the install and report steps a new user had to fix by hand.
+"""ci/user-workflow.yml, the workflow a user copies: the install and report steps a new user had to fix by hand;
+and ci/explore-nightly.yml, the nightly soak: scheduled, the same install, explore on every scenario file, the
+incidents uploaded whatever happened, and the job failing when explore found a failing schedule.
 
 GitHub Actions cannot run here, and PyYAML is not a dependency, so the workflow is read with `read_yaml`, a
 parser for the block-style subset it is written in (mappings, lists of mappings, `|` and `>` scalars), and the
@@ -16,6 +18,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / "ci" / "user-workflow.yml"
+NIGHTLY = ROOT / "ci" / "explore-nightly.yml"
 
 
 def _scalar(text: str) -> str:
@@ -69,14 +72,14 @@ def read_yaml(text: str) -> Any:
     return node(0)
 
 
-def workflow() -> dict[str, Any]:
-    doc = read_yaml(WORKFLOW.read_text())
+def workflow(path: Path = WORKFLOW) -> dict[str, Any]:
+    doc = read_yaml(path.read_text())
     assert isinstance(doc, dict) and set(doc) >= {"name", "on", "permissions", "env", "jobs"}, doc
     return doc
 
 
-def steps() -> list[dict[str, Any]]:
-    (job,) = workflow()["jobs"].values()
+def steps(path: Path = WORKFLOW) -> list[dict[str, Any]]:
+    (job,) = workflow(path)["jobs"].values()
     return job["steps"]
 
 
@@ -133,3 +136,78 @@ def test_the_junit_report_can_write_its_check_and_reads_the_file_pytest_writes()
     keep = next(a for a in cmd if a.startswith("--chaos-keep-failed="))
     plugin = ROOT / "diloco_chaos" / "harness" / "testing" / "pytest_plugin.py"
     assert "--chaos-keep-failed" in plugin.read_text(), keep
+
+
+def test_the_nightly_soak_is_scheduled_and_installs_as_the_user_workflow_does() -> None:
+    doc = workflow(NIGHTLY)
+    assert re.fullmatch(r"[\d*/,-]+( [\d*/,-]+){4}", doc["on"]["schedule"][0]["cron"]), doc["on"]
+    assert "workflow_dispatch" in doc["on"], "it can be started by hand"
+    for key in ("DILOCO_CHAOS", "TORCH"):
+        assert doc["env"][key] == workflow()["env"][key], key
+    (install,) = [s for s in steps(NIGHTLY) if "pip install" in s.get("run", "")]
+    (user_install,) = [s for s in steps() if "pip install" in s.get("run", "")]
+    pips = [c for c in commands(install) if "install" in c]
+    assert pips[0] == [c for c in commands(user_install) if "install" in c][0], "torch first, from the CPU index"
+    assert "$DILOCO_CHAOS" in pips[1], pips
+
+
+def _explore_step() -> dict[str, Any]:
+    (step,) = [s for s in steps(NIGHTLY) if "diloco-chaos explore" in s.get("run", "")]
+    return step
+
+
+FAKE_EXPLORE = """#!/bin/sh
+# stands in for `diloco-chaos explore SCENARIO --budget-s S --out DIR`: exit 1 and a minimal incident for a
+# scenario named bad*, exit 0 otherwise; writes explore.jsonl and a report.html as explore does
+echo "$@" >> "$CALLS"
+out=$6
+mkdir -p "$out/runs/shrink-0000/run"
+echo '{}' > "$out/explore.jsonl"
+case "$2" in */bad*)
+  echo '[[faults]]' > "$out/minimal-work_kept.toml"
+  echo '<html>' > "$out/runs/shrink-0000/run/report.html"
+  exit 1;;
+esac
+"""
+
+
+def _run_explore_step(tmp_path: Path, scenarios: list[str]) -> tuple[int, list[str]]:
+    import os
+    import subprocess
+
+    fake = tmp_path / ".venv" / "bin" / "diloco-chaos"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(FAKE_EXPLORE)
+    fake.chmod(0o755)
+    (tmp_path / "scenarios").mkdir()
+    for name in scenarios:
+        (tmp_path / "scenarios" / f"{name}.toml").write_text("")
+    env = {**os.environ, **workflow(NIGHTLY)["env"], "CALLS": str(tmp_path / "calls")}
+    done = subprocess.run(["bash", "-e", "-c", _explore_step()["run"]], cwd=tmp_path, env=env, timeout=60)
+    return done.returncode, (tmp_path / "calls").read_text().splitlines()
+
+
+def test_the_explore_step_explores_every_scenario_and_fails_when_one_found_a_failure(tmp_path: Path) -> None:
+    rc, calls = _run_explore_step(tmp_path / "clean", ["a", "b"])
+    assert rc == 0 and len(calls) == 2, (rc, calls)
+    assert (tmp_path / "clean" / "explore-out" / "b" / "explore.jsonl").is_file(), "each scenario has its --out"
+    assert calls[0].split() == ["explore", "scenarios/a.toml", "--budget-s", workflow(NIGHTLY)["env"]["BUDGET_S"],
+                                "--out", "explore-out/a"], calls
+    rc, calls = _run_explore_step(tmp_path / "found", ["a", "bad", "c"])
+    assert rc == 1, "a failing schedule fails the job"
+    assert [c.split()[1] for c in calls] == ["scenarios/a.toml", "scenarios/bad.toml", "scenarios/c.toml"], \
+        "the scenarios after the failing one are explored too"
+
+
+def test_the_incidents_reports_and_logs_are_uploaded_whatever_the_outcome(tmp_path: Path) -> None:
+    (upload,) = [s for s in steps(NIGHTLY) if s.get("uses", "").startswith("actions/upload-artifact@")]
+    assert upload["if"] == "always()", "the incidents are wanted most when the explore step failed"
+    patterns = upload["with"]["path"].split()
+    _run_explore_step(tmp_path, ["ok", "bad"])
+    written = {p.relative_to(tmp_path).as_posix() for p in (tmp_path / "explore-out").rglob("*") if p.is_file()}
+    uploaded = {p.relative_to(tmp_path).as_posix() for pat in patterns for p in tmp_path.glob(pat)}
+    assert uploaded == written, written - uploaded
+    assert {"explore-out/bad/minimal-work_kept.toml", "explore-out/bad/runs/shrink-0000/run/report.html",
+            "explore-out/ok/explore.jsonl"} <= uploaded
+    readme = (ROOT / "ci" / "README.md").read_text()
+    assert "explore-nightly.yml" in readme and "minimal-" in readme and "exit" in readme

@@ -44,6 +44,7 @@ def test_wheel_installs_only_diloco_chaos(tmp_path: Path) -> None:
         assert (pkg / sub / "__init__.py").is_file(), f"diloco_chaos.{sub} missing from the wheel"
     scenarios = pkg / "harness" / "config" / "scenarios"
     assert (scenarios / "default.toml").is_file(), "the built-in scenarios are package data"
+    assert (scenarios / "fault-free.toml").is_file(), "the quiet twin of the default ships too"
     entry = (site / next(a for a in added if a.endswith(".dist-info")) / "entry_points.txt").read_text()
     assert "diloco-chaos = diloco_chaos.harness.cli:main" in entry
     assert "diloco_chaos = diloco_chaos.harness.testing.pytest_plugin" in entry

@@ -102,10 +102,19 @@ def test_link_faults_are_accepted_on_netns_hosts_with_the_kernel_backend(fault: 
     assert (sc.faults[0].action, sc.launch.hosts, sc.links.backend) == (fault["action"], "netns", "kernel")
 
 
+def test_link_faults_on_netns_hosts_take_the_kernel_backend_with_the_default_link_settings() -> None:
+    pytest.importorskip("torchft", reason="the torchft system is refused without torchft installed")
+    table = tiny_table("torchft_ddp", launch={"hosts": "netns"})
+    table["faults"] = [LINK_FAULTS[0]]
+    sc = from_dict(table)
+    assert (sc.links.proxy, sc.links.backend) == ("auto", "auto"), "the scenario keeps what was written"
+    assert (sc.links_in_effect.proxy, sc.links_in_effect.backend) == ("off", "kernel")
+
+
 @pytest.mark.parametrize("fault", LINK_FAULTS)
 @pytest.mark.parametrize("launch", [
     {},  # local hosts: proxies cannot carry Gloo or the checkpoint server
-    {"launch": {"hosts": "netns"}, "links": {"proxy": "off"}},  # netns hosts without the kernel link backend
+    {"launch": {"hosts": "netns"}, "links": {"backend": "toxiproxy"}},  # netns hosts without the kernel backend
 ])
 def test_link_faults_elsewhere_are_refused_naming_target_kind_and_why(fault: dict[str, Any],
                                                                      launch: dict[str, Any]) -> None:

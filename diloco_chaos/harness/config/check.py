@@ -226,9 +226,16 @@ def _shards(sc: Scenario, found: Found) -> None:
     if sc.recovery.syncer_checkpoint != "every_merge" and found.ok("recovery.syncer_checkpoint"):
         found.add("syncer.shards", f"syncer.shards = {s}: needs recovery.syncer_checkpoint = 'every_merge' "
                                    "(shard 0's evaluations read the other shards' fragments from their slots)")
-    if sc.links.backend == "kernel" and found.ok("links.backend"):
-        found.add("syncer.shards", f"syncer.shards = {s}: not with links.backend = 'kernel' (its nft rules match "
-                                   "one syncer port; docs/multi-host.md)")
+    if sc.links_in_effect.backend == "kernel" and found.ok("links.backend"):
+        found.add("syncer.shards", f"syncer.shards = {s}: not with {_kernel_backend(sc)} (its nft rules match one "
+                                   "syncer port; docs/multi-host.md)")
+
+
+def _kernel_backend(sc: Scenario) -> str:
+    """How an error names the kernel link backend: as written, or as what links.backend = 'auto' became."""
+    if sc.links.backend == "auto":
+        return "links.backend = 'auto', the kernel backend on netns hosts with link faults"
+    return f"links.backend = {sc.links.backend!r}"
 
 
 def _timeouts(sc: Scenario, found: Found) -> None:
@@ -254,11 +261,12 @@ def _launch(sc: Scenario, found: Found) -> None:
     if sc.links.backend == "kernel" and sc.launch.hosts != "netns" and found.ok("links.backend", "launch.hosts"):
         found.add("links.backend", "links.backend = 'kernel': needs launch.hosts = 'netns' (the faults are made on "
                                    "each learner host's veth)")
-    if sc.launch.hosts != "local" and sc.links.proxy != "off" and found.ok("launch.hosts", "links.proxy"):
+    if (sc.launch.hosts != "local" and sc.links_in_effect.proxy != "off"
+            and found.ok("launch.hosts", "links.proxy")):
         found.add("links.proxy", f"links.proxy = {sc.links.proxy!r}: {sc.launch.hosts} hosts reach the syncer "
-                                 "directly (the proxies listen on this machine's loopback); set links.proxy = 'off'"
-                                 + (" (and links.backend = 'kernel' for link faults)" if sc.launch.hosts == "netns"
-                                    else ""))
+                                 "directly (the proxies listen on this machine's loopback); set links.proxy = 'auto' "
+                                 "or 'off'" + (" (link faults go through the kernel backend there)"
+                                               if sc.launch.hosts == "netns" else ""))
     if sc.launch.backend == "torchrun":
         if sc.launch.hosts == "local" and found.ok("launch.backend", "launch.hosts"):
             found.add("launch.backend", "launch.backend = 'torchrun': needs launch.hosts = 'netns' or 'remote' "
@@ -328,17 +336,26 @@ def _link_backend(sc: Scenario, keys: Sequence[str], found: Found) -> None:
     link_faults = [(k, f) for k, f in zip(keys, sc.faults, strict=True) if faults.get(f.action).target == "link"]
     if not link_faults:
         return
-    if sc.links.backend == "kernel":
+    links = sc.links_in_effect
+    if links.backend == "kernel":
         for key, f in link_faults:
             why = faults.get(f.action).backend_problem("kernel", f)
             if why is not None:
-                found.add(key, f"{key}.action = {f.action!r}: not supported by the kernel backend (links.backend = "
-                               f"'kernel'): {why}")
+                found.add(key, f"{key}.action = {f.action!r}: not supported by the kernel backend "
+                               f"({_kernel_backend(sc)}): {why}")
         return
-    backend = resolve_backend(sc.links.proxy)
+    backend = resolve_backend(links.proxy)
     if backend.family is None:
-        found.add("links.proxy", "links.proxy = 'off': link faults need proxies; use auto or embedded "
-                                 "(or links.backend = 'kernel' with launch.hosts = 'netns')")
+        if sc.launch.hosts == "local":
+            found.add("links.proxy", "links.proxy = 'off': link faults need proxies; use auto or embedded "
+                                     "(or links.backend = 'kernel' with launch.hosts = 'netns')")
+        elif sc.launch.hosts == "netns":
+            found.add("links.backend", f"links.backend = {sc.links.backend!r}: on netns hosts no proxy can carry "
+                                       "link faults; use links.backend = 'auto' or 'kernel'")
+        else:
+            found.add("launch.hosts", f"launch.hosts = {sc.launch.hosts!r}: no link faults there (no proxy can "
+                                      "reach remote hosts and the kernel backend needs netns hosts; "
+                                      "docs/multi-host.md)")
         return
     for key, f in link_faults:
         kind = faults.get(f.action)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+from diloco_chaos.chaos import faults as fault_kinds
 from diloco_chaos.chaos.schedule import FaultSpec, ScheduleError, parse_fault
 from diloco_chaos.harness.algorithms import base as algorithms
 from diloco_chaos.harness.config.check import (
@@ -94,6 +95,12 @@ class Scenario:
     """Record only: the `--set KEY=VALUE` overrides (`apply_overrides`) applied, in order, to the scenario's
     tables before validation. The values above are already the effective ones, so a replay applies nothing
     again; this says which of them came from the command line rather than the file."""
+
+    @property
+    def links_in_effect(self) -> LinksConfig:
+        """`links` as this run uses them, `auto` resolved for its hosts and faults (`LinksConfig.in_effect`)."""
+        link_faults = any(fault_kinds.get(f.action).target == "link" for f in self.faults)
+        return self.links.in_effect(self.launch.hosts, link_faults)
 
     def replace(self, **changes: Any) -> Scenario:
         """A copy with top-level fields changed, validated again. `faults` may be given as tables."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -28,6 +28,8 @@ MODEL_RANGES: dict[str, tuple[float, float]] = {
     "n_heads": (1, 64),
     "d_ff": (8, 16384),
 }
+LINK_BACKENDS = ("auto", "toxiproxy", "kernel")
+"""links.backend's values (`LinksConfig.in_effect` resolves auto)."""
 DATA_RANGES: dict[str, tuple[float, float]] = {"holdout_fraction": (0.01, 0.5), "batch_size": (1, 4096)}
 
 
@@ -102,17 +104,35 @@ class LinksConfig:
     """The learner<->syncer links: one Toxiproxy proxy per learner, so any of them can be degraded."""
 
     proxy: str = choice("auto", PROXY_MODES)
-    """auto: TOXIPROXY_URL, else toxiproxy-server on PATH, else the embedded server; embedded: always the
-    embedded server; off: learners connect to the syncer directly (no link faults possible)."""
+    """auto: on local hosts TOXIPROXY_URL, else toxiproxy-server on PATH, else the embedded server; on netns and
+    remote hosts off (the proxies listen on this machine's loopback, which those hosts cannot reach); embedded:
+    always the embedded server (local hosts only); off: learners connect to the syncer directly (no link faults
+    through proxies)."""
     http_timeout_s: float = bounded(5.0, 0.1, 600.0)
     """Timeout of every call to the Toxiproxy HTTP API (toxiproxy-python sets none of its own)."""
     step_time_s: float = bounded(0.15, 0.001, 3600.0)
     """Inner-step time WAN profiles are scaled to (0.15 s: the default scenario on 2 cores)."""
-    backend: Literal["toxiproxy", "kernel"] = choice("toxiproxy", ("toxiproxy", "kernel"))
-    """What carries link faults. toxiproxy: a proxy per learner (`proxy` picks the server); kernel: tc and
-    nftables on each learner host's veth (diloco_chaos/chaos/kernel_links.py), which needs `[launch] hosts = "netns"`
-    and `proxy = "off"` (learners reach the syncer over the kernel's network path); each fault kind says which
-    backends carry it (docs/multi-host.md, the capability table)."""
+    backend: Literal["auto", "toxiproxy", "kernel"] = choice("auto", LINK_BACKENDS)
+    """What carries link faults. auto: kernel on netns hosts when the scenario has link faults, toxiproxy
+    everywhere else; toxiproxy: a proxy per learner (`proxy` picks the server); kernel: tc and nftables on each
+    learner host's veth (diloco_chaos/chaos/kernel_links.py), which needs `[launch] hosts = "netns"` and `proxy`
+    auto or off (learners reach the syncer over the kernel's network path); each fault kind says which backends
+    carry it (docs/multi-host.md, the capability table)."""
+
+    def in_effect(self, hosts: str, link_faults: bool) -> LinksConfig:
+        """These links as a run on `hosts` uses them: the one place `auto` is resolved for the hosts (every
+        check and every host kind reads this, through `Scenario.links_in_effect`). On netns and remote hosts
+        proxy auto is off; on netns hosts backend auto is kernel when the scenario has a link fault (with none
+        there is nothing to carry: no qdisc or nft table is made); elsewhere backend auto is toxiproxy. proxy
+        auto stays auto on local hosts: which server it takes is decided when the run starts
+        (diloco_chaos/chaos/toxiproxy_backend.py `resolve_backend`)."""
+        proxy = "off" if self.proxy == "auto" and hosts != "local" else self.proxy
+        backend = self.backend
+        if backend == "auto":
+            backend = "kernel" if hosts == "netns" and link_faults else "toxiproxy"
+        if (proxy, backend) == (self.proxy, self.backend):
+            return self
+        return replace(self, proxy=proxy, backend=backend)
 
 
 @dataclass(frozen=True)
@@ -127,9 +147,10 @@ class LaunchConfig:
     hosts: Literal["local", "netns", "remote"] = choice("local", ("local", "netns", "remote"))
     """local: every process shares this machine's network (loopback); netns: each learner host gets its own
     Linux network namespace with a veth on a bridge, so learner<->syncer traffic crosses a real kernel network
-    path (diloco_chaos/harness/hosts/netns.py; needs root, `ip` and `nft`); remote: each learner host runs a host agent
-    an operator started there (`agents`), which starts the learner's torchrun and ships its events back
-    (diloco_chaos/harness/hosts/remote.py; needs backend = "torchrun" and links.proxy = "off")."""
+    path (diloco_chaos/harness/hosts/netns.py; needs root, `ip` and `nft`; links.proxy and links.backend auto pick no
+    proxy and the kernel backend there); remote: each learner host runs a host agent an operator started there
+    (`agents`), which starts the learner's torchrun and ships its events back (diloco_chaos/harness/hosts/remote.py;
+    needs backend = "torchrun" and links.proxy auto or "off")."""
     agents: tuple[str, ...] = ()
     """hosts = "remote": each learner's host agent, "host:port" (learner i's is the i-th; one per learner). The
     supervisor's machine must reach every one through the same local address: the syncer and the rendezvous

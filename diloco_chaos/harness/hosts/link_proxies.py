@@ -41,7 +41,7 @@ class RunLinks:
     def open(cls, sc: Scenario, syncer_ports: list[int], events: EventLog, fragment_bytes: int) -> RunLinks:
         """Proxies for every learner to every shard (`syncer_ports[k]`: shard k's port)."""
         t = sc.links
-        backend = start_backend(sc.links.proxy, sc.seed, sc.timeouts.startup_s, t.http_timeout_s)
+        backend = start_backend(sc.links_in_effect.proxy, sc.seed, sc.timeouts.startup_s, t.http_timeout_s)
         if backend.proc is not None:
             events.write(ProcessStart(name="toxiproxy", child_pid=backend.proc.pid))
         client = ToxiproxyClient(backend.url, timeout_s=t.http_timeout_s)

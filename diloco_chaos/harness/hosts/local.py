@@ -37,7 +37,7 @@ class LocalHosts:
 
     def connect(self, syncer_ports: list[int]) -> Routes:
         sc = self.sc
-        if sc.links.proxy == "off":
+        if sc.links_in_effect.proxy == "off":
             return Routes.direct(sc.topology.learners, syncer_ports)
         from diloco_chaos.harness.hosts.link_proxies import RunLinks
 

@@ -78,11 +78,12 @@ class NetnsRun(LocalHosts):
         return self.hosts.hosts[learner].netns
 
     def connect(self, syncer_ports: list[int]) -> Routes:
-        """With links.backend = "kernel" (validated: one shard), the kernel link backend on every host's veth,
-        matching the syncer's port; else no link faults (proxies on loopback cannot reach the hosts)."""
+        """With links.backend = "kernel" (or auto with link faults: `Scenario.links_in_effect`; validated: one
+        shard), the kernel link backend on every host's veth, matching the syncer's port; else no link faults
+        (proxies on loopback cannot reach the hosts)."""
         sc = self.sc
         routes = Routes.direct(sc.topology.learners, syncer_ports)
-        if sc.links.backend != "kernel":
+        if sc.links_in_effect.backend != "kernel":
             return routes
         syncer_port = syncer_ports[0]
         toxics = KernelToxics({proxy_name(m): HostLink(h.netns, INNER_DEV, h.outer_dev, syncer_port)

@@ -294,7 +294,7 @@ class RemoteHosts:
 
     @property
     def link_chaos(self) -> LinkChaos | None:
-        """None: links.proxy = "off" (validated), a remote host's link has nothing here to carry faults."""
+        """None: no proxy on remote hosts (links.proxy auto or off, validated), nothing here carries faults."""
         return None
 
     def start_learner(self, spec: ChipSpec) -> dict[int, Proc]:

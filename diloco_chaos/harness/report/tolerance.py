@@ -28,7 +28,7 @@ def loss_tolerance(sd: float, cost: float = 0.0, k: float = K_SIGMA) -> float:
 
 
 SEED_SD = 0.019
-"""Seed-to-seed standard deviation of fault-free ddp's final eval on the default scenario (seeds 0-9,
+"""Seed-to-seed standard deviation of fault-free ddp's final eval on the fault-free scenario (seeds 0-9,
 bench/spread.py): the spread used for a reference that repeats exactly on one machine (ddp, diloco), since
 another CPU's kernels round differently and so move a run about as far as another seed does."""
 

@@ -45,13 +45,13 @@ def rules(sc: Scenario, keys: list[str], found: Found) -> None:
                                   "runs on this machine only for now (launch.hosts = 'local' or 'netns', "
                                   "launch.backend = 'local')")
     target = targets.get("torchft")
-    if (la.hosts, sc.links.backend) != ("netns", "kernel") and found.ok("launch.hosts", "links.backend"):
+    if (la.hosts, sc.links_in_effect.backend) != ("netns", "kernel") and found.ok("launch.hosts", "links.backend"):
         for key, f in zip(keys, sc.faults, strict=True):
             if faults.get(f.action).target == "link" and f.action in (target.fault_kinds or ()):
                 why = f": {target.fault_refusal(f.action)}" if target.fault_refusal is not None else ""
                 found.add(key, f"{key}.action = {f.action!r}: target 'torchft' carries link faults only on netns "
                                f"hosts with the kernel link backend (launch.hosts = {la.hosts!r}, links.backend = "
-                               f"{sc.links.backend!r}){why}")
+                               f"{sc.links_in_effect.backend!r}){why}")
     if t.min_replicas > sc.topology.learners and found.ok("torchft.min_replicas", "topology.learners"):
         found.add("torchft.min_replicas", f"torchft.min_replicas = {t.min_replicas}: must be in [1, "
                                           f"topology.learners = {sc.topology.learners}]")
