@@ -129,3 +129,19 @@ def test_straggler_transient_window_then_released(run_scenario):
     assert after[0] >= UNHELD_FLOOR * after[1], f"learner 1 still held after its window: {after} steps " \
         f"(learner 1, learner 0), floor {UNHELD_FLOOR}"
     check_invariants(res, max_loss=TRANSIENT.bound())
+
+
+def test_straggler_under_ddp_ending_at_a_step_is_not_held_for_ever(run_scenario):
+    """ddp's learners wait for the straggler's gradient every step, so the others' progress stands still while it
+    is held: held to `speed` x that progress it was stopped for ever and a straggler window ending at a step never
+    ended (a ddp run stood at step ~153 until stopped). With the others stalled the controller runs a duty cycle
+    of the straggler's own pace (diloco_chaos/chaos/processes.py, STALLED_OTHERS_S): the run finishes."""
+    sc = from_dict({**scenario([]).to_dict(), "algorithm": "ddp", "name": "stragglers-ddp",
+                    "topology": {"learners": 2, "chips_per_learner": 1}, "train": {"steps": 60, "warmup_steps": 5},
+                    "faults": [{"action": "slow", "learner": 1, "speed": 0.5, "at": {"step": 10, "learner": 0},
+                                "until": {"step": 30, "learner": 0}}]})
+    res = run_scenario(sc)
+    ends = [e for e in res.events if e["ev"] == "fault_end"]
+    res.figures(wall_s=res.report["wall_s"], slow_ended_t=[round(e["t"], 2) for e in ends])
+    assert ends, "the straggler window never ended"
+    assert all(d["steps"] == 60 for d in res.report["per_learner"].values()), res.report["per_learner"]

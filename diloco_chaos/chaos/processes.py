@@ -42,6 +42,10 @@ import psutil
 CONTROL_TICK_S = 0.02
 """How often the `slow` controller compares progress (at most `period_s / 4`): a learner at full speed does
 about one step in this on this machine, so it overshoots its budget by about one step before it is stopped."""
+STALLED_OTHERS_S = 1.0
+"""`slow` held to the others' progress: when their progress has not moved for this long, the learner runs a duty
+cycle of its own pace until it moves again. Synchronous learners (ddp, diloco, a `block` wait) stop while they wait
+for the straggler, and holding it to their progress then held it stopped for ever."""
 
 log = logging.getLogger(__name__)
 
@@ -222,12 +226,17 @@ class ProcessChaos:
         tick = min(period_s / 4, CONTROL_TICK_S) if progress is not None else period_s / 4
         target, next_draw, t = speed, 0.0, 0.0
         stopped = False
+        last_ref, ref_moved = None, 0.0
         try:
             while not fault.stop.is_set():
                 if t >= next_draw:  # a new target speed each period (jitter 0: always `speed`)
                     target = speed * (1.0 + jitter * rng.uniform(-1.0, 1.0))
                     next_draw = t + period_s
                 ref = self._reference(fault.learner, start) if progress is not None else None
+                if ref != last_ref:
+                    last_ref, ref_moved = ref, t
+                elif ref is not None and t - ref_moved > STALLED_OTHERS_S:
+                    ref = None  # the others stand still, perhaps waiting for this learner: a duty cycle
                 if ref is not None:
                     done = progress().get(fault.learner, 0) - start.get(fault.learner, 0)  # type: ignore[misc]
                     want_stop = done > target * ref
