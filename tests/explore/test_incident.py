@@ -3,6 +3,7 @@ an explore.jsonl line is the same record after a round trip; the reproduce comma
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
