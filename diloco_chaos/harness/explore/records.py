@@ -116,6 +116,9 @@ class RunLine:
     wall_s: float = 0.0
     error: str = ""
     """run_failed / crashed: why (the last line `diloco-chaos run` printed on stderr)."""
+    unexpected_errors: int = 0
+    """Errors of the run's processes that no injected fault explains (report.json `errors`): recorded, not a
+    finding by itself (`diloco-chaos replay` compares the same count)."""
     shrinking: str = ""
     """phase shrink: the invariant being shrunk and the candidate's change."""
 

@@ -28,7 +28,7 @@ from diloco_chaos.harness.explore.records import Base, RunLine, Trial, Verdict
 from diloco_chaos.harness.invariants import check_all_keywords, load_run
 from diloco_chaos.harness.invariants import spec as invariant_spec
 from diloco_chaos.harness.report.results import invariant_figures
-from diloco_chaos.harness.run.rundir import CONFIG_FILE, REPORT_FILE
+from diloco_chaos.harness.run.rundir import CONFIG_FILE, REPORT_FILE, read_json
 
 BOUND_KEYS = ("max_loss", "min_uptime", "bound_s", "within_s")
 """`[explore]` keys that are bounds of check_all's bounded invariants (one name everywhere)."""
@@ -90,5 +90,6 @@ def run_trial(base: Base, trial: Trial, default_learners: int, folder: Path, ex:
                        run_dir=str(rd) if rd else None, wall_s=wall, **common)  # type: ignore[arg-type]
     vs = verdicts(rd, ex)
     failed = tuple(v.name for v in vs if v.judged and not v.ok)
+    unexpected = sum(not e.get("expected") for e in read_json(rd / REPORT_FILE).get("errors", []))
     return RunLine(outcome="failed" if failed else "passed", failed=failed, verdicts=vs, run_dir=str(rd),
-                   wall_s=wall, **common)  # type: ignore[arg-type]
+                   wall_s=wall, unexpected_errors=unexpected, **common)  # type: ignore[arg-type]
