@@ -31,19 +31,19 @@ def test_the_same_seed_and_index_give_the_same_schedule_and_others_differ() -> N
 
 def test_every_draw_is_accepted_by_validation_and_inside_the_table() -> None:
     sc = sc_of("explore.max_faults=4", "explore.min_duration_s=0.5", "explore.max_duration_s=2.0",
-               "explore.first_step=10", "explore.last_step=100", "explore.reaction_share=0.5")
+               "explore.first_step=10", "explore.last_step=70", "explore.reaction_share=0.5")
     v = vocabulary(sc)
     seen_kinds, reactions = set(), 0
     for i in range(60):
         t = draw(v, 0, i)
         assert t is not None
-        assert 1 <= len(t.faults) <= 4 and t.steps == 100 and t.learners == 4
+        assert 1 <= len(t.faults) <= 4 and t.steps == 80 and t.learners == 4
         sc.replace(train=dataclasses.replace(sc.train, steps=t.steps), faults=list(t.tables()))  # raises if not
         kills: dict[int | None, int] = {}
         for f in t.faults:
             seen_kinds.add(f.action)
             if f.at.step is not None:
-                assert 10 <= f.at.step <= 100
+                assert 10 <= f.at.step <= 70
                 assert f.at.learner == f.learner
             else:
                 reactions += 1
@@ -91,8 +91,8 @@ def test_a_listed_kind_the_scenario_cannot_carry_is_refused_before_any_run() -> 
     (["explore.kinds=[\"degrad\"]"], "'degrad' is not a fault kind \\(did you mean degrade\\?\\)"),
     (["explore.targets=[\"learner4\"]"], "'learner4' must be \"syncer\" or \"learner<M>\" with M in \\[0, 3\\]"),
     (["explore.must_fail=3"], "explore.must_fail = 3: must be at most explore.tries = 2"),
-    (["explore.last_step=400"], "explore.last_step = 400: must be at most the explored steps 100"),
-    (["explore.first_step=95"], "explore.first_step = 95: must be below the last trigger step 90"),
+    (["explore.last_step=400"], "explore.last_step = 400: must be at most the explored steps 80"),
+    (["explore.first_step=75"], "explore.first_step = 75: must be below the last trigger step 72"),
     (["explore.tries=0"], "explore.tries = 0: must be in \\[1, 20\\]"),
 ])
 def test_the_table_is_validated_naming_the_key(sets: list[str], message: str) -> None:

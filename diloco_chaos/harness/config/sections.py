@@ -303,7 +303,7 @@ class ExploreConfig:
     """Fewest faults in one drawn schedule."""
     max_faults: int = bounded(3, 1, MAX_EXPLORE_FAULTS)
     """Most faults in one drawn schedule; at least min_faults."""
-    steps: int = bounded(100, 1, 10_000_000)
+    steps: int = bounded(80, 1, 10_000_000)
     """Inner steps of every explored run (`--set train.steps`), or train.steps where that is smaller: short runs
     let a 10-minute budget on 2 cores run 20 schedules or more."""
     first_step: int = bounded(5, 1, 10_000_000)

@@ -25,7 +25,7 @@ from typing import Any
 
 from diloco_chaos.chaos import faults
 from diloco_chaos.chaos.faults.base import RepairParams
-from diloco_chaos.chaos.schedule import FaultSpec, parse_fault
+from diloco_chaos.chaos.schedule import parse_fault
 from diloco_chaos.harness.config.explore_check import TARGET, explored_steps, trigger_window
 from diloco_chaos.harness.config.scenario import Scenario
 from diloco_chaos.harness.config.sections import ScenarioError
@@ -77,11 +77,11 @@ def _is_kill(kind: str) -> bool:
     return issubclass(faults.get(kind).params, RepairParams)
 
 
-def _sample(kind: str, vocab_sc: Scenario, first: int) -> dict[str, Any]:
+def _sample(kind: str, sc: Scenario, first: int) -> dict[str, Any]:
     """One fault of `kind` at `first`, for asking the scenario's validation whether it takes the kind at all."""
     k = faults.get(kind)
     rng = random.Random(0)
-    table = _params(rng, kind, vocab_sc, 1.0)
+    table = _params(rng, kind, sc, 1.0)
     table["action"] = kind
     if k.target == "syncer":
         table["at"] = {"step": first}
@@ -107,9 +107,7 @@ def vocabulary(sc: Scenario) -> Vocabulary:
     listed kind is one the scenario cannot carry, or when none is left."""
     ex = sc.explore
     steps = explored_steps(sc)
-    from dataclasses import replace
-
-    at_steps = sc.replace(train=replace(sc.train, steps=steps))
+    at_steps = sc.replace(train=dataclasses.replace(sc.train, steps=steps))
     first, last = trigger_window(sc)
     if ex.kinds:
         for kind in ex.kinds:
@@ -220,7 +218,3 @@ def draw(v: Vocabulary, seed: int, i: int) -> Trial | None:
         return Trial(specs, v.steps, learners)
     return None
 
-
-def spec_of(table: dict[str, Any], learners: int) -> FaultSpec:
-    """A `[[faults]]` table as a typed entry (the shrinker's candidates are built as tables)."""
-    return parse_fault(table, "faults[0]", learners)
