@@ -42,6 +42,7 @@ from diloco_chaos.harness.algorithms import base as algorithms
 from diloco_chaos.harness.config import doc as scenario_doc
 from diloco_chaos.harness.config import scenario as scenario_mod
 from diloco_chaos.harness.config.sections import ScenarioError, read_toml
+from diloco_chaos.harness.explore import cli as explore_cli
 from diloco_chaos.harness.run.progress import Progress, error_lines, faults_table, summary_table, verdict_lines
 from diloco_chaos.harness.run.rundir import FinishedRun
 from diloco_chaos.harness.run.supervisor import RunFailed, RunResult, run_scenario
@@ -405,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
                      choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], help="logging level (default INFO)")
     tps.set_defaults(func=cmd_toxiproxy_server)
     simulate_cli.add_parser(sub)
+    explore_cli.add_parser(sub)
     scenario_doc.add_parser(sub)
     args = parser.parse_args(argv)
     return int(args.func(args))

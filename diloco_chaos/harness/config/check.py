@@ -37,6 +37,7 @@ from diloco_chaos.chaos.schedule import (
 )
 from diloco_chaos.chaos.toxiproxy_backend import resolve_backend
 from diloco_chaos.harness.algorithms import base as algorithms
+from diloco_chaos.harness.config.explore_check import explore_rules
 from diloco_chaos.harness.config.sections import (
     DATA_RANGES,
     MODEL_RANGES,
@@ -202,6 +203,7 @@ def rules(sc: Scenario, keys: Sequence[str], found: Found) -> None:
         found.add("data.corpus", f"data.corpus = {sc.data.corpus!r}: no such file; use one of "
                                  f"{', '.join(CORPUS_NAMES)} or a text file path")
     task_rules(sc, found)  # the model's tensors bound diloco.fragments; a bad factory exits 2 here
+    explore_rules(sc, found)
     _timeouts(sc, found)
 
 

@@ -35,6 +35,7 @@ from diloco_chaos.harness.config.check import (
 from diloco_chaos.harness.config.sections import (
     ElasticConfig,
     EvalConfig,
+    ExploreConfig,
     Found,
     LaunchConfig,
     LinksConfig,
@@ -85,6 +86,8 @@ class Scenario:
     """`[target]`: the system under test (docs/targets.md)."""
     torchft: TorchftConfig = field(default_factory=TorchftConfig)
     """`[torchft]`: the torchft target's Lighthouse flags and timeouts (docs/targets/torchft.md)."""
+    explore: ExploreConfig = field(default_factory=ExploreConfig)
+    """`[explore]`: the fault vocabulary `diloco-chaos explore` draws schedules from (docs/explore.md)."""
     faults: tuple[FaultSpec, ...] = ()
     """Scheduled faults, `[[faults]]` tables (diloco_chaos/chaos/schedule.py): action, learner, at, until,
     parameters."""

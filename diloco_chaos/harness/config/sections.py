@@ -309,6 +309,61 @@ class TorchftConfig:
     single point of failure)."""
 
 
+MAX_EXPLORE_FAULTS = 16
+"""Most faults one explored schedule may hold (`[explore] max_faults`)."""
+
+
+@dataclass(frozen=True)
+class ExploreConfig:
+    """What `diloco-chaos explore` draws, runs and shrinks (docs/explore.md); `diloco-chaos run` ignores it."""
+
+    kinds: tuple[str, ...] = ()
+    """Fault kinds a schedule is drawn from (`action` names); empty: every link and process kind (and
+    kill_syncer) that this scenario's validation accepts (its recovery policy, link backend and target)."""
+    min_faults: int = bounded(1, 1, MAX_EXPLORE_FAULTS)
+    """Fewest faults in one drawn schedule."""
+    max_faults: int = bounded(3, 1, MAX_EXPLORE_FAULTS)
+    """Most faults in one drawn schedule; at least min_faults."""
+    steps: int = bounded(80, 1, 10_000_000)
+    """Inner steps of every explored run (`--set train.steps`), or train.steps where that is smaller: short runs
+    let a 10-minute budget on 2 cores run 20 schedules or more."""
+    first_step: int = bounded(5, 1, 10_000_000)
+    """Earliest step a drawn fault triggers at."""
+    last_step: int = bounded(0, 0, 10_000_000)
+    """Latest step a drawn fault triggers at; 0: the explored steps less a tenth (so a fault's repair ends
+    before the learners finish). Above first_step, at most the explored steps."""
+    min_duration_s: float = bounded(0.3, 0.0, 3600.0)
+    """Shortest drawn duration: a kill's repair_s, a freeze's, slow's or link fault's `until = { after_s }`."""
+    max_duration_s: float = bounded(3.0, 0.0, 3600.0)
+    """Longest drawn duration; at least min_duration_s (keep freezes below timeouts.gloo_s)."""
+    reaction_share: float = bounded(0.3, 0.0, 1.0)
+    """Chance that a fault after a kill is triggered by the run's reaction to it (`at = { after = "rejoin" }`
+    after a learner kill, `at = { after = "syncer_restored" }` after a syncer kill) instead of by a step."""
+    targets: tuple[str, ...] = ()
+    """Whom faults may hit: "learner<M>" names (e.g. ["learner0", "learner1"]) and "syncer"; empty: every learner
+    and the syncer."""
+    invariants: tuple[str, ...] = ()
+    """Invariants whose violation is a finding; empty: every one that applies to the algorithm but faults_fired
+    (with faults drawn at random, one can hit a target already down; its verdict is still recorded)."""
+    max_loss: float = bounded(0.0, 0.0, 1e6)
+    """Also check `converged` with this bound on the final eval loss; 0: not checked."""
+    min_uptime: float = bounded(0.0, 0.0, 1.0)
+    """Also check `availability` with this bound; 0: not checked."""
+    bound_s: float = bounded(0.0, 0.0, 86400.0)
+    """Also check `no_global_downtime` with this bound in seconds; 0: not checked."""
+    within_s: float = bounded(0.0, 0.0, 86400.0)
+    """Also check `rejoined` with this bound in seconds; 0: not checked."""
+    tries: int = bounded(2, 1, 20)
+    """n: a shrink candidate is run up to this many times (docs/explore.md, the measurement behind it)."""
+    must_fail: int = bounded(1, 1, 20)
+    """r: a candidate counts as failing when it fails the same invariant in at least this many of its `tries`
+    runs (at most tries)."""
+    shrink_runs: int = bounded(40, 0, 10_000)
+    """Most runs shrinking one failure may make (each try of each candidate is a run); 0: no shrinking."""
+    shrink_learners: bool = True
+    """Shrinking may also try fewer learners (topology.learners, never below 2 nor below the faults' targets)."""
+
+
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 """A scenario's name is part of its run directory's name: a letter or digit, then letters, digits, '.', '_' or
 '-', at most 64 characters (no '/', no '..' path, nothing a shell or a file system would read otherwise)."""
