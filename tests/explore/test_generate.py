@@ -17,7 +17,7 @@ RESTART = ["recovery.policy=restart", "recovery.syncer_policy=restart", "recover
 
 
 def sc_of(*sets: str) -> scenario_mod.Scenario:
-    return scenario_mod.builtin("default", [*RESTART, *sets])
+    return scenario_mod.builtin("fault-free", [*RESTART, *sets])
 
 
 def test_the_same_seed_and_index_give_the_same_schedule_and_others_differ() -> None:
@@ -64,7 +64,7 @@ def test_every_draw_is_accepted_by_validation_and_inside_the_table() -> None:
 
 
 def test_default_kinds_are_those_the_scenario_can_carry() -> None:
-    failing = vocabulary(scenario_mod.builtin("default", ["recovery.policy=fail"])).kinds
+    failing = vocabulary(scenario_mod.builtin("fault-free", ["recovery.policy=fail"])).kinds
     assert "partition" in failing and "freeze" in failing
     assert not {"kill_chip", "kill_learner", "crash_host", "kill_syncer"} & set(failing)  # policy fail refuses them
     assert "loss" not in failing  # kernel backend only
@@ -83,7 +83,7 @@ def test_targets_restrict_whom_faults_hit() -> None:
 
 def test_a_listed_kind_the_scenario_cannot_carry_is_refused_before_any_run() -> None:
     with pytest.raises(ScenarioError, match="explore.kinds: 'kill_learner' cannot be drawn"):
-        vocabulary(scenario_mod.builtin("default", ['explore.kinds=["kill_learner"]']))
+        vocabulary(scenario_mod.builtin("fault-free", ['explore.kinds=["kill_learner"]']))
 
 
 @pytest.mark.parametrize("sets, message", [
@@ -97,4 +97,4 @@ def test_a_listed_kind_the_scenario_cannot_carry_is_refused_before_any_run() -> 
 ])
 def test_the_table_is_validated_naming_the_key(sets: list[str], message: str) -> None:
     with pytest.raises(ScenarioError, match=message):
-        scenario_mod.builtin("default", sets)
+        scenario_mod.builtin("fault-free", sets)

@@ -20,7 +20,7 @@ SETS = ["recovery.policy=restart", "recovery.syncer_policy=restart"]
 
 
 def test_a_drawn_schedule_written_as_an_incident_loads_back_the_same(tmp_path: Path) -> None:
-    sc = scenario_mod.builtin("default", SETS)
+    sc = scenario_mod.builtin("fault-free", SETS)
     v = vocabulary(sc)
     for i in range(10):
         t = draw(v, 3, i)
@@ -32,12 +32,12 @@ def test_a_drawn_schedule_written_as_an_incident_loads_back_the_same(tmp_path: P
 
 
 def test_the_trial_scenario_is_what_run_set_and_incident_give() -> None:
-    base = Base(None, "default", tuple(SETS))
+    base = Base(None, "fault-free", tuple(SETS))
     sc = base.load()
     t = draw(vocabulary(sc), 0, 0)
     assert t is not None
     args = base.run_args(t, 4)
-    assert args[:2] == ["--builtin", "default"] and f"train.steps={t.steps}" in args
+    assert args[:2] == ["--builtin", "fault-free"] and f"train.steps={t.steps}" in args
     ran = base.trial_scenario(t, 4)
     assert ran.train.steps == t.steps and len(ran.faults) == len(t.faults)
     assert base.valid(t, 4) and not base.valid(t.__class__(t.faults, 10_000_000_000, 4), 4)
