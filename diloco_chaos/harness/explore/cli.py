@@ -51,6 +51,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--out", help="folder for explore.jsonl, the runs and the minimal incidents "
                                  "(default: runs/explore-<time>)")
     p.add_argument("--no-shrink", action="store_true", help="record failures, do not shrink them")
+    p.add_argument("--until-found", action="store_true",
+                   help="start no schedule once one has failed an invariant (then shrink it); the time to a finding")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="set a scenario key before validation (as `run --set`); repeatable")
     p.set_defaults(func=cmd_explore)
@@ -94,8 +96,8 @@ def cmd_explore(args: argparse.Namespace) -> int:
     name = os.environ.get(mutations.ENV_VAR, "").strip()
     if name:
         _say(f"explore: WARNING: every run is made with {mutations.ENV_VAR}={name} ({mutations.MUTATIONS[name]})")
-    explorer = Explorer(base, sc, vocab, Options(args.budget_s, args.runs, seed, args.jobs, out, not args.no_shrink),
-                        _say)
+    explorer = Explorer(base, sc, vocab, Options(args.budget_s, args.runs, seed, args.jobs, out, not args.no_shrink,
+                                                 args.until_found), _say)
     try:
         summary = explorer.run()
     except KeyboardInterrupt:

@@ -48,6 +48,8 @@ class Options:
     jobs: int
     out: Path
     shrink: bool = True
+    until_found: bool = False
+    """Start no schedule once an explored run has failed (the time to a first finding; bench/explore_power.py)."""
 
 
 class Explorer:
@@ -100,7 +102,8 @@ class Explorer:
         i = 0
         while True:
             while (len(pending) < self.opts.jobs and self._left() > 0
-                   and (self.opts.runs is None or i < self.opts.runs)):
+                   and (self.opts.runs is None or i < self.opts.runs)
+                   and not (self.opts.until_found and any(x.failed for x in out))):
                 trial = draw(self.vocab, self.opts.seed, i)
                 if trial is None:
                     self.say(f"explore: schedule {i}: no valid schedule in the vocabulary; skipped")
