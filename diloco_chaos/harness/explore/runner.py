@@ -34,6 +34,9 @@ BOUND_KEYS = ("max_loss", "min_uptime", "bound_s", "within_s")
 """`[explore]` keys that are bounds of check_all's bounded invariants (one name everywhere)."""
 NOT_JUDGED_BY_DEFAULT = ("faults_fired",)
 """Recorded, not a finding unless `[explore] invariants` names it: a drawn fault can hit a target already down."""
+MUTATION_WARNING = "diloco-chaos: WARNING: this run "
+"""How `diloco-chaos run` starts its mutation warnings (cli.warn_mutation): printed last, after the error a run
+failed with, so the error is the last line that is not one."""
 GRACE_S = 120.0
 """A run's child is given timeouts.run_s plus this (start, post-run phase) before it is counted as crashed."""
 
@@ -85,7 +88,8 @@ def run_trial(base: Base, trial: Trial, default_learners: int, folder: Path, ex:
     wall = round(time.monotonic() - t0, 2)
     rd = _run_dir(folder)
     if p.returncode != 0 or rd is None or not (rd / REPORT_FILE).is_file():
-        last = (p.stderr.strip().splitlines() or [f"exit code {p.returncode}"])[-1]
+        said = [x for x in p.stderr.strip().splitlines() if not x.startswith(MUTATION_WARNING)]
+        last = (said or [f"exit code {p.returncode}"])[-1]
         return RunLine(outcome="run_failed" if p.returncode == 1 else "crashed", failed=(), error=last,
                        run_dir=str(rd) if rd else None, wall_s=wall, **common)  # type: ignore[arg-type]
     vs = verdicts(rd, ex)
