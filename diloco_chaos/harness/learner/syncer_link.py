@@ -364,12 +364,17 @@ class SyncerLink:
                 self.forward(Message(MsgType.WELCOME, {"connects": self.connects}))
             self._read(sock, auth)
             with self._cv:
-                if self._finishing and not self._bye_acked and not self._closed:
-                    # the connection ended before the syncer acknowledged our BYE: it may have died holding our
-                    # final pushes; send them and the BYE again on the next connection
+                if self._bye_queued and not self._bye_acked and not self._closed:
+                    # the connection ended after close() and before the syncer acknowledged our BYE, sent or still
+                    # queued: it may have died holding final pushes, or taken one our writer had just written into
+                    # it (found by explore: a limit_data cut truncated one final push and swallowed the next, and
+                    # the BYE, still queued, went out alone on the next connection); send them all, then the BYE,
+                    # again on the next connection (the syncer declines a copy of work it has)
                     self._finishing = False
                     for key, msg in self._finals:
-                        self._outbox[key] = msg
+                        self._outbox.setdefault(key, msg)
+                    if ("bye", 0) in self._outbox:
+                        self._outbox.move_to_end(("bye", 0))
                     self._cv.notify_all()
 
     def _read(self, sock: socket.socket, auth: FrameAuth) -> None:
