@@ -171,6 +171,14 @@ def test_pushes_received(tmp_path: Path) -> None:
     assert "1 sent after the learner's BYE" in holds(pushes_received(write_run(tmp_path, late, name="f"))).detail
     closed = evs + [ev("link_down", gone["t"] + 0.01, "learner1.link", learner=1, reason="closed")]
     violated(pushes_received(write_run(tmp_path, closed, name="d")), "1 > bound 0")  # a close is no excuse
+    # a connection that ended while the push was being written (its link_down logged before the push_sent that
+    # closes the write) may have taken it: lost with its connection; one that ended before the write began is not
+    sent = first(evs, "push_sent", learner=1, fragment=0, last_step=4)
+    sent["seconds"] = 0.02
+    during = evs + [ev("link_down", sent["t"] - 0.01, "learner1.link", learner=1, reason="ConnectionClosed")]
+    assert "1 lost with their connection" in holds(pushes_received(write_run(tmp_path, during, name="g"))).detail
+    before = evs + [ev("link_down", sent["t"] - 0.03, "learner1.link", learner=1, reason="ConnectionClosed")]
+    violated(pushes_received(write_run(tmp_path, before, name="h")), "1 > bound 0")
     no_sent = [e for e in good() if e["ev"] != "push_sent"]
     violated(pushes_received(write_run(tmp_path, no_sent, name="e")), "n/a", "no link logged push_sent")
 
