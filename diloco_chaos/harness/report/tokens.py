@@ -143,12 +143,11 @@ def _builtin(evs: Sequence[Event], alg: algorithms.Algorithm, fragments: int, sy
                 broadcast = bool((e.broadcast or [])[i]) if i < len(e.broadcast or []) else False
                 if pulled is not None:
                     claims.append(Claim(e.t, e.learner, "discarded_overlap", p, e.step, pulled=pulled))
-                elif broadcast and (e.learner, p, e.step) not in overwritten:
-                    # a merge it was not in, over work its learner had already pushed (so no fragment_overwritten):
-                    # what no merge took of that work was lost to the broadcast, not to a restart
-                    claims.append(Claim(e.t, e.learner, "discarded_broadcast", p, e.step))
                 elif (e.learner, p, e.step) not in overwritten:
-                    claims.append(Claim(e.t, e.learner, "discarded_restart", p, e.step))
+                    # a value it did not pull: the current one taken on (re)joining, or a merge it was not in over
+                    # work it had already pushed (so no fragment_overwritten), which loses that work to the broadcast
+                    claims.append(Claim(e.t, e.learner, "discarded_broadcast" if broadcast else "discarded_restart",
+                                        p, e.step))
         elif isinstance(e, Apply) and e.round is not None:
             claims.append(Claim(e.t, e.learner, "discarded_broadcast", None, e.step))
         elif isinstance(e, SyncRejected):
