@@ -5,8 +5,10 @@ Not a test: it prints a table (docs/explore.md, "Explore's power on the planted 
 explore SCENARIO --budget-s B` with DILOCO_CHAOS_MUTATION set, on the planted scenario with explore's default
 vocabulary (every fault kind the scenario accepts: nothing tells explore which fault reaches the bug), and reports:
 found or not (an explored run failed one of the invariants that catch that bug), the explore time and runs to the
-first such failure, the size of the shrunk schedule (faults, steps, learners), and how many of `--reruns` reruns of
-that minimal incident, through explore's own runner with the mutation, fail the same invariant.
+first such failure, the size of the shrunk schedule (faults, steps, learners), explore's own confirmation of it
+(how many of its `confirm_runs` fresh runs failed; smaller schedules backed out of because they did not repeat),
+and, independently of that, how many of `--reruns` reruns of that minimal incident, through explore's own runner
+with the mutation, fail the same invariant.
 
     python bench/explore_power.py [--budget-s 900] [--reruns 5] [--seed 0] [--mutations NAME ...]
                                   [--scenario examples/incidents/planted-scenario.toml] [--out DIR] [--set K=V ...]
@@ -56,6 +58,11 @@ class Power:
     steps: int | None
     learners: int | None
     shrink_runs: int | None
+    """Runs shrinking made, its confirmation runs included."""
+    confirmed: str | None
+    """Explore's own confirmation of the minimal schedule: "4 of 5" (its fresh runs that failed), None: none."""
+    backed_out: int
+    """Smaller schedules that shrinking reached but that did not repeat at the rate asked for."""
     reproduced: int
     reruns: int
     wall_s: float
@@ -103,7 +110,10 @@ def explore(mutation: str, a: argparse.Namespace, out: Path) -> Power:
     return Power(mutation, first[0] if first else None, round(first[1], 1) if first else None,
                  first[2] if first else None, len(lines), len(minimal["trial"]["faults"]) if minimal else None,
                  minimal["trial"]["steps"] if minimal else None, minimal["trial"]["learners"] if minimal else None,
-                 minimal["runs"] if minimal else None, reproduced, a.reruns if minimal else 0, round(wall, 1))
+                 minimal["runs"] if minimal else None,
+                 f"{minimal['repeat_fails']} of {minimal['repeat_runs']}" if minimal and minimal["repeat_runs"]
+                 else None, len(minimal["rejected"]) if minimal else 0, reproduced, a.reruns if minimal else 0,
+                 round(wall, 1))
 
 
 def main() -> None:
@@ -127,11 +137,12 @@ def main() -> None:
     print(f"\nexplore {a.scenario}, budget {a.budget_s:g} s a bug, seed {a.seed}, {a.reruns} reruns of each minimal "
           f"incident ({root})")
     print(f"{'mutation':24}{'found':>20}{'first after':>13}{'runs':>6}{'explored':>9}{'minimal':>22}"
-          f"{'shrink runs':>12}{'reproduced':>11}{'wall s':>8}")
+          f"{'shrink runs':>12}{'confirmed':>10}{'backed out':>11}{'reproduced':>11}{'wall s':>8}")
     for r in rows:
         size = f"{r.faults} faults, {r.steps} st, {r.learners} L" if r.faults is not None else "-"
         print(f"{r.mutation:24}{r.found or 'not found':>20}{(f'{r.first_s:.0f} s' if r.first_s else '-'):>13}"
               f"{r.first_runs or '-':>6}{r.explored:>9}{size:>22}{r.shrink_runs or '-':>12}"
+              f"{r.confirmed or '-':>10}{r.backed_out:>11}"
               f"{(f'{r.reproduced} of {r.reruns}' if r.reruns else '-'):>11}{r.wall_s:>8.0f}")
     if a.json:
         Path(a.json).write_text(json.dumps([r.__dict__ for r in rows], indent=1))

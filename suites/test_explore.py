@@ -5,9 +5,9 @@ skips its initial pull of the global model), switched on in the environment of t
 run's processes inherit. The invariant written for it, `initial_pull`, catches it in every run with a learner
 restart (docs/sensitivity.md). The scenario is small (2 learners x 1 chip, 30 steps) and its `[explore]` table
 draws only the fault that can trigger the bug (kill_learner, one or two per schedule), with a tiny budget: one
-explored schedule and at most two shrink runs, 1 of 1 tries (the measured repeat rate of this failure is 10 of
-10, docs/explore.md). Then `diloco-chaos run SCENARIO --incident minimal-initial_pull.toml`, the printed
-command, must fail the same invariant.
+explored schedule, at most two shrink runs and one confirmation run, 1 of 1 tries (the measured repeat rate of
+this failure is 10 of 10, docs/explore.md). Then `diloco-chaos run SCENARIO --incident
+minimal-initial_pull.toml`, the printed command, must fail the same invariant.
 """
 
 from __future__ import annotations
@@ -64,6 +64,8 @@ max_duration_s = 1.0
 tries = 1
 must_fail = 1
 shrink_runs = 2
+confirm_runs = 1
+confirm_must_fail = 1
 """
 CLI = [sys.executable, "-m", "diloco_chaos.harness.cli"]
 
@@ -81,7 +83,8 @@ def test_explore_finds_shrinks_and_reproduces_a_planted_bug(tmp_path: Path) -> N
     lines = read_lines(out / "explore.jsonl")
     explored = [x for x in lines if x.phase == "explore"]
     assert len(explored) == 1 and explored[0].outcome == "failed" and "initial_pull" in explored[0].failed
-    assert len([x for x in lines if x.phase == "shrink"]) <= 2
+    assert len([x for x in lines if x.phase == "shrink"]) <= 3  # two shrink runs and one confirmation
+    assert "repeats: failed 1 of 1 fresh runs" in p.stdout, p.stdout
 
     minimal = out / "minimal-initial_pull.toml"
     assert minimal.is_file(), p.stdout

@@ -144,3 +144,57 @@ def test_a_candidate_failing_another_invariant_is_not_taken() -> None:
     res = shrink(trial(KILL, DEGRADE, steps=40), RofN(attempt, 1, 1), lambda t: True, first=5, max_runs=50)
     assert [f.action for f in res.trial.faults] == ["kill_learner"]
     assert {"work_kept"} in tried  # dropping the kill was tried, and refused
+
+
+def kill_step(t: Trial) -> int:
+    return next((f.at.step or 0) for f in t.faults if f.action == "kill_learner")
+
+
+def flaky_below(step: int) -> tuple[list[int], object]:
+    """A bug that needs the kill and repeats every run when the kill is at `step` or later, but only every other
+    run when it is earlier (as a restored syncer with few merges behind it): r = 1 of n = 2 walks the kill down to
+    the first step, a 4-of-5 confirmation must bring it back."""
+    flips = itertools.cycle([True, False])
+    seen: list[int] = []
+
+    def attempt(t: Trial, k: int) -> list[Try]:
+        out = []
+        for _ in range(k):
+            has = any(f.action == "kill_learner" for f in t.faults)
+            seen.append(kill_step(t) if has else -1)
+            out.append(Try(has and (kill_step(t) >= step or next(flips)), "run"))
+        return out
+
+    return seen, attempt
+
+
+def test_a_schedule_that_does_not_repeat_at_the_rate_asked_is_backed_out_of() -> None:
+    seen, attempt = flaky_below(40)
+    loose = shrink(trial(KILL, DEGRADE), RofN(attempt, 1, 2), lambda t: True, first=5, max_runs=200)  # type: ignore[arg-type]
+    assert kill_step(loose.trial) == 5 and loose.repeat is None  # without confirmation: the flaky one is kept
+
+    seen, attempt = flaky_below(40)
+    confirms: list[tuple[int, int]] = []
+    res = shrink(trial(KILL, DEGRADE), RofN(attempt, 1, 2), lambda t: True, first=5, max_runs=200,  # type: ignore[arg-type]
+                 confirm=RofN(attempt, 4, 5), on_confirm=lambda t, j: confirms.append((kill_step(t), j.fails)))  # type: ignore[arg-type]
+    assert res.repeat is not None and res.repeat.confirmed and res.repeat.fails >= 4
+    assert kill_step(res.trial) >= 40 and [f.action for f in res.trial.faults] == ["kill_learner"]
+    assert res.rejected and any(s < 40 for s, _ in confirms)  # a flaky one was reached, confirmed, and refused
+    assert res.trial.faults[0].options.repair_s == MIN_DURATION_S  # and shrinking went on past it
+    assert res.runs == len(seen) and res.runs <= 200
+
+
+def test_a_start_that_does_not_repeat_is_kept_with_its_measured_rate() -> None:
+    flips = itertools.cycle([True, False, False])
+    res = shrink(trial(KILL), always, lambda t: True, first=5, max_runs=0,
+                 confirm=RofN(lambda t, k: [Try(next(flips)) for _ in range(k)], 4, 5))
+    assert res.trial == trial(KILL) and res.repeat is not None
+    assert not res.repeat.confirmed and res.repeat.fails < 4 and res.repeat.runs <= 5
+
+
+def test_a_confirmed_schedule_is_not_confirmed_twice() -> None:
+    seen, attempt = flaky_below(40)
+    calls: list[str] = []
+    shrink(trial(KILL, DEGRADE), RofN(attempt, 1, 2), lambda t: True, first=5, max_runs=200,  # type: ignore[arg-type]
+           confirm=RofN(attempt, 4, 5), on_confirm=lambda t, j: calls.append(t.key()))  # type: ignore[arg-type]
+    assert len(calls) == len(set(calls))

@@ -2,8 +2,9 @@
 
 What: `explore_rules` reports, each naming its key, the `[explore]` values that are in range on their own but
 do not fit together or with the rest of the scenario: a kind that is no registered fault kind, min above max
-(faults, durations), must_fail above tries, a target that is neither "syncer" nor one of the run's learners,
-and a trigger window (first_step, last_step) outside the explored run's steps.
+(faults, durations), must_fail above tries (and confirm_must_fail above confirm_runs, unless that is 0), a target
+that is neither "syncer" nor one of the run's learners, and a trigger window (first_step, last_step) outside the
+explored run's steps.
 
 Why here: like the target's and the task's rules (target_check.py, task_check.py), the table is validated with
 the rest of the scenario before any process starts, so `diloco-chaos validate` and `explore` refuse a bad table
@@ -47,9 +48,10 @@ def explore_rules(sc: Scenario, found: Found) -> None:
         if faults.find(kind) is None and found.ok("explore.kinds"):
             found.add("explore.kinds", f"explore.kinds: {kind!r} is not a fault kind{did_you_mean(kind, names)}; "
                                        f"one of {', '.join(names)}")
-    for lo, hi in (("min_faults", "max_faults"), ("min_duration_s", "max_duration_s"), ("must_fail", "tries")):
+    for lo, hi in (("min_faults", "max_faults"), ("min_duration_s", "max_duration_s"), ("must_fail", "tries"),
+                   ("confirm_must_fail", "confirm_runs")):
         a, b = getattr(ex, lo), getattr(ex, hi)
-        if a > b and found.ok(f"explore.{lo}", f"explore.{hi}"):
+        if a > b and (lo != "confirm_must_fail" or b > 0) and found.ok(f"explore.{lo}", f"explore.{hi}"):
             found.add(f"explore.{lo}", f"explore.{lo} = {a:g}: must be at most explore.{hi} = {b:g}")
     for t in ex.targets:
         m = TARGET.fullmatch(t)

@@ -359,7 +359,13 @@ class ExploreConfig:
     """r: a candidate counts as failing when it fails the same invariant in at least this many of its `tries`
     runs (at most tries)."""
     shrink_runs: int = bounded(40, 0, 10_000)
-    """Most runs shrinking one failure may make (each try of each candidate is a run); 0: no shrinking."""
+    """Most runs shrinking one failure may make (each try of each candidate is a run; confirmation runs count
+    too, but the schedule reached is always confirmed, so they may go past it); 0: no shrinking."""
+    confirm_runs: int = bounded(5, 0, 50)
+    """Fresh runs that confirm the schedule shrinking ends at repeats its failure; one that fails fewer than
+    confirm_must_fail of them is backed out of (docs/explore.md); 0: no confirmation."""
+    confirm_must_fail: int = bounded(4, 1, 50)
+    """Failures among the confirm_runs that make a minimal incident (at most confirm_runs)."""
     shrink_learners: bool = True
     """Shrinking may also try fewer learners (topology.learners, never below 2 nor below the faults' targets)."""
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from diloco_chaos.harness.config.sections import ScenarioError
 from diloco_chaos.harness.explore.generate import vocabulary
-from diloco_chaos.harness.explore.records import Base, Summary
+from diloco_chaos.harness.explore.records import Base, Minimal, Summary
 from diloco_chaos.harness.explore.session import JSONL, Explorer, Options
 from diloco_chaos.trainers import mutations
 
@@ -116,6 +116,15 @@ def summary_text(s: Summary, out: Path) -> str:
     for m in s.minimal:
         lines += [f"minimal schedule failing {m.invariant} ({len(m.trial.faults)} faults, {m.trial.steps} steps, "
                   f"{m.trial.learners} learners; {m.runs} shrink runs): {m.incident}",
+                  f"  repeats: {_repeats(m)}",
                   f"  run directory: {m.run_dir}", f"  report: {m.report}", f"  reproduce: {m.command}"]
     lines.append(f"runs: {out / JSONL}")
     return "\n".join(lines)
+
+
+def _repeats(m: Minimal) -> str:
+    if not m.repeat_runs:
+        return "not confirmed (explore.confirm_runs = 0 or --no-shrink)"
+    said = f"failed {m.repeat_fails} of {m.repeat_runs} fresh runs"
+    backed = f"; {len(m.rejected)} smaller schedules did not repeat and were backed out of" if m.rejected else ""
+    return said + backed if m.confirmed else f"only {said}, below the rate asked for (explore.confirm_must_fail)"

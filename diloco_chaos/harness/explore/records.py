@@ -38,6 +38,10 @@ class Trial:
         """The faults as `[[faults]]` tables (an incident file's, explore.jsonl's)."""
         return [f.to_table() for f in self.faults]
 
+    def key(self) -> str:
+        """Equal for equal schedules (every fault parameter, steps and learners): what shrinking remembers."""
+        return json.dumps([self.tables(), self.steps, self.learners], sort_keys=True, default=str)
+
     def describe(self) -> str:
         what = "; ".join(f"{f.describe()} at {f.at.describe()}" for f in self.faults) or "no faults"
         return f"{len(self.faults)} faults, {self.steps} steps, {self.learners} learners: {what}"
@@ -154,7 +158,15 @@ class Minimal:
     command: str
     """The `diloco-chaos run ... --incident` command that reproduces it."""
     runs: int
-    """Runs shrinking made."""
+    """Runs shrinking made, confirmations included."""
+    repeat_fails: int = 0
+    """Of the fresh runs that confirmed this schedule (repeat_runs), how many failed the invariant."""
+    repeat_runs: int = 0
+    """0: not confirmed (`[explore] confirm_runs = 0`, or no shrinking)."""
+    confirmed: bool = False
+    """Whether it repeated at the rate asked for (`confirm_must_fail` of `confirm_runs`)."""
+    rejected: tuple[str, ...] = ()
+    """Smaller schedules shrinking reached that did not repeat at that rate."""
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ a pool of `jobs` threads, each waiting on one run's child process (diloco_chaos/
 starts no schedule once the budget is spent or `runs` were started, and lets the runs in flight finish. Every
 run is one line of explore.jsonl as it ends, and one progress line on stderr (runs done, failures found, time
 left). `Explorer.shrink_all` then takes, for each invariant some run violated, its first failing schedule (the
-lowest index) and shrinks it (diloco_chaos/harness/explore/shrink.py) with r-of-n runs, writing
+lowest index) and shrinks it (diloco_chaos/harness/explore/shrink.py) with r-of-n runs, confirms the schedule
+it ends at with confirm_runs fresh runs (backing out of one that does not repeat), writing
 minimal-<invariant>.toml, the minimal run's report.html, and the command that reproduces it.
 
 Why this order: the schedules of a seed are fixed, so with `--runs N` the set of runs and the failing schedule
@@ -31,7 +32,7 @@ from diloco_chaos.harness.explore.generate import Vocabulary, draw
 from diloco_chaos.harness.explore.incident import run_command, write_incident
 from diloco_chaos.harness.explore.records import Base, Minimal, RunLine, Summary, Trial
 from diloco_chaos.harness.explore.runner import run_trial
-from diloco_chaos.harness.explore.shrink import RofN, Try, shrink
+from diloco_chaos.harness.explore.shrink import Judgement, RofN, Shrunk, Try, shrink
 
 JSONL = "explore.jsonl"
 SUMMARY = "explore-summary.json"
@@ -134,24 +135,40 @@ class Explorer:
                 return [Try(name in r.failed, r.run_dir) for r in runs]
 
             fails = RofN(attempt, ex.must_fail, ex.tries, width=self.opts.jobs)
+            confirm = (RofN(attempt, ex.confirm_must_fail, ex.confirm_runs, width=self.opts.jobs)
+                       if ex.confirm_runs else None)
+
             def step(what: str, trial: Trial, name: str = name) -> None:
                 self.say(f"explore: {name} still fails after: {what}")
 
+            def confirmed(trial: Trial, j: Judgement, name: str = name) -> None:
+                verdict = "kept" if j.failed else "does not repeat: backing out of it"
+                self.say(f"explore: {name} failed {j.fails} of {j.runs} confirmation runs of "
+                         f"{trial.describe()}: {verdict}")
+
             res = shrink(start, fails, lambda t: self.base.valid(t, self.sc.topology.learners),
                          first=self.vocab.first, max_runs=ex.shrink_runs if self.opts.shrink else 0,
-                         run_dir=line.run_dir, learners_too=ex.shrink_learners, on_step=step)
-            out.append(self._minimal(name, res.trial, res.run_dir, res.runs, res.steps, line))
+                         run_dir=line.run_dir, learners_too=ex.shrink_learners, on_step=step, confirm=confirm,
+                         on_confirm=confirmed)
+            out.append(self._minimal(name, res, line))
         return out
 
-    def _minimal(self, name: str, trial: Trial, run_dir: str | None, runs: int, steps: tuple[str, ...],
-                 found: RunLine) -> Minimal:
+    def _minimal(self, name: str, res: Shrunk, found: RunLine) -> Minimal:
+        trial, steps, rep = res.trial, res.steps, res.repeat
         path = self.opts.out / f"minimal-{name}.toml"
         args = self.base.run_args(trial, self.sc.topology.learners)
         command = run_command(args, path)
+        repeats = ("not confirmed (explore.confirm_runs = 0)" if rep is None else
+                   f"it failed {rep.fails} of {rep.runs} fresh runs"
+                   + ("" if rep.confirmed else f", below the {self.sc.explore.confirm_must_fail} of "
+                      f"{self.sc.explore.confirm_runs} asked for: expect it to pass some runs"))
         write_incident(path, trial.tables(), f"explore: the smallest schedule found that fails {name}", [
-            f"Found by diloco-chaos explore (seed {self.opts.seed}, schedule {found.index}), shrunk in {runs} runs "
-            f"by {len(steps)} steps: {'; '.join(steps) or 'none'}.",
+            f"Found by diloco-chaos explore (seed {self.opts.seed}, schedule {found.index}), shrunk in {res.runs} "
+            f"runs by {len(steps)} steps: {'; '.join(steps) or 'none'}.",
+            f"Repeats: {repeats}."
+            + (f" Smaller schedules that did not repeat: {' | '.join(res.rejected)}." if res.rejected else ""),
             f"Reproduce: {command}"])
+        run_dir = res.run_dir
         report = None
         if run_dir is not None:
             try:
@@ -160,7 +177,9 @@ class Explorer:
                 report = str(write_report(run_dir))
             except Exception as e:  # noqa: BLE001  (a report that cannot be drawn is said, the incident stands)
                 self.say(f"explore: no report.html for {run_dir}: {e}")
-        return Minimal(name, trial, str(path), run_dir, report, command, runs)
+        return Minimal(name, trial, str(path), run_dir, report, command, res.runs,
+                       rep.fails if rep else 0, rep.runs if rep else 0, rep.confirmed if rep else False,
+                       res.rejected)
 
     def run(self) -> Summary:
         with ThreadPoolExecutor(max_workers=self.opts.jobs) as pool:

@@ -9,6 +9,13 @@ and stops when no candidate fails or its run budget is spent. `RofN` is that pre
 not deterministic, so a candidate counts as failing only when it fails in `must_fail` of `tries` runs (it stops
 as soon as the answer is known, and runs up to `width` tries at once).
 
+A schedule that passes r of n can still fail only half the time (it passes 2 of 2 a quarter of the time), so
+`shrink` also takes a `confirm` predicate (an `RofN` with more runs and a higher bar, e.g. 4 of 5): where the
+greedy walk ends, the schedule it ended at is confirmed with fresh runs; one that does not repeat at that rate is
+rejected and the walk backs up to the schedule before it, confirms that, and, with budget left, goes on from it
+with the rejected one's sibling candidates. The result is the smallest schedule found that repeats at the rate
+asked for, or the start with its measured rate when even that does not.
+
 Why pure: the candidates are a function of the schedule alone and the predicate is injected, so the order,
 the termination (every step halves a value toward a floor, or removes something) and the r-of-n counting are
 unit-tested with fake predicates, without processes (tests/explore/test_shrink.py).
@@ -139,11 +146,13 @@ def _trigger(t: Trigger, **changes: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Judgement:
-    """Whether a candidate counts as failing, after how many runs, and a failing run's directory."""
+    """Whether a candidate counts as failing, after how many runs (of which `fails` failed), and a failing run's
+    directory."""
 
     failed: bool
     runs: int
     run_dir: str | None = None
+    fails: int = 0
 
 
 class RofN:
@@ -166,7 +175,17 @@ class RofN:
                 if t.failed:
                     failed += 1
                     evidence = evidence or t.run_dir
-        return Judgement(failed >= self.must_fail, done, evidence)
+        return Judgement(failed >= self.must_fail, done, evidence, failed)
+
+
+@dataclass(frozen=True)
+class Repeat:
+    """A confirmation of the schedule shrinking ended at: `fails` failures in `runs` fresh runs, and whether
+    that meets the rate asked for."""
+
+    fails: int
+    runs: int
+    confirmed: bool
 
 
 @dataclass(frozen=True)
@@ -176,34 +195,85 @@ class Shrunk:
     trial: Trial
     run_dir: str | None
     steps: tuple[str, ...]
-    """Each accepted change, in order."""
+    """Each accepted change, in order, from the start to `trial`."""
     runs: int
+    """Runs spent, confirmations included."""
     exhausted: bool
     """Whether the run budget ran out before every candidate of the last schedule was tried."""
+    repeat: Repeat | None = None
+    """The confirmation of `trial` (None: no `confirm` predicate was given)."""
+    rejected: tuple[str, ...] = ()
+    """Schedules the walk reached but that did not repeat at the rate asked for (their describe())."""
+
+
+@dataclass
+class _Node:
+    trial: Trial
+    run_dir: str | None
+    what: str
+    """The change that made it from its parent ("" for the start)."""
 
 
 def shrink(start: Trial, fails: Callable[[Trial], Judgement], valid: Callable[[Trial], bool], *, first: int,
            max_runs: int, run_dir: str | None = None, learners_too: bool = True,
-           on_step: Callable[[str, Trial], None] | None = None) -> Shrunk:
+           on_step: Callable[[str, Trial], None] | None = None,
+           confirm: Callable[[Trial], Judgement] | None = None,
+           on_confirm: Callable[[Trial, Judgement], None] | None = None) -> Shrunk:
     """Greedy shrinking from `start` (a schedule known to fail, `run_dir` a failing run of it): take the first
-    valid candidate `fails` accepts, repeat; stop when none does or `max_runs` runs are spent."""
-    current, evidence, runs = start, run_dir, 0
-    taken: list[str] = []
+    valid candidate `fails` accepts, repeat; where no candidate does (or `max_runs` runs are spent), confirm the
+    schedule reached with `confirm` and back up past any that does not repeat (see the module doc)."""
+    chain = [_Node(start, run_dir, "")]
+    judged: set[str] = set()
+    """Candidates already run and found not failing, or rejected by a confirmation: not run again."""
+    rejected: list[str] = []
+    confirmed: dict[str, Repeat] = {}
+    runs = 0
+    exhausted = False
     while True:
         progressed = False
-        for what, cand in candidates(current, first, learners_too=learners_too):
-            if runs >= max_runs:
-                return Shrunk(current, evidence, tuple(taken), runs, True)
-            if not valid(cand):
-                continue
-            j = fails(cand)
-            runs += j.runs
-            if j.failed:
-                current, evidence = cand, j.run_dir or evidence
-                taken.append(what)
-                if on_step is not None:
-                    on_step(what, cand)
-                progressed = True
+        if not exhausted:
+            for what, cand in candidates(chain[-1].trial, first, learners_too=learners_too):
+                if runs >= max_runs:
+                    exhausted = True
+                    break
+                key = cand.key()
+                if key in judged or not valid(cand):
+                    continue
+                j = fails(cand)
+                runs += j.runs
+                if j.failed:
+                    chain.append(_Node(cand, j.run_dir or chain[-1].run_dir, what))
+                    if on_step is not None:
+                        on_step(what, cand)
+                    progressed = True
+                    break
+                judged.add(key)
+        if progressed:
+            continue
+        if confirm is None:
+            return _result(chain, runs, exhausted, None, rejected)
+        backed = False
+        while True:
+            node = chain[-1]
+            repeat = confirmed.get(node.trial.key())
+            if repeat is None:
+                c = confirm(node.trial)
+                runs += c.runs
+                if on_confirm is not None:
+                    on_confirm(node.trial, c)
+                node.run_dir = node.run_dir or c.run_dir
+                repeat = confirmed[node.trial.key()] = Repeat(c.fails, c.runs, c.failed)
+            if repeat.confirmed or len(chain) == 1:
                 break
-        if not progressed:
-            return Shrunk(current, evidence, tuple(taken), runs, False)
+            rejected.append(node.trial.describe())
+            judged.add(node.trial.key())
+            chain.pop()
+            backed = True
+        if not repeat.confirmed or not backed or exhausted or runs >= max_runs:
+            return _result(chain, runs, exhausted, repeat, rejected)
+        # a confirmed ancestor with budget left: go on from it past the rejected schedule
+
+
+def _result(chain: list[_Node], runs: int, exhausted: bool, repeat: Repeat | None, rejected: list[str]) -> Shrunk:
+    return Shrunk(chain[-1].trial, chain[-1].run_dir, tuple(n.what for n in chain[1:]), runs, exhausted, repeat,
+                  tuple(rejected))
