@@ -34,6 +34,8 @@ from diloco_chaos.harness.explore.records import Base, Minimal, RunLine, Summary
 from diloco_chaos.harness.explore.runner import run_trial
 from diloco_chaos.harness.explore.shrink import Judgement, RofN, Shrunk, Try, shrink
 
+Runner = Callable[..., RunLine]
+"""How one trial is run and judged: run_trial (real processes); tests of the pool and the order inject their own."""
 JSONL = "explore.jsonl"
 SUMMARY = "explore-summary.json"
 
@@ -57,8 +59,9 @@ class Explorer:
     """One explore session over one scenario (see the module doc)."""
 
     def __init__(self, base: Base, sc: Scenario, vocab: Vocabulary, opts: Options,
-                 say: Callable[[str], None]) -> None:
+                 say: Callable[[str], None], runner: Runner = run_trial) -> None:
         self.base, self.sc, self.vocab, self.opts, self.say = base, sc, vocab, opts, say
+        self.runner = runner
         self.lines: list[RunLine] = []
         self.lock = threading.Lock()
         self.t0 = time.monotonic()
@@ -89,7 +92,7 @@ class Explorer:
 
     def _run(self, trial: Trial, index: int, phase: str = "explore", shrinking: str = "") -> RunLine:
         folder = self.opts.out / "runs" / f"{phase}-{index:04d}"
-        line = run_trial(self.base, trial, self.sc.topology.learners, folder, self.sc.explore,
+        line = self.runner(self.base, trial, self.sc.topology.learners, folder, self.sc.explore,
                          self.sc.timeouts.run_s, index=index, seed=self.opts.seed, phase=phase,  # type: ignore[arg-type]
                          shrinking=shrinking)
         self._record(line)
