@@ -91,7 +91,7 @@ def test_a_listed_kind_the_scenario_cannot_carry_is_refused_before_any_run() -> 
     (["explore.kinds=[\"degrad\"]"], "'degrad' is not a fault kind \\(did you mean degrade\\?\\)"),
     (["explore.targets=[\"learner4\"]"], "'learner4' must be \"syncer\" or \"learner<M>\" with M in \\[0, 3\\]"),
     (["explore.must_fail=3"], "explore.must_fail = 3: must be at most explore.tries = 2"),
-    (["explore.confirm_must_fail=6"], "explore.confirm_must_fail = 6: must be at most explore.confirm_runs = 5"),
+    (["explore.confirm_runs=4"], "explore.confirm_must_fail = 5: must be at most explore.confirm_runs = 4"),
     (["explore.last_step=400"], "explore.last_step = 400: must be at most the explored steps 80"),
     (["explore.first_step=75"], "explore.first_step = 75: must be below the last trigger step 72"),
     (["explore.tries=0"], "explore.tries = 0: must be in \\[1, 20\\]"),

@@ -9,7 +9,17 @@ import pytest
 
 from diloco_chaos.chaos.schedule import parse_fault
 from diloco_chaos.harness.explore.records import Trial
-from diloco_chaos.harness.explore.shrink import MIN_DURATION_S, Judgement, RofN, Try, candidates, shrink, toward
+from diloco_chaos.harness.explore.shrink import (
+    MIN_DURATION_S,
+    TRIGGER_FLOOR,
+    Judgement,
+    RofN,
+    Try,
+    candidates,
+    later,
+    shrink,
+    toward,
+)
 
 KILL = {"action": "kill_learner", "learner": 1, "repair_s": 2.4, "at": {"step": 90, "learner": 1}}
 DEGRADE = {"action": "degrade", "learner": 0, "latency_ms": 300.0, "bandwidth_kbps": 2000.0,
@@ -46,7 +56,7 @@ def test_a_failure_that_needs_only_the_kill_shrinks_to_the_kill_alone_at_its_flo
     assert not res.exhausted
     (f,) = res.trial.faults
     assert f.action == "kill_learner" and f.learner == 1
-    assert f.options.repair_s == MIN_DURATION_S and f.at.step == 5
+    assert f.options.repair_s == MIN_DURATION_S and f.at.step == TRIGGER_FLOOR == 16  # no earlier: 20 steps
     assert res.trial.learners == 2 and res.trial.steps == 20  # fewest learners covering learner 1, fewest steps
     assert res.steps[0].startswith("drop faults[0] degrade")
 
@@ -171,7 +181,7 @@ def flaky_below(step: int) -> tuple[list[int], object]:
 def test_a_schedule_that_does_not_repeat_at_the_rate_asked_is_backed_out_of() -> None:
     seen, attempt = flaky_below(40)
     loose = shrink(trial(KILL, DEGRADE), RofN(attempt, 1, 2), lambda t: True, first=5, max_runs=200)  # type: ignore[arg-type]
-    assert kill_step(loose.trial) == 5 and loose.repeat is None  # without confirmation: the flaky one is kept
+    assert kill_step(loose.trial) == TRIGGER_FLOOR and loose.repeat is None  # unconfirmed: the flaky one is kept
 
     seen, attempt = flaky_below(40)
     confirms: list[tuple[int, int]] = []
@@ -198,3 +208,35 @@ def test_a_confirmed_schedule_is_not_confirmed_twice() -> None:
     shrink(trial(KILL, DEGRADE), RofN(attempt, 1, 2), lambda t: True, first=5, max_runs=200,  # type: ignore[arg-type]
            confirm=RofN(attempt, 4, 5), on_confirm=lambda t, j: calls.append(t.key()))  # type: ignore[arg-type]
     assert len(calls) == len(set(calls))
+
+
+def test_a_trigger_is_not_moved_below_where_it_shortens_the_run() -> None:
+    early = {**KILL, "at": {"step": 12, "learner": 1}}
+    moved = [w for w, _ in candidates(trial(early, steps=20, learners=2), first=5) if "at step" in w]
+    assert moved == []  # 12 < 16: an earlier kill would not make the 20-step run any shorter
+    moved = [w for w, _ in candidates(trial(KILL, steps=120, learners=2), first=5) if "at step" in w]
+    assert moved and moved[0].endswith("at step 90 -> 16")
+
+
+def test_a_start_that_does_not_repeat_is_moved_later_until_one_does() -> None:
+    """The failure repeats surely only with the kill at step 30 or later; explore found it at step 10 (it passed
+    once of two there): the start is not confirmed, a later trigger is, and shrinking goes on from that one
+    without moving the kill back below 30 for good."""
+    seen, attempt = flaky_below(30)
+    start = trial({**KILL, "at": {"step": 10, "learner": 1}}, DEGRADE, steps=60)
+    assert [w for w, _ in later(start, 54)][:2] == ["faults[0] kill_learner at step 10 -> 32 (to repeat)",
+                                                    "faults[0] kill_learner at step 10 -> 54 (to repeat)"]
+    res = shrink(start, RofN(attempt, 1, 2), lambda t: True, first=5, max_runs=200,  # type: ignore[arg-type]
+                 confirm=RofN(attempt, 5, 5), last=54)  # type: ignore[arg-type]
+    assert res.repeat is not None and res.repeat.confirmed
+    assert [f.action for f in res.trial.faults] == ["kill_learner"] and kill_step(res.trial) >= 30
+    assert "faults[0] kill_learner at step 10 -> 32 (to repeat)" in res.steps
+    assert start.describe() not in res.rejected  # the start is not rejected: it is where the steps begin
+
+
+def test_when_nothing_repeats_the_start_is_kept_with_its_rate() -> None:
+    flips = itertools.cycle([True, False])
+    res = shrink(trial(KILL, steps=60), always, lambda t: True, first=5, max_runs=3,
+                 confirm=RofN(lambda t, k: [Try(next(flips)) for _ in range(k)], 5, 5), last=54)
+    assert res.repeat is not None and not res.repeat.confirmed and res.trial == trial(KILL, steps=60)
+    assert len(res.rejected) >= 1 and res.runs <= 3 + 2 * (1 + 4)  # greedy, then at most 5 confirmations

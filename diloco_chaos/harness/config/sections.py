@@ -364,7 +364,7 @@ class ExploreConfig:
     confirm_runs: int = bounded(5, 0, 50)
     """Fresh runs that confirm the schedule shrinking ends at repeats its failure; one that fails fewer than
     confirm_must_fail of them is backed out of (docs/explore.md); 0: no confirmation."""
-    confirm_must_fail: int = bounded(4, 1, 50)
+    confirm_must_fail: int = bounded(5, 1, 50)
     """Failures among the confirm_runs that make a minimal incident (at most confirm_runs)."""
     shrink_learners: bool = True
     """Shrinking may also try fewer learners (topology.learners, never below 2 nor below the faults' targets)."""

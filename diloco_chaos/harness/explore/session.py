@@ -152,7 +152,7 @@ class Explorer:
             res = shrink(start, fails, lambda t: self.base.valid(t, self.sc.topology.learners),
                          first=self.vocab.first, max_runs=ex.shrink_runs if self.opts.shrink else 0,
                          run_dir=line.run_dir, learners_too=ex.shrink_learners, on_step=step, confirm=confirm,
-                         on_confirm=confirmed)
+                         on_confirm=confirmed, last=self.vocab.last)
             out.append(self._minimal(name, res, line))
         return out
 

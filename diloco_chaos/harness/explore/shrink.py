@@ -13,8 +13,10 @@ A schedule that passes r of n can still fail only half the time (it passes 2 of 
 `shrink` also takes a `confirm` predicate (an `RofN` with more runs and a higher bar, e.g. 4 of 5): where the
 greedy walk ends, the schedule it ended at is confirmed with fresh runs; one that does not repeat at that rate is
 rejected and the walk backs up to the schedule before it, confirms that, and, with budget left, goes on from it
-with the rejected one's sibling candidates. The result is the smallest schedule found that repeats at the rate
-asked for, or the start with its measured rate when even that does not.
+with the rejected one's sibling candidates. If even the start does not repeat, a few variants of it with a step
+trigger moved later (`later`: the fault hits more state) are confirmed directly, and shrinking goes on from the
+first that repeats. The result is the smallest schedule found that repeats at the rate asked for, or the start
+with its measured rate when nothing did.
 
 Why pure: the candidates are a function of the schedule alone and the predicate is injected, so the order,
 the termination (every step halves a value toward a floor, or removes something) and the r-of-n counting are
@@ -24,6 +26,7 @@ unit-tested with fake predicates, without processes (tests/explore/test_shrink.p
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -37,6 +40,8 @@ MIN_DURATION_S = 0.1
 """Durations are halved down to this (rounded to 0.1 s)."""
 MIN_STEPS = 20
 """Runs are shortened down to this many steps (or the last trigger step plus a margin, whichever is more)."""
+STABILIZE_TRIES = 4
+"""Later-trigger variants of a start that does not repeat, confirmed directly, before giving up on it."""
 
 SEVERITY: dict[str, tuple[str, float]] = {
     "latency_ms": ("down", 10.0), "jitter_ms": ("down", 0.0), "bandwidth_kbps": ("up", 100_000.0),
@@ -78,11 +83,20 @@ def toward(value: float, limit: float, integral: bool = False) -> list[float]:
     return list(dict.fromkeys(x for x in (float(limit), half) if x != value))
 
 
+def _steps_for(last: int) -> int:
+    return max(MIN_STEPS, math.ceil(last * 10 / 9) + 2)
+
+
 def _steps_needed(trial: Trial) -> int:
     """The fewest steps a run of `trial` can be cut to: past every step trigger with a margin of a tenth."""
-    last = max([t.step for f in trial.faults for t in (f.at, f.until) if t is not None and t.step is not None],
-               default=0)
-    return max(MIN_STEPS, math.ceil(last * 10 / 9) + 2)
+    return _steps_for(max([t.step for f in trial.faults for t in (f.at, f.until) if t is not None
+                           and t.step is not None], default=0))
+
+
+TRIGGER_FLOOR = max(s for s in range(MIN_STEPS) if _steps_for(s) <= MIN_STEPS)
+"""A trigger is moved earlier only down to this step (or first_step, if later): below it the run cannot be any
+shorter, and an earlier trigger only gives the fault less state to hit (a restored syncer with fewer merges
+behind it), which makes a failure repeat less often, not the incident smaller."""
 
 
 def candidates(trial: Trial, first: int, min_learners: int = 2, learners_too: bool = True
@@ -120,8 +134,9 @@ def _fault_candidates(trial: Trial, i: int, f: FaultSpec, first: int) -> Iterato
             if d < f.until.after_s and (s := _with(f, m, until={"after_s": d})) is not None:
                 yield f"{name} lasts {f.until.after_s:g} s -> {d:g} s", _replace(trial, i, s)
     at = f.at
-    if at.step is not None and at.step > first:
-        for step in toward(at.step, first, integral=True):
+    floor = max(first, TRIGGER_FLOOR)
+    if at.step is not None and at.step > floor:
+        for step in toward(at.step, floor, integral=True):
             if (s := _with(f, m, at=_trigger(at, step=int(step)))) is not None:
                 yield f"{name} at step {at.step} -> {step:g}", _replace(trial, i, s)
     if at.after is not None and at.after_s:
@@ -138,6 +153,19 @@ def _fault_candidates(trial: Trial, i: int, f: FaultSpec, first: int) -> Iterato
             typed = int(new) if isinstance(value, int) else new
             if (s := _with(f, m, **{key: typed})) is not None:
                 yield f"{name} {key} {value:g} -> {new:g}", _replace(trial, i, s)
+
+
+def later(trial: Trial, last: int) -> Iterator[tuple[str, Trial]]:
+    """Variants of `trial` with one step trigger moved later (halfway to `last`, then to `last`): tried, each
+    confirmed directly, when the schedule shrinking started from does not repeat at the rate asked for (a fault
+    that hits more state fails more surely)."""
+    for i, f in enumerate(trial.faults):
+        at = f.at
+        if at.step is None or at.step >= last:
+            continue
+        for step in dict.fromkeys((at.step + max(1, (last - at.step) // 2), last)):
+            if (s := _with(f, trial.learners, at=_trigger(at, step=step))) is not None:
+                yield f"faults[{i}] {f.action} at step {at.step} -> {step} (to repeat)", _replace(trial, i, s)
 
 
 def _trigger(t: Trigger, **changes: Any) -> dict[str, Any]:
@@ -218,10 +246,12 @@ def shrink(start: Trial, fails: Callable[[Trial], Judgement], valid: Callable[[T
            max_runs: int, run_dir: str | None = None, learners_too: bool = True,
            on_step: Callable[[str, Trial], None] | None = None,
            confirm: Callable[[Trial], Judgement] | None = None,
-           on_confirm: Callable[[Trial, Judgement], None] | None = None) -> Shrunk:
+           on_confirm: Callable[[Trial, Judgement], None] | None = None, last: int | None = None) -> Shrunk:
     """Greedy shrinking from `start` (a schedule known to fail, `run_dir` a failing run of it): take the first
     valid candidate `fails` accepts, repeat; where no candidate does (or `max_runs` runs are spent), confirm the
-    schedule reached with `confirm` and back up past any that does not repeat (see the module doc)."""
+    schedule reached with `confirm` and back up past any that does not repeat; if even `start` does not, try it
+    with a trigger moved later (toward `last`, when given) and go on from the first of those that repeats (see
+    the module doc)."""
     chain = [_Node(start, run_dir, "")]
     judged: set[str] = set()
     """Candidates already run and found not failing, or rejected by a confirmation: not run again."""
@@ -229,6 +259,20 @@ def shrink(start: Trial, fails: Callable[[Trial], Judgement], valid: Callable[[T
     confirmed: dict[str, Repeat] = {}
     runs = 0
     exhausted = False
+    stabilized = last is None
+
+    def confirmation(node: _Node) -> Repeat:
+        nonlocal runs
+        repeat = confirmed.get(node.trial.key())
+        if repeat is None and confirm is not None:
+            c = confirm(node.trial)
+            runs += c.runs
+            if on_confirm is not None:
+                on_confirm(node.trial, c)
+            node.run_dir = node.run_dir or c.run_dir
+            repeat = confirmed[node.trial.key()] = Repeat(c.fails, c.runs, c.failed)
+        assert repeat is not None
+        return repeat
     while True:
         progressed = False
         if not exhausted:
@@ -254,24 +298,30 @@ def shrink(start: Trial, fails: Callable[[Trial], Judgement], valid: Callable[[T
             return _result(chain, runs, exhausted, None, rejected)
         backed = False
         while True:
-            node = chain[-1]
-            repeat = confirmed.get(node.trial.key())
-            if repeat is None:
-                c = confirm(node.trial)
-                runs += c.runs
-                if on_confirm is not None:
-                    on_confirm(node.trial, c)
-                node.run_dir = node.run_dir or c.run_dir
-                repeat = confirmed[node.trial.key()] = Repeat(c.fails, c.runs, c.failed)
+            repeat = confirmation(chain[-1])
             if repeat.confirmed or len(chain) == 1:
                 break
-            rejected.append(node.trial.describe())
-            judged.add(node.trial.key())
+            rejected.append(chain[-1].trial.describe())
+            judged.add(chain[-1].trial.key())
             chain.pop()
             backed = True
+        if not repeat.confirmed and not stabilized:
+            stabilized = True
+            assert last is not None
+            for what, cand in itertools.islice(((w, c) for w, c in later(chain[0].trial, last) if valid(c)),
+                                               STABILIZE_TRIES):
+                node = _Node(cand, None, what)
+                if confirmation(node).confirmed:
+                    chain.append(node)
+                    repeat, backed = confirmation(node), True
+                    if on_step is not None:
+                        on_step(what, cand)
+                    break
+                rejected.append(cand.describe())
+                judged.add(cand.key())
         if not repeat.confirmed or not backed or exhausted or runs >= max_runs:
             return _result(chain, runs, exhausted, repeat, rejected)
-        # a confirmed ancestor with budget left: go on from it past the rejected schedule
+        # a confirmed schedule with budget left: go on from it past the rejected ones
 
 
 def _result(chain: list[_Node], runs: int, exhausted: bool, repeat: Repeat | None, rejected: list[str]) -> Shrunk:
