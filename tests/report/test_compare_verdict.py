@@ -15,7 +15,7 @@ from diloco_chaos.harness.report.compare import (
     parity_gap,
     verdict,
 )
-from diloco_chaos.harness.report.results import RunRow
+from diloco_chaos.harness.report.results import RestartPhases, RunRow
 
 
 def r(label: str, alg: str, goodput: float, uptime: float, gap: float) -> RunRow:
@@ -101,8 +101,8 @@ def test_the_printed_table_lists_a_torchrun_restarts_phases_and_no_section_witho
 
     plain = rows(0.9, 1.0, 0.6)
     assert "restarts (elastic.engine" not in table(plain)
-    phases = {"detect": 0.21, "stop": 0.5, "rendezvous": 1.25, "spawn": 0.4, "worker_init": 11.8, "pg_init": 0.05,
-              "checkpoint_load": None, "restarts": 2.0, "steps_redone": 17.0}
+    phases = RestartPhases(2, 17, {"detect": 0.21, "stop": 0.5, "rendezvous": 1.25, "spawn": 0.4,
+                                   "worker_init": 11.8, "pg_init": 0.05, "checkpoint_load": None})
     el = dataclasses.replace(r("elastic_ddp, with faults", "elastic_ddp", 0.7, 1.0, 0.1), restart_phases=phases)
     out = table([*plain, el])
     assert ("elastic_ddp, with faults: 2 restart(s), 17 steps redone, detect 0.21, stop 0.50, rendezvous 1.25, "

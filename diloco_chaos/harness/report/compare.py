@@ -24,7 +24,7 @@ from typing import Any
 from diloco_chaos.harness.algorithms import base as registry
 from diloco_chaos.harness.config.scenario import Scenario
 from diloco_chaos.harness.config.sections import ScenarioError
-from diloco_chaos.harness.report.results import Claim, RunRow, run_row, same_mutation
+from diloco_chaos.harness.report.results import Claim, RestartPhases, RunRow, run_row, same_mutation
 from diloco_chaos.harness.report.tolerance import K_SIGMA
 from diloco_chaos.harness.run.supervisor import run_scenario
 from diloco_chaos.harness.targets import base as targets
@@ -225,11 +225,10 @@ def table(rows: list[RunRow]) -> str:
                          *(f"  {x}" for x in restarts)] if restarts else []))
 
 
-def restart_line(phases: dict[str, float]) -> str:
+def restart_line(phases: RestartPhases) -> str:
     """RunRow.restart_phases in one line: how many restarts, steps redone, then each measured phase."""
-    counts = f"{int(phases.get('restarts', 0))} restart(s), {int(phases.get('steps_redone', 0))} steps redone"
-    timed = [f"{k} {v:.2f}" for k, v in phases.items() if k not in ("restarts", "steps_redone") and v is not None]
-    return ", ".join([counts, *timed])
+    counts = f"{phases.restarts} restart(s), {phases.steps_redone} steps redone"
+    return ", ".join([counts, *(f"{k} {v:.2f}" for k, v in phases.phases_s.items() if v is not None)])
 
 
 def verdicts(r: RunRow) -> str:

@@ -65,6 +65,18 @@ class InvariantFigure:
 
 
 @dataclass(frozen=True)
+class RestartPhases:
+    """A torchrun job's restarts in a run (RunRow.restart_phases; report.json elastic_restarts)."""
+
+    restarts: int
+    steps_redone: int
+    """Steps trained again after rolling back to the checkpoint."""
+    phases_s: dict[str, float | None]
+    """Each restart phase (detect, stop, rendezvous, spawn, worker_init, pg_init, checkpoint_load; in that order)
+    -> its seconds summed over the restarts; None where no restart measured it."""
+
+
+@dataclass(frozen=True)
 class RunRow:
     """The figures of one finished run: what `run --json` writes and `compare` tabulates and judges."""
 
@@ -101,10 +113,9 @@ class RunRow:
     back_s: float | None = None
     """The longest time from a fault to what it hit training again (report.json fault_response: detect_s +
     rejoin_s; for a kill, kill to rejoin); null when no fault hit anything that came back."""
-    restart_phases: dict[str, float] | None = None
-    """elastic.engine = "torchrun": each restart phase's measured seconds summed over the job's restarts (detect,
-    stop, rendezvous, spawn, worker_init, pg_init, checkpoint_load; report.json elastic_restarts.phases_s) and
-    `restarts`, `steps_redone`; null for every other run."""
+    restart_phases: RestartPhases | None = None
+    """elastic.engine = "torchrun": the job's restarts, the steps they redid and each phase's measured seconds
+    summed over them (report.json elastic_restarts); null for every other run."""
     ran: bool = True
     """False for a compare row whose run was not made (its target refused the scenario: `note` says why); its
     figures are then empty and the verdict ignores it."""
@@ -203,12 +214,12 @@ def run_row(label: str, res: Any, baseline_loss: float | None = None, tolerance:
         mutation=r.get("mutation"))
 
 
-def _restart_phases(report: dict[str, Any]) -> dict[str, float] | None:
+def _restart_phases(report: dict[str, Any]) -> RestartPhases | None:
     """RunRow.restart_phases of a report."""
     el = report.get("elastic_restarts")
     if not el:
         return None
-    return {**el["phases_s"], "restarts": float(el["restarts"]), "steps_redone": float(el["steps_redone"])}
+    return RestartPhases(int(el["restarts"]), int(el["steps_redone"]), dict(el["phases_s"]))
 
 
 def _back_s(report: dict[str, Any]) -> float | None:
