@@ -60,7 +60,7 @@ class Power:
     shrink_runs: int | None
     """Runs shrinking made, its confirmation runs included."""
     confirmed: str | None
-    """Explore's own confirmation of the minimal schedule: "4 of 5" (its fresh runs that failed), None: none."""
+    """Explore's own confirmation of the minimal schedule: "5 of 5" (its fresh runs that failed), None: none."""
     backed_out: int
     """Smaller schedules that shrinking reached but that did not repeat at the rate asked for."""
     reproduced: int
