@@ -10,7 +10,7 @@ from typing import Any
 from conftest import complete
 
 from diloco_chaos.harness.invariants.registry import spec
-from tests.invariants.test_invariants import config, ev, write_run
+from tests.invariants.test_invariants import P, config, ev, write_run
 
 
 def steps(m: int, upto: int) -> list[dict[str, Any]]:
@@ -80,3 +80,21 @@ def test_work_overwritten_by_the_values_applied_on_joining_is_the_rejoin_rules(t
     assert joined.ok and "rejoin" in joined.detail and "in 2 steps" in joined.detail, joined.detail
     other = spec("work_kept")(write_run(tmp_path, log(False), config(learners=1), name="other"))
     assert not other.ok and "learner 0 steps 1-2 (unexplained)" in other.detail, other.detail
+
+
+def test_a_final_push_declined_on_rejoin_is_caught_when_another_fragment_of_its_steps_was_merged(
+        tmp_path: Path) -> None:
+    """goodput counts a step discarded only when no fragment of it reached the model; with broadcast = all a
+    learner's steps are often covered for one fragment while its final push for another is declined. Seen in CI:
+    the mutation final_before_rejoin declined learner 0's final pushes of fragments 0-2 while broadcasts had
+    overwritten its steps, and work_kept held with 0 discarded steps. Here fragment 1's merge takes steps 1-10,
+    so no step is discarded, and fragment 0's final push of steps 7-10 is declined before_rejoin: unexplained,
+    1/P of those steps' work (4 steps x 0.05 chip-s / P)."""
+    evs = [merge(2.5, 0, 1, 1, 10, 2), ev("syncer_down", 2.05, "supervisor", exitcode=-9, repair_s=1.0),
+           *final_dropped(3.0, 0, 0, 7, 10, "before_rejoin")]
+    res = spec("work_kept")(run(tmp_path, evs))
+    assert not res.ok and res.figure == round(4 * 0.05 / P, 3), res
+    assert "in 0 steps and 4 fragments of other steps" in res.detail, res.detail
+    assert "learner 0 steps 7-10 (unexplained_final_dropped)" in res.detail, res.detail
+    stale = [merge(2.5, 0, 1, 1, 10, 2), *final_dropped(3.0, 0, 0, 7, 10, "stale")]
+    assert spec("work_kept")(run(tmp_path, stale, "stale")).ok  # a declined stale copy is the algorithm's rule

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from diloco_chaos.harness.invariants.base import InvariantResult, Run, RunRecord, _run
 from diloco_chaos.harness.invariants.checks._common import _listing
 from diloco_chaos.harness.invariants.registry import Bound, register
-from diloco_chaos.harness.record.learner import Apply, FinalPushesGivenUp, FragmentOverwritten
+from diloco_chaos.harness.record.learner import Apply, FinalPushesGivenUp, FragmentOverwritten, Step
 from diloco_chaos.harness.record.run import FaultEnd, FaultStart, LearnerDown, LearnerRestart, SyncerDown
 from diloco_chaos.harness.record.syncer import LearnerJoin, Merge, Push, PushRejected, PushSuperseded, shard_of
 from diloco_chaos.harness.report.metrics import DiscardedStep, goodput_and_discards
@@ -193,6 +193,29 @@ def attribute(r: RunRecord, discarded: Sequence[DiscardedStep]) -> list[Attribut
     return out
 
 
+def lost_finals(r: RunRecord, counted: set[tuple[int, int]]) -> list[Attributed]:
+    """The fragment work of every final push of a finished learner declined or dropped on rejoining (before_rejoin,
+    rejoin_drop), per step and fragment, for the steps `counted` leaves out (goodput counts a step discarded only
+    when no fragment of it reached the model, so a final push declined for fragment p of a step whose fragment q
+    was merged, or was overwritten by a broadcast, is no discarded step): each is 1/P of the step's work (its
+    chips x compute_s + sync_s) and tokens, unexplained_final_dropped (issue 26's bug on any fragment)."""
+    steps = {(e.learner, e.step): e for e in r.records(Step)}  # the last record of each (a redone step's)
+    declined = {(s.learner, s.fragment, s.first_step, s.last_step) for s in r.records(PushSuperseded)
+                if s.cause in (SupersededCause.BEFORE_REJOIN, SupersededCause.REJOIN_DROP)}
+    share = 1.0 / max(1, r.fragments)
+    out = []
+    for p in r.records(Push):
+        if not p.final or (p.learner, p.fragment, p.first_step, p.last_step) not in declined:
+            continue
+        for k in range(p.first_step, p.last_step + 1):
+            st = steps.get((p.learner, k))
+            if st is None or (p.learner, k) in counted:
+                continue
+            out.append(Attributed(DiscardedStep(p.learner, k, st.t, st.chips * (st.compute_s + st.sync_s) * share,
+                                                int(st.tokens * share)), Cause.UNEXPLAINED_FINAL))
+    return out
+
+
 def _ranges(steps: list[int]) -> str:
     """1,2,3,7 -> "1-3, 7"."""
     out: list[str] = []
@@ -213,7 +236,9 @@ def work_kept(run: Run, *, max_unexplained_chip_s: float = 0.0, show: int = 5) -
     algorithm rule explains; bound max_unexplained_chip_s (0).
 
     Decoupled DiLoCo. The discarded steps are those `goodput` counts in `discarded_chip_s` (no merge covers
-    them; work overwritten in the overlap window by design is not discarded). Each is attributed
+    them; work overwritten in the overlap window by design is not discarded), plus, per fragment, the steps of a
+    finished learner's final push declined or dropped on rejoining that goodput does not count (another
+    fragment of the step reached the model; `lost_finals`). Each is attributed
     (`attribute`, `Cause`) from the fate of the last push of its learner holding it, per fragment, and from the
     faults: a final push of a finished learner declined or dropped on rejoining is unexplained (a finished
     learner applies nothing, so its work would be lost for no reason: the syncer must merge it, issue 26);
@@ -236,25 +261,30 @@ def work_kept(run: Run, *, max_unexplained_chip_s: float = 0.0, show: int = 5) -
         return InvariantResult("work_kept", False, None, max_unexplained_chip_s, "no step was logged: nothing to "
                                "check", measure, "chip-s")
     causes = attribute(r, discarded)
+    partial = lost_finals(r, {(d.learner, d.step) for d in discarded})
+    causes += partial
     chip_s: dict[Cause, float] = defaultdict(float)
     tokens: dict[Cause, int] = defaultdict(int)
-    bad: dict[int, list[int]] = defaultdict(list)
+    bad: dict[int, set[int]] = defaultdict(set)
     for a in causes:
         chip_s[a.cause] += a.step.chip_s
         tokens[a.cause] += a.step.tokens
         if not a.cause.explained:
-            bad[a.step.learner].append(a.step.step)
+            bad[a.step.learner].add(a.step.step)
     unexplained = round(sum(v for c, v in chip_s.items() if not c.explained), 3)
     by_cause = ", ".join(f"{c.value} {v:.3f} chip-s / {tokens[c]} tokens" for c, v in
                          sorted(chip_s.items(), key=lambda kv: -kv[1]))
     total = sum(chip_s.values())
-    detail = (f"discarded {total:.3f} chip-s in {len(discarded)} steps" + (f": {by_cause}" if by_cause else ""))
+    detail = (f"discarded {total:.3f} chip-s in {len(discarded)} steps"
+              + (f" and {len(partial)} fragments of other steps" if partial else "")
+              + (f": {by_cause}" if by_cause else ""))
     if bad:
         why: dict[int, set[str]] = defaultdict(set)
         for a in causes:
             if not a.cause.explained:
                 why[a.step.learner].add(a.cause.value)
-        lines = [f"learner {m} steps {_ranges(ss)} ({', '.join(sorted(why[m]))})" for m, ss in sorted(bad.items())]
+        lines = [f"learner {m} steps {_ranges(list(ss))} ({', '.join(sorted(why[m]))})"
+                 for m, ss in sorted(bad.items())]
         detail += "; unexplained: " + _listing(lines, show)
     return InvariantResult("work_kept", unexplained <= max_unexplained_chip_s, unexplained, max_unexplained_chip_s,
                            detail, measure, "chip-s")
