@@ -63,7 +63,11 @@ def test_a_stale_group_alone_retrains_committed_steps_under_min_replicas_1(run_s
     res.figures({"forked_steps": agree.figure, "retrained_steps": len(retrained), "resumed_at": first["step"],
                  "frozen_s": round(end["t"] - start["t"], 3), "detail": agree.detail[:200]})
     assert not agree.ok, "replicas_agree catches the fork"
-    assert agree.figure == len(retrained) >= steps - 12, (agree.figure, len(retrained))
+    # the step it had in flight (held), when it completes after SIGCONT, forks too if group 0 had given up on
+    # that allreduce (Gloo timeout, not committed) and committed the step alone from other weights (1 CI run)
+    ours = {e["step"]: e["digest"] for e in committed(res.events, 0)}
+    held_forked = [e for e in held if ours.get(e["step"]) not in (None, e["digest"])]
+    assert agree.figure == len(retrained) + len(held_forked) >= steps - 12, (agree.figure, len(retrained), held)
     assert f"step {first['step']}:" in agree.detail, agree.detail
     res.check("quorum_floor")  # torchft kept its own rule: every quorum had min_replicas = 1 member
 
