@@ -8,7 +8,7 @@ from typing import Any
 
 from diloco_chaos.harness.invariants.base import InvariantResult, RunRecord
 from diloco_chaos.harness.record.learner import Apply, FragmentOverwritten, InitialPull
-from diloco_chaos.harness.record.syncer import Merge
+from diloco_chaos.harness.record.syncer import Merge, SyncerRestore
 
 PushKey = tuple[int, int, int, int]
 """(learner, fragment, first_step, last_step): a push's identity in both the learner's and the syncer's log."""
@@ -44,9 +44,20 @@ class Overwrite:
 
 def overwrites(r: RunRecord) -> tuple[list[Overwrite], list[FragmentOverwritten]]:
     """Every apply of a merge its learner was not in that discarded steps, and the `fragment_overwritten`
-    records no such apply accounts for."""
+    records no such apply accounts for. The merge says whom it was sent to (`Merge.overwrites`); a merge the
+    syncer sent but never logged (killed between its broadcast and its `merge` record, and restored at that
+    version or later from its checkpoint) is known by the learner's `apply` alone, which flags it `broadcast`."""
     sent = {(int(e.fragment), int(e.version)): set(e.overwrites) for e in r.records(Merge)
             if e.overwrites and e.fragment is not None}
+    logged = {(int(e.fragment), int(e.version)) for e in r.records(Merge) if e.fragment is not None}
+    restored: dict[int, int] = defaultdict(int)  # fragment -> the newest version a restored syncer came back at
+    for rest in r.records(SyncerRestore):
+        for p, v in enumerate(rest.versions):
+            restored[p] = max(restored[p], int(v))
+
+    def unlogged_broadcast(x: Apply, i: int, p: int, v: int) -> bool:
+        flagged = x.broadcast is not None and i < len(x.broadcast) and bool(x.broadcast[i])
+        return flagged and (p, v) not in logged and restored.get(p, -1) >= v
     merged: dict[tuple[int, int], list[int]] = defaultdict(list)  # (learner, fragment) -> merged last steps
     for e in r.records(Merge):
         for m, (_, b) in zip(e.participants, e.step_ranges or [], strict=False):
@@ -61,10 +72,10 @@ def overwrites(r: RunRecord) -> tuple[list[Overwrite], list[FragmentOverwritten]
             for p in range(x.of):
                 start[(x.learner, p)] = x.step + 1
         elif isinstance(x, Apply) and x.fragments:
-            for p, v in zip(x.fragments, x.versions or [], strict=False):
+            for i, (p, v) in enumerate(zip(x.fragments, x.versions or [], strict=False)):
                 lo = start.get((x.learner, p), 1)
                 start[(x.learner, p)] = x.step + 1
-                if x.learner not in sent.get((p, v), ()):
+                if x.learner not in sent.get((p, v), ()) and not unlogged_broadcast(x, i, p, v):
                     continue
                 lo = max([lo] + [b + 1 for b in merged[(x.learner, p)] if lo <= b <= x.step])
                 if lo > x.step:
