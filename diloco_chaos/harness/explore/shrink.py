@@ -311,9 +311,10 @@ def shrink(start: Trial, fails: Callable[[Trial], Judgement], valid: Callable[[T
             for what, cand in itertools.islice(((w, c) for w, c in later(chain[0].trial, last) if valid(c)),
                                                STABILIZE_TRIES):
                 node = _Node(cand, None, what)
-                if confirmation(node).confirmed:
+                tried = confirmation(node)
+                if tried.confirmed:
                     chain.append(node)
-                    repeat, backed = confirmation(node), True
+                    repeat, backed = tried, True
                     if on_step is not None:
                         on_step(what, cand)
                     break

@@ -95,6 +95,10 @@ class Apply(Event):
     round: int | None = None
     """diloco: the outer round applied."""
 
+    def was_broadcast(self, i: int) -> bool:
+        """Whether the i-th fragment applied was a broadcast (False in older logs, which do not say)."""
+        return self.broadcast is not None and i < len(self.broadcast) and bool(self.broadcast[i])
+
 
 @event("fragment_overwritten", CHIP)
 @dataclass(frozen=True, kw_only=True)

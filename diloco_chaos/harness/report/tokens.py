@@ -140,14 +140,13 @@ def _builtin(evs: Sequence[Event], alg: algorithms.Algorithm, fragments: int, sy
                     continue  # every chip of a learner may log its apply
                 seen.add((e.learner, p, e.step))
                 pulled = (e.pulled or [])[i] if i < len(e.pulled or []) else None
-                broadcast = bool((e.broadcast or [])[i]) if i < len(e.broadcast or []) else False
                 if pulled is not None:
                     claims.append(Claim(e.t, e.learner, "discarded_overlap", p, e.step, pulled=pulled))
                 elif (e.learner, p, e.step) not in overwritten:
                     # a value it did not pull: the current one taken on (re)joining, or a merge it was not in over
                     # work it had already pushed (so no fragment_overwritten), which loses that work to the broadcast
-                    claims.append(Claim(e.t, e.learner, "discarded_broadcast" if broadcast else "discarded_restart",
-                                        p, e.step))
+                    kind = "discarded_broadcast" if e.was_broadcast(i) else "discarded_restart"
+                    claims.append(Claim(e.t, e.learner, kind, p, e.step))
         elif isinstance(e, Apply) and e.round is not None:
             claims.append(Claim(e.t, e.learner, "discarded_broadcast", None, e.step))
         elif isinstance(e, SyncRejected):

@@ -42,6 +42,18 @@ class Overwrite:
     record: FragmentOverwritten | None
 
 
+def unlogged_merges(r: RunRecord) -> list[tuple[int, int]]:
+    """(fragment, version) of each merge a killed syncer made and checkpointed but never logged: the versions a
+    restored syncer came back at above the newest merge of that fragment logged before the restore (once per
+    restore that shows them)."""
+    out: list[tuple[int, int]] = []
+    for rest in r.records(SyncerRestore):
+        for p, v in enumerate(rest.versions):
+            logged = max((int(e.version) for e in r.records(Merge) if e.fragment == p and e.t < rest.t), default=0)
+            out += [(p, x) for x in range(logged + 1, int(v) + 1)]
+    return out
+
+
 def overwrites(r: RunRecord) -> tuple[list[Overwrite], list[FragmentOverwritten]]:
     """Every apply of a merge its learner was not in that discarded steps, and the `fragment_overwritten`
     records no such apply accounts for. The merge says whom it was sent to (`Merge.overwrites`); a merge the
@@ -49,15 +61,7 @@ def overwrites(r: RunRecord) -> tuple[list[Overwrite], list[FragmentOverwritten]
     version or later from its checkpoint) is known by the learner's `apply` alone, which flags it `broadcast`."""
     sent = {(int(e.fragment), int(e.version)): set(e.overwrites) for e in r.records(Merge)
             if e.overwrites and e.fragment is not None}
-    logged = {(int(e.fragment), int(e.version)) for e in r.records(Merge) if e.fragment is not None}
-    restored: dict[int, int] = defaultdict(int)  # fragment -> the newest version a restored syncer came back at
-    for rest in r.records(SyncerRestore):
-        for p, v in enumerate(rest.versions):
-            restored[p] = max(restored[p], int(v))
-
-    def unlogged_broadcast(x: Apply, i: int, p: int, v: int) -> bool:
-        flagged = x.broadcast is not None and i < len(x.broadcast) and bool(x.broadcast[i])
-        return flagged and (p, v) not in logged and restored.get(p, -1) >= v
+    unlogged = set(unlogged_merges(r))
     merged: dict[tuple[int, int], list[int]] = defaultdict(list)  # (learner, fragment) -> merged last steps
     for e in r.records(Merge):
         for m, (_, b) in zip(e.participants, e.step_ranges or [], strict=False):
@@ -75,7 +79,7 @@ def overwrites(r: RunRecord) -> tuple[list[Overwrite], list[FragmentOverwritten]
             for i, (p, v) in enumerate(zip(x.fragments, x.versions or [], strict=False)):
                 lo = start.get((x.learner, p), 1)
                 start[(x.learner, p)] = x.step + 1
-                if x.learner not in sent.get((p, v), ()) and not unlogged_broadcast(x, i, p, v):
+                if x.learner not in sent.get((p, v), ()) and not (x.was_broadcast(i) and (p, v) in unlogged):
                     continue
                 lo = max([lo] + [b + 1 for b in merged[(x.learner, p)] if lo <= b <= x.step])
                 if lo > x.step:

@@ -11,7 +11,7 @@ from collections import Counter, defaultdict
 from typing import Any, NamedTuple
 
 from diloco_chaos.harness.invariants.base import InvariantResult, Run, _run
-from diloco_chaos.harness.invariants.checks._common import overwrites
+from diloco_chaos.harness.invariants.checks._common import overwrites, unlogged_merges
 from diloco_chaos.harness.invariants.registry import Bound, register
 from diloco_chaos.harness.record.elastic import ElasticRollback
 from diloco_chaos.harness.record.learner import Apply
@@ -22,7 +22,6 @@ from diloco_chaos.harness.record.syncer import (
     Push,
     PushRejected,
     PushSuperseded,
-    SyncerRestore,
     shard_of,
 )
 from diloco_chaos.harness.report.elastic_phases import lost_to_rollback, rollbacks
@@ -144,11 +143,7 @@ def updates_accounted(run: Run, *, show: int = 5) -> InvariantResult:
 
     # versions restored beyond the last logged merge: merges the old syncer made but never logged
     unlogged: dict[tuple[int, int], int] = defaultdict(int)  # (learner, fragment) -> pushes it may account for
-    unlogged_frag: dict[int, int] = defaultdict(int)
-    for rest in r.records(SyncerRestore):
-        for p, v in enumerate(rest.versions):
-            logged = max((int(e.version) for e in r.records(Merge) if e.fragment == p and e.t < rest.t), default=0)
-            unlogged_frag[p] += max(0, int(v) - logged)
+    unlogged_frag = Counter(p for p, _ in unlogged_merges(r))
 
     joins = [j for j in r.records(LearnerJoin) if j.versions is not None]
     applies = r.records(Apply)
