@@ -44,3 +44,20 @@ def test_without_a_restore_at_that_version_the_record_is_an_orphan(tmp_path: Pat
     for restored, name in ((None, "no-restore"), (1, "restored-older")):
         found, orphans = overwrites(log(tmp_path, restored, name))
         assert found == [] and [(o.learner, o.fragment, o.step) for o in orphans] == [(0, 0, 8)], name
+
+
+def test_a_logged_broadcast_the_learner_took_as_a_welcome_is_no_overwrite(tmp_path: Path) -> None:
+    """The merge lists learner 0 among those it was sent to, but the broadcast died with the syncer: the learner
+    applied that version after the restore as the welcome, unflagged, and logged no fragment_overwritten (seen:
+    a restore_older_slot unmutated run, learner 1 fragment 3 v7 at step 57). Flagged, the same apply is one."""
+    def run(flag: bool, name: str) -> Any:
+        evs = steps(0, 10) + [merge(1.5, 0, 0, 1, 4, 1),
+                              {**merge(1.6, 1, 0, 1, 4, 2), "overwrites": [0]},
+                              ev("apply", 1.8, "learner0.chip0", learner=0, step=8, fragments=[0], versions=[2],
+                                 pulled=[None], arrived=[7], broadcast=[flag])]
+        return load_run(write_run(tmp_path, complete(sorted(evs, key=lambda e: e["t"])), config(learners=2),
+                                  name=name))
+
+    assert overwrites(run(False, "welcome")) == ([], [])
+    found, orphans = overwrites(run(True, "broadcast"))
+    assert [(o.learner, o.fragment, o.version, o.record) for o in found] == [(0, 0, 2, None)] and orphans == []

@@ -58,7 +58,10 @@ def overwrites(r: RunRecord) -> tuple[list[Overwrite], list[FragmentOverwritten]
     """Every apply of a merge its learner was not in that discarded steps, and the `fragment_overwritten`
     records no such apply accounts for. The merge says whom it was sent to (`Merge.overwrites`); a merge the
     syncer sent but never logged (killed between its broadcast and its `merge` record, and restored at that
-    version or later from its checkpoint) is known by the learner's `apply` alone, which flags it `broadcast`."""
+    version or later from its checkpoint) is known by the learner's `apply` alone, which flags it `broadcast`.
+    Where the apply carries that flag, an unflagged value is no overwrite even if the merge lists the learner:
+    the broadcast died with the syncer and the learner took the same version as the restored syncer's welcome
+    (seen: learner 1 applied fragment 3 v7 at step 57, after the restore, as a join value)."""
     sent = {(int(e.fragment), int(e.version)): set(e.overwrites) for e in r.records(Merge)
             if e.overwrites and e.fragment is not None}
     unlogged = set(unlogged_merges(r))
@@ -79,7 +82,11 @@ def overwrites(r: RunRecord) -> tuple[list[Overwrite], list[FragmentOverwritten]
             for i, (p, v) in enumerate(zip(x.fragments, x.versions or [], strict=False)):
                 lo = start.get((x.learner, p), 1)
                 start[(x.learner, p)] = x.step + 1
-                if x.learner not in sent.get((p, v), ()) and not (x.was_broadcast(i) and (p, v) in unlogged):
+                if x.broadcast is not None:  # the learner says which values were broadcasts: it alone knows
+                    overwrote = x.was_broadcast(i) and (x.learner in sent.get((p, v), ()) or (p, v) in unlogged)
+                else:  # an older log: the merge's recipients
+                    overwrote = x.learner in sent.get((p, v), ())
+                if not overwrote:
                     continue
                 lo = max([lo] + [b + 1 for b in merged[(x.learner, p)] if lo <= b <= x.step])
                 if lo > x.step:
