@@ -1,8 +1,9 @@
-"""compare's torchft rows (diloco_chaos/harness/report/compare.py `beside`, `not_run`; the scenario change of
-diloco_chaos/harness/algorithms/base.py `switch`) with a hand-built runner: they follow the built-in rows,
-torchft_diloco's scenario is the compared one with the smallest
-Streaming-DiLoCo change (said in the row), a scenario the torchft target refuses gives a row that says so instead
-of stopping compare, and the verdict stays about decoupled against the built-in baselines."""
+"""compare's torchft rows (diloco_chaos/harness/report/compare.py `beside`, `not_run`, `explain`; the scenario
+change of diloco_chaos/harness/algorithms/base.py `switch`) with a hand-built runner: they follow the built-in
+rows, torchft_diloco's scenario is the compared one with the smallest change to a layout torchft's DiLoCo supports
+(said in the row), a scenario the torchft target refuses gives a row that says so instead of stopping compare, a
+failed invariant a classified finding explains is named with it, and the verdict stays about decoupled against
+the built-in baselines."""
 
 from __future__ import annotations
 
@@ -67,18 +68,65 @@ def test_torchft_rows_follow_the_builtin_ones_and_are_not_judged(tmp_path: Path)
     assert all(c.holds for c in verdict(rows) if "goodput" in c.claim), "torchft's higher goodput is beside them"
 
 
-def test_torchft_diloco_gets_the_smallest_streaming_diloco_change() -> None:
+def test_torchft_diloco_gets_the_smallest_change_to_a_supported_layout() -> None:
+    """chip-loss (4 x 2, a kill of learner 1's chip 1) becomes one rank per replica group, the only layout of
+    torchft's DiLoCo with full copies (the kill aimed at the group's only rank), then the Streaming DiLoCo change."""
     sc = scenario_mod.builtin("chip-loss")  # fragments 8 = sync_every 8, overlap 2: torchft needs overlap < 1
     assert (sc.diloco.fragments, sc.diloco.sync_every, sc.diloco.overlap) == (8, 8, 2)
-    fixed, note = switch(sc.replace(faults=()), "torchft_diloco")
+    assert sc.topology.chips_per_learner == 2 and sc.faults[0].chip == 1
+    fixed, note = switch(sc, "torchft_diloco")
     assert (fixed.diloco.fragments, fixed.diloco.overlap) == (8, 0) and fixed.algorithm == "torchft_diloco"
-    assert note is not None and note.startswith("diloco.overlap 2 -> 0 (Streaming DiLoCo needs")
-    odd = sc.replace(faults=(), diloco=dataclasses.replace(sc.diloco, fragments=3, overlap=1))
+    assert fixed.topology.chips_per_learner == 1 and fixed.faults[0].action == "kill_chip"
+    assert fixed.faults[0].chip is None and fixed.faults[0].learner == 1 and fixed.faults[0].at == sc.faults[0].at
+    assert note == ("topology.chips_per_learner 2 -> 1 (torchft's DiLoCo runs one rank per replica group); "
+                    "faults[0].chip 1 -> 0; diloco.overlap 2 -> 0 (Streaming DiLoCo needs sync_every % fragments "
+                    "== 0 and overlap < sync_every / fragments)"), note
+    one = sc.replace(faults=(), topology=dataclasses.replace(sc.topology, chips_per_learner=1))
+    odd = one.replace(diloco=dataclasses.replace(sc.diloco, fragments=3, overlap=1))
     fixed, note = switch(odd, "torchft_diloco")
     assert (fixed.diloco.fragments, fixed.diloco.overlap) == (2, 1), "largest divisor of 8 not above 3"
     assert note is not None and note.startswith("diloco.fragments 3 -> 2 (")
     same, none = switch(sc.replace(faults=()), "torchft_ddp")
-    assert none is None and same.diloco == sc.diloco
+    assert none is None and same.diloco == sc.diloco and same.topology == sc.topology
+
+
+def test_torchft_diloco_with_several_ranks_per_group_is_refused_naming_the_key_and_why() -> None:
+    table = scenario_mod.builtin("chip-loss").to_dict()
+    table.update(algorithm="torchft_diloco", diloco={**table["diloco"], "overlap": 0})
+    with pytest.raises(scenario_mod.ScenarioError) as e:
+        scenario_mod.from_dict(table)
+    msg = str(e.value)
+    assert msg.startswith("topology.chips_per_learner = 2: torchft_diloco runs one rank per replica group"), msg
+    assert "heals each rank of a group from its own source group" in msg and "chips_per_learner = 1" in msg, msg
+
+
+def test_a_failure_a_finding_explains_is_named_in_the_table(tmp_path: Path) -> None:
+    """A torchft row whose replicas_agree fails under min_replicas = 1 is explained by the finding
+    min-replicas-1-fork (permitted by configuration): the table names it, the results file keeps it; a failure
+    no finding explains (quorum_floor here) is printed bare, and under min_replicas 2 the fork is not explained."""
+    failing = {"replicas_agree", "quorum_floor"}
+    base = fake_runner(tmp_path, [])
+
+    def runner(sc: Scenario) -> Fake:
+        res = base(sc)
+        figs = [{"name": n, "ok": n not in failing, "figure": 1, "bound": 0, "relation": "<=", "unit": "",
+                 "measure": "", "detail": ""} for n in ("replicas_agree", "quorum_floor", "commits_monotonic")]
+        (res.run_dir / "invariants.json").write_text(json.dumps({"schema_version": SCHEMA_VERSION,
+                                                                 "invariants": figs}))
+        return res
+
+    sc = scenario_mod.builtin("chip-loss")
+    assert sc.torchft.min_replicas == 1
+    rows = compare(sc, runner=runner, algorithms=("torchft_ddp",), baseline=False)
+    assert [(x.invariant, x.finding, x.verdict) for x in rows[0].explained] == [
+        ("replicas_agree", "min-replicas-1-fork", "permitted by configuration")]
+    assert ("FAIL replicas_agree (finding min-replicas-1-fork: permitted by configuration), quorum_floor"
+            in table(rows)), table(rows)
+    path = write_results(tmp_path / "out.json", ResultsFile("compare", tuple(rows), ()))
+    assert read_results(path).runs[0].explained == rows[0].explained
+    two = sc.replace(torchft=dataclasses.replace(sc.torchft, min_replicas=2))
+    rows = compare(two, runner=runner, algorithms=("torchft_ddp",), baseline=False)
+    assert rows[0].explained == () and "FAIL replicas_agree, quorum_floor" in table(rows)
 
 
 def test_a_scenario_the_torchft_target_refuses_gets_a_row_saying_so(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ from diloco_chaos.harness.report.results import (
 ROW_FIELDS = {"label", "algorithm", "scenario", "seed", "faults", "goodput", "merged_fraction", "uptime",
               "final_eval_loss", "tokens_trained", "tokens_merged", "tokens_merged_per_s", "merges", "longest_gap_s",
               "wall_s", "run_dir", "invariants", "vs_fault_free_ddp", "train_steps", "note", "ran", "back_s",
-              "restart_phases", "mutation"}
+              "restart_phases", "mutation", "explained"}
 """The documented row fields (docs/metrics.md, "Results JSON"): renaming or removing one breaks readers."""
 INVARIANT_FIELDS = {"name", "ok", "figure", "bound", "relation", "unit", "measure", "detail"}
 BOUND_FREE = ["faults_fired", "updates_accounted", "token_accounting", "model_finite", "learners_finite"]

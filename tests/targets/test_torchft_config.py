@@ -11,7 +11,7 @@ from conftest import tiny_table
 from diloco_chaos.harness.config.scenario import ScenarioError, from_dict
 from diloco_chaos.harness.targets.base import get, names, system_of
 
-TFT_DILOCO = {"diloco": {"fragments": 2, "sync_every": 4, "overlap": 1}}
+TFT_DILOCO = {"diloco": {"fragments": 2, "sync_every": 4, "overlap": 1}, "chips": 1}
 
 
 def refused(table: dict[str, Any], *parts: str) -> str:
@@ -59,10 +59,20 @@ def test_each_torchft_key_out_of_range_is_refused_naming_it(key: str, value: Any
 
 
 def test_streaming_diloco_constraints_name_their_key() -> None:
-    refused(tiny_table("torchft_diloco", diloco={"fragments": 3, "sync_every": 4, "overlap": 0}),
+    refused(tiny_table("torchft_diloco", chips=1, diloco={"fragments": 3, "sync_every": 4, "overlap": 0}),
             "diloco.sync_every = 4: must be a multiple of diloco.fragments = 3")
-    refused(tiny_table("torchft_diloco", diloco={"fragments": 2, "sync_every": 4, "overlap": 2}),
+    refused(tiny_table("torchft_diloco", chips=1, diloco={"fragments": 2, "sync_every": 4, "overlap": 2}),
             "diloco.overlap = 2: must be below diloco.sync_every / diloco.fragments = 2")
+
+
+def test_torchft_diloco_is_refused_with_several_ranks_per_group_naming_the_key_and_the_reason() -> None:
+    """torchft's DiLoCo averages per group rank and heals each rank from its own source: full copies at two ranks
+    of one group would drift apart (docs/targets/torchft.md "Findings"), so the layout is refused before any
+    process starts; torchft_ddp keeps replicated ranks (its ranks agree, checked by ranks_agree)."""
+    refused(tiny_table("torchft_diloco", chips=2, **{k: v for k, v in TFT_DILOCO.items() if k != "chips"}),
+            "topology.chips_per_learner = 2: torchft_diloco runs one rank per replica group",
+            "heals each rank of a group from its own source group", "set topology.chips_per_learner = 1")
+    from_dict(tiny_table("torchft_ddp", chips=2))
 
 
 def test_a_fault_kind_the_target_cannot_carry_is_refused_naming_target_kind_and_reason() -> None:
@@ -175,9 +185,10 @@ def test_torchft_on_netns_hosts_is_accepted() -> None:
 
 
 def test_algorithm_flag_makes_the_smallest_change_and_says_it(capsys: pytest.CaptureFixture[str]) -> None:
-    """`diloco-chaos run --builtin chip-loss --algorithm torchft_diloco`: chip-loss's overlap 2 is not below
-    sync_every / fragments = 1, so the flag lowers it to 0 (what compare's row does) and says so on stderr,
-    instead of refusing the scenario."""
+    """`diloco-chaos run --builtin chip-loss --algorithm torchft_diloco`: chip-loss's 2 chips per learner become
+    one rank per replica group (its kill aimed at the group's only rank) and its overlap 2, not below
+    sync_every / fragments = 1, becomes 0 (what compare's row does); the flag says so on stderr instead of
+    refusing the scenario."""
     import argparse
 
     from diloco_chaos.harness.cli import _load
@@ -186,6 +197,9 @@ def test_algorithm_flag_makes_the_smallest_change_and_says_it(capsys: pytest.Cap
                               incident=None)
     sc = _load(args)
     assert sc.algorithm == "torchft_diloco" and (sc.diloco.fragments, sc.diloco.overlap) == (8, 0)
-    assert "--algorithm torchft_diloco: diloco.overlap 2 -> 0" in capsys.readouterr().err
+    assert sc.topology.chips_per_learner == 1
+    err = capsys.readouterr().err
+    assert "--algorithm torchft_diloco: topology.chips_per_learner 2 -> 1" in err and "faults[0].chip 1 -> 0" in err
+    assert "diloco.overlap 2 -> 0" in err, err
     same = _load(argparse.Namespace(**{**vars(args), "algorithm": "torchft_ddp"}))
     assert same.diloco.overlap == 2 and capsys.readouterr().err == ""

@@ -1,6 +1,7 @@
 """Real fault-free runs on the torchft target (docs/targets/torchft.md): torchft's Lighthouse and two replica
 groups train the scenario's task; the run directory is a builtin run's, every group committed steps, the replica
-groups agree on the global weights at every compared step, the loss went down and nothing is left running."""
+groups agree on the global weights at every compared step and rank (and, for torchft_ddp's replicated ranks, the
+ranks of each group agree), the loss went down and nothing is left running."""
 
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ def _check(runs_dir: Path, algorithm: str, chips: int, steps: int, **extra: Any)
     compared = int(inv["replicas_agree"]["detail"].split()[0])
     assert compared >= 4, inv["replicas_agree"]["detail"]
     assert "token_accounting" not in inv and "updates_accounted" not in inv  # builtin-protocol invariants
+    if chips > 1:
+        assert inv["ranks_agree"]["detail"].endswith("compared across their ranks, all equal"), inv["ranks_agree"]
     assert all(r["ok"] for r in inv.values()), inv
     report = res.report
     assert all(d["tokens"] > 0 for d in report["per_learner"].values()), report["per_learner"]
@@ -44,9 +47,9 @@ def _check(runs_dir: Path, algorithm: str, chips: int, steps: int, **extra: Any)
     assert leftovers(res, events) == {"processes": [], "ports": []}
 
 
-def test_torchft_ddp_two_groups_of_one(runs_dir: Path) -> None:
-    _check(runs_dir, "torchft_ddp", chips=1, steps=24)
+def test_torchft_ddp_two_groups_of_two(runs_dir: Path) -> None:
+    _check(runs_dir, "torchft_ddp", chips=2, steps=24)
 
 
-def test_torchft_diloco_two_groups_of_two(runs_dir: Path) -> None:
-    _check(runs_dir, "torchft_diloco", chips=2, steps=32, diloco={"fragments": 2, "sync_every": 4, "overlap": 1})
+def test_torchft_diloco_two_groups_of_one(runs_dir: Path) -> None:
+    _check(runs_dir, "torchft_diloco", chips=1, steps=32, diloco={"fragments": 2, "sync_every": 4, "overlap": 1})

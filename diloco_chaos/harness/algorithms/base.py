@@ -47,7 +47,7 @@ MergeUnit = Literal["fragment", "round", "step"]
 (ddp, elastic_ddp); it is also the unit the report and the invariants account work in."""
 
 Trait = Literal["fragmented", "data_parallel", "elastic", "outer_step", "shardable_syncer", "restorable_syncer",
-                "torchrun_engine"]
+                "torchrun_engine", "replicated_ranks"]
 """The boolean traits by name: what an invariant may require (`register(requires=...)`) and a check may name."""
 
 System = str
@@ -106,6 +106,10 @@ class Algorithm:
     torchrun_engine: bool = False
     """Its learners can run as one torchrun elastic job (`[elastic] engine = "torchrun"`: a loss stops every
     worker, which restarts from the last checkpoint); every other algorithm runs with engine "regroup"."""
+    replicated_ranks: bool = False
+    """Its trainer keeps a full copy of the model at every rank of a learner (data parallel inside the group), so
+    the ranks of one group must agree (invariant `ranks_agree`); False for the built-in algorithms (their chips'
+    agreement is the learner's own, not checked by digest) and for torchft_diloco (one rank per group)."""
     adapt: Callable[[Scenario], tuple[dict[str, object], str | None]] | None = None
     """The smallest change a scenario written for another algorithm needs before this one can run it: the
     sections to replace (`Scenario.replace` keywords) and what was changed (None: nothing); None: every

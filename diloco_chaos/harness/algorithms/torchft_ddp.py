@@ -42,4 +42,4 @@ ALGORITHM = register(Algorithm(
     name="torchft_ddp", summary="torchft's fault-tolerant data parallel: a quorum and an allreduce every step",
     order=10, merge_unit="step", elastic=False, outer_step=False, shardable_syncer=False, restorable_syncer=False,
     gloo_timeout_s=torchft_gloo_timeout_s, run_learner=not_builtin_learner, resume_learner=not_builtin_learner,
-    syncer_handler=not_builtin_syncer, compare_order=10, system="torchft"))
+    syncer_handler=not_builtin_syncer, compare_order=10, system="torchft", replicated_ranks=True))

@@ -24,7 +24,7 @@ from typing import Any
 from diloco_chaos.harness.algorithms import base as registry
 from diloco_chaos.harness.config.scenario import Scenario
 from diloco_chaos.harness.config.sections import ScenarioError
-from diloco_chaos.harness.report.results import Claim, RestartPhases, RunRow, run_row, same_mutation
+from diloco_chaos.harness.report.results import Claim, Explained, RestartPhases, RunRow, run_row, same_mutation
 from diloco_chaos.harness.report.tolerance import K_SIGMA
 from diloco_chaos.harness.run.supervisor import run_scenario
 from diloco_chaos.harness.targets import base as targets
@@ -153,13 +153,22 @@ def compare(sc: Scenario, runs_dir: str | os.PathLike[str] | None = None,
             rows.append(not_run(label, sc, alg, f"the {registry.get(alg).system} target refuses the scenario: "
                                                 f"{' '.join(str(e).split())}"))
         else:
-            rows.append(row(label, runner(alg_sc), ref, sc.train.steps))
+            rows.append(explain(row(label, runner(alg_sc), ref, sc.train.steps), alg_sc))
             if note is not None:
                 rows[-1] = dataclasses.replace(rows[-1], note=note)
         if on_run is not None:
             on_run(rows[-1])
     return [dataclasses.replace(r, vs_fault_free_ddp=round(r.final_eval_loss - ref, 4)
                                 if ref is not None and r.final_eval_loss is not None else None) for r in rows]
+
+
+def explain(r: RunRow, sc: Scenario) -> RunRow:
+    """`r` with each failed invariant that a classified finding about its system explains (`Target.explain` on the
+    scenario it ran): the table names the finding beside the failure."""
+    target = targets.get(targets.system_of(sc))
+    found = [(f.name, target.explain(sc, f.name)) for f in r.invariants if not f.ok]
+    return dataclasses.replace(r, explained=tuple(Explained(name, x.key, x.verdict) for name, x in found
+                                                  if x is not None))
 
 
 def verdict(rows: list[RunRow], tolerance: float | None = None) -> list[Claim]:
@@ -232,8 +241,11 @@ def restart_line(phases: RestartPhases) -> str:
 
 
 def verdicts(r: RunRow) -> str:
-    """A row's invariants in a few words: "all N held", or the violated ones by name."""
-    bad = [f.name for f in r.invariants if not f.ok]
+    """A row's invariants in a few words: "all N held", or the violated ones by name, each followed by the
+    finding that explains it where one does ("FAIL replicas_agree (finding min-replicas-1-fork: permitted by
+    configuration)")."""
+    why = {x.invariant: f" (finding {x.finding}: {x.verdict})" for x in r.explained}
+    bad = [f.name + why.get(f.name, "") for f in r.invariants if not f.ok]
     return f"FAIL {', '.join(bad)}" if bad else f"all {len(r.invariants)} held"
 
 

@@ -77,6 +77,18 @@ class RestartPhases:
 
 
 @dataclass(frozen=True)
+class Explained:
+    """compare: one failed invariant of a row and the classified finding about its system that explains it
+    (diloco_chaos/harness/targets/base.py `Target.explain`)."""
+
+    invariant: str
+    finding: str
+    """The finding's key, as the target's doc names it."""
+    verdict: str
+    """"defect" or "permitted by configuration"."""
+
+
+@dataclass(frozen=True)
 class RunRow:
     """The figures of one finished run: what `run --json` writes and `compare` tabulates and judges."""
 
@@ -121,6 +133,9 @@ class RunRow:
     figures are then empty and the verdict ignores it."""
     mutation: str | None = None
     """report.json `mutation`: the DILOCO_CHAOS_MUTATION the run was made under; null when none."""
+    explained: tuple[Explained, ...] = ()
+    """compare: the row's failed invariants that a classified finding about its system explains (the table names
+    the finding); empty in `run` and where nothing failed or no finding applies."""
 
 
 @dataclass(frozen=True)
@@ -272,7 +287,8 @@ def read_results(path: str | os.PathLike[str]) -> ResultsFile:
     if version != SCHEMA_VERSION:
         raise ValueError(f"{path}: schema_version {version!r}, this reader knows {SCHEMA_VERSION}")
     runs = tuple(dataclasses.replace(_build(RunRow, r), invariants=tuple(
-        _build(InvariantFigure, i) for i in r.get("invariants", []))) for r in d["runs"])
+        _build(InvariantFigure, i) for i in r.get("invariants", [])), explained=tuple(
+        _build(Explained, x) for x in r.get("explained", []))) for r in d["runs"])
     known = {f.name for f in dataclasses.fields(ResultsFile)}
     return ResultsFile(command=d["command"], runs=runs, claims=tuple(_build(Claim, c) for c in d.get("claims", [])),
                        schema_version=version, extra={k: v for k, v in d.items() if k not in known})

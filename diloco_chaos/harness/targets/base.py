@@ -31,7 +31,7 @@ import pkgutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from diloco_chaos.harness.algorithms import base as algorithms
 
@@ -49,6 +49,28 @@ MakeSupervisor = Callable[["Scenario", "str | os.PathLike[str]", "OnEvents | Non
 Rules = Callable[["Scenario", list[str], "Found"], None]
 """(scenario, fault keys, found) -> adds each error of the target's own settings to `found`, naming its key
 (`keys[i]` names `scenario.faults[i]`); called by validation once the scenario runs on this target."""
+
+
+Verdict = Literal["defect", "permitted by configuration", "limit of the harness"]
+"""What a finding about a system under test is: its own defect, a behaviour its configuration permits, or a limit
+of how the harness drives it (ours to fix, never an excuse for a failed invariant)."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One classified finding about a target's system (its doc's "Findings", each with versions, a standalone
+    reproduction and the promise it was checked against): the invariant failures it explains, in which
+    scenarios. compare names it beside a row whose invariant it explains."""
+
+    key: str
+    """Its short name, as its entry in the target's doc gives it."""
+    title: str
+    """One line."""
+    verdict: Verdict
+    invariants: tuple[str, ...]
+    """The invariants whose failure it explains."""
+    applies: Callable[[Scenario], bool]
+    """Whether a scenario has what the finding needs to show (e.g. a kill_syncer fault, min_replicas 1)."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +101,16 @@ class Target:
     rules: Rules | None = None
     """Its own validation rules (its launch modes, its settings' hierarchy), None: none beyond the common ones
     (the algorithm's system, needs_module, fault_kinds)."""
+
+    findings: tuple[Finding, ...] = ()
+    """Its classified findings (`explain`)."""
+
+    def explain(self, sc: Scenario, invariant: str) -> Finding | None:
+        """The finding that explains `invariant` failing on a run of `sc`: one of its own, of verdict "defect" or
+        "permitted by configuration", that names the invariant and applies to `sc`; None: the failure is
+        unexplained (a limit of the harness explains nothing: it is ours to fix)."""
+        return next((f for f in self.findings if f.verdict != "limit of the harness" and invariant in f.invariants
+                     and f.applies(sc)), None)
 
     def installed(self) -> bool:
         """Whether what it needs is importable here (`needs_module`; a target that needs nothing always is)."""

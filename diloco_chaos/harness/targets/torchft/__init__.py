@@ -3,7 +3,8 @@ replica group per learner (topology.chips_per_learner ranks each) running torchf
 scenario's task. This module only registers the descriptor; torchft itself is imported by the run
 (diloco_chaos/harness/targets/torchft/run.py) and its trainer processes, so the package imports without it.
 
-Modules: rules (its validation rules, `Target.rules`), lighthouse (start, readiness, teardown of
+Modules: rules (its validation rules, `Target.rules`), findings (the classified findings that explain a failed
+invariant, `Target.findings`), lighthouse (start, readiness, teardown of
 `torchft_lighthouse`), trainer (one rank's process), loops (the two algorithms' training loops), observe
 (torchft's loggers and the global-weights digest as typed records), run (the run's supervisor: lighthouse,
 groups, faults, watch, post-run phase).
@@ -21,6 +22,7 @@ import os
 from typing import TYPE_CHECKING
 
 from diloco_chaos.harness.targets.base import OnEvents, Target, register
+from diloco_chaos.harness.targets.torchft.findings import FINDINGS
 from diloco_chaos.harness.targets.torchft.rules import rules
 
 if TYPE_CHECKING:
@@ -63,4 +65,4 @@ def refusal(kind: str) -> str:
 TARGET = register(Target(
     name="torchft", summary="torchft 0.2.0: its Lighthouse and one replica group (Manager, ProcessGroupGloo) per "
                             "learner", run=run, fault_kinds=FAULT_KINDS, link_proxies=False, needs_module="torchft",
-    fault_refusal=refusal, supervisor=supervisor, builtin_syncer=False, rules=rules))
+    fault_refusal=refusal, supervisor=supervisor, builtin_syncer=False, rules=rules, findings=FINDINGS))

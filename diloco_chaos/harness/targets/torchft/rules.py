@@ -5,9 +5,10 @@ torchft.quorum_retries >= 1 (every replica would fail after quorum_timeout_s) or
 without netns hosts and links.backend = 'kernel' (only there does one rule cover a group's every TCP port); its
 timeout hierarchy (connect_timeout_s <= timeout_s <
 quorum_timeout_s < timeouts.run_s, heartbeat_timeout_s + join_timeout_s < quorum_timeout_s, quorum_tick_ms below
-both Lighthouse timeouts), min_replicas <= topology.learners, and Streaming DiLoCo's constraints for
-torchft_diloco (diloco.sync_every % diloco.fragments == 0 and diloco.overlap < sync_every / fragments, overlap
-being torchft's fragment_sync_delay).
+both Lighthouse timeouts), min_replicas <= topology.learners, and for torchft_diloco one rank per replica group
+(topology.chips_per_learner = 1: the only layout of torchft's DiLoCo with a full model copy per rank) and
+Streaming DiLoCo's constraints (diloco.sync_every % diloco.fragments == 0 and diloco.overlap < sync_every /
+fragments, overlap being torchft's fragment_sync_delay).
 
 Why here: the target brings its rules with its descriptor (diloco_chaos/harness/targets/torchft/__init__.py), so
 validation has no branch on a system's name; it imports nothing heavy (validation imports it).
@@ -75,6 +76,13 @@ def rules(sc: Scenario, keys: list[str], found: Found) -> None:
             "torchft.quorum_tick_ms", "torchft.join_timeout_s", "torchft.heartbeat_timeout_s"):
         found.add("torchft.quorum_tick_ms", f"torchft.quorum_tick_ms = {t.quorum_tick_ms}: must be below "
                                             "torchft.join_timeout_s and torchft.heartbeat_timeout_s")
+    if (algorithms.get(sc.algorithm).merge_unit == "round" and sc.topology.chips_per_learner > 1
+            and found.ok("topology.chips_per_learner")):
+        found.add("topology.chips_per_learner", f"topology.chips_per_learner = {sc.topology.chips_per_learner}: "
+                  f"{sc.algorithm} runs one rank per replica group. torchft's DiLoCo averages each fragment per group "
+                  "rank across the groups and heals each rank of a group from its own source group, so full copies "
+                  "at several ranks of one group drift apart; torchft supports several ranks only with the model "
+                  "sharded across them (set topology.chips_per_learner = 1)")
     if algorithms.get(sc.algorithm).merge_unit == "round" and found.ok("diloco.fragments", "diloco.sync_every",
                                                             "diloco.overlap"):
         d = sc.diloco
