@@ -1,8 +1,8 @@
 """The classified findings about torchft (docs/targets/torchft.md "Findings") that explain an invariant failing on
 a torchft run, as `Finding` records of the target's descriptor (`Target.findings`): compare names the finding
 beside a torchft row whose invariant it explains, instead of reporting the failure as torchft's without a
-verdict or as ours without a cause. Each entry's evidence (versions, standalone reproduction under
-examples/torchft-findings/, the promise checked against) is in the doc; this module holds only what a run's
+verdict or as ours without a cause. Each entry's evidence (versions, reproduction, the promise checked
+against) is in the doc; this module holds only what a run's
 scenario must have for the finding to apply. Imports nothing heavy (validation imports the descriptor)."""
 
 from __future__ import annotations
