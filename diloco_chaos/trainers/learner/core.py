@@ -122,11 +122,16 @@ class InnerOptimizer:
         self.params = [p for p in model.parameters()]
         self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
-    def step(self, step: int) -> None:
+    def prepare(self, step: int) -> None:
+        """What precedes AdamW's step at `step`: the gradients clipped, the scheduled lr set. Separate so that a
+        wrapper that decides whether to step (torchft's OptimizerWrapper) steps `opt` itself after it."""
         if self.cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
         for g in self.opt.param_groups:
             g["lr"] = inner_lr(step, self.cfg)
+
+    def step(self, step: int) -> None:
+        self.prepare(step)
         self.opt.step()
         self.opt.zero_grad(set_to_none=False)
 
