@@ -75,6 +75,21 @@ def test_torchft_diloco_is_refused_with_several_ranks_per_group_naming_the_key_a
     from_dict(tiny_table("torchft_ddp", chips=2))
 
 
+def test_ddp_api_ddp_module_is_accepted_for_torchft_ddp_only_naming_the_key() -> None:
+    assert from_dict(tiny_table("torchft_ddp")).torchft.ddp_api == "manager", "the default: today's path"
+    refused(tiny_table("torchft_ddp", torchft={"ddp_api": "hooks"}),
+            "torchft.ddp_api = 'hooks': must be one of manager, ddp_module")
+    for alg, extra in (("torchft_diloco", TFT_DILOCO), ("ddp", {})):
+        refused(tiny_table(alg, torchft={"ddp_api": "ddp_module"}, **extra),
+                f"torchft.ddp_api = 'ddp_module': only with algorithm = 'torchft_ddp', not {alg!r}",
+                "replaces its per-step Manager.allreduce of the gradients")
+    pytest.importorskip("torchft", reason="the torchft system is refused without torchft installed")
+    for chips in (1, 2):  # several ranks per group: the hook averages across groups, LearnerCore inside the group
+        sc = from_dict(tiny_table("torchft_ddp", torchft={"ddp_api": "ddp_module"},
+                                  topology={"learners": 2, "chips_per_learner": chips}))
+        assert (sc.torchft.ddp_api, sc.topology.chips_per_learner) == ("ddp_module", chips)
+
+
 def test_a_fault_kind_the_target_cannot_carry_is_refused_naming_target_kind_and_reason() -> None:
     table = tiny_table("torchft_ddp")
     table["faults"] = [{"action": "limit_data", "learner": 0, "bytes": 1000, "at": {"step": 5}}]

@@ -283,6 +283,10 @@ class TargetConfig:
     run on torchft, every other one on builtin). A system the algorithm does not run on is refused."""
 
 
+DDP_APIS = ("manager", "ddp_module")
+"""torchft.ddp_api's values."""
+
+
 @dataclass(frozen=True)
 class TorchftConfig:
     """The torchft target's settings (`[torchft]`, used when the system is torchft): its Lighthouse's flags and
@@ -307,6 +311,14 @@ class TorchftConfig:
     quorum_retries: int = bounded(0, 0, 100)
     """Manager quorum_retries: failed quorum requests retried before the trainer fails (0: the Lighthouse is a
     single point of failure)."""
+    ddp_api: Literal["manager", "ddp_module"] = choice("manager", DDP_APIS)
+    """How algorithm = "torchft_ddp" averages gradients across replica groups. manager: the harness's loop calls
+    Manager.allreduce on the flattened gradients and steps the optimizer when should_commit says so. ddp_module:
+    the way torchft's README trains, torchft.ddp.DistributedDataParallel around the model (its comm hook
+    allreduces each gradient bucket through the Manager during backward) and torchft.optim.OptimizerWrapper
+    around the inner optimizer (zero_grad starts the quorum, step steps it only if should_commit); the task's
+    loss is computed through the wrapped model. Only with algorithm = "torchft_ddp"; with several ranks per
+    group, each rank's gradients are averaged across groups by the hook, then inside the group."""
 
 
 MAX_EXPLORE_FAULTS = 16

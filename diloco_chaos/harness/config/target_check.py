@@ -3,7 +3,9 @@
 What: `target_rules` reports, each naming its key: a `target.system` the algorithm does not run on (a builtin
 algorithm on torchft or a torchft algorithm on builtin); a missing module the target needs; a fault kind the
 target cannot carry (naming target and kind, and the target's reason); then the target's own rules
-(`Target.rules`: torchft's are diloco_chaos/harness/targets/torchft/rules.py).
+(`Target.rules`: torchft's are diloco_chaos/harness/targets/torchft/rules.py). Before those, for every scenario,
+torchft.ddp_api = 'ddp_module' with an algorithm other than torchft_ddp (torchft rules.py `ddp_api_rule`): a
+builtin algorithm never reaches the torchft rules and would ignore the key.
 
 Why here: diloco_chaos/harness/config/check.py runs every cross-field rule; this module keeps the target's rules
 together beside the task's (task_check.py), reading the target's descriptor (diloco_chaos/harness/targets/base.py)
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from diloco_chaos.harness.algorithms import base as algorithms
 from diloco_chaos.harness.targets import base as targets
+from diloco_chaos.harness.targets.torchft.rules import ddp_api_rule
 
 if TYPE_CHECKING:
     from diloco_chaos.harness.config.scenario import Scenario
@@ -26,6 +29,7 @@ def target_rules(sc: Scenario, keys: list[str], found: Found) -> None:
     """Every error of the scenario's target settings (see the module doc); `keys[i]` names `sc.faults[i]`."""
     if not found.ok("algorithm", "target.system"):
         return
+    ddp_api_rule(sc, found)
     alg = algorithms.get(sc.algorithm)
     system = targets.system_of(sc)
     if system != alg.system:

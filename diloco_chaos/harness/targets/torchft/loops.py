@@ -6,6 +6,11 @@ built-in learners'), torchft's Manager, and the callbacks that write the records
 
 torchft_ddp: per step `start_quorum`, forward/backward, the gradients averaged inside the group (LearnerCore's
 collective) and then across the quorum (`Manager.allreduce`), the optimizer step only when `should_commit`.
+With torchft.ddp_api = "ddp_module" (`ddp_module_loop`) the same step goes through torchft's own DDP module, as
+torchft's README trains: `OptimizerWrapper.zero_grad` starts the quorum, the loss is computed through
+`torchft.ddp.DistributedDataParallel` (its comm hook allreduces each gradient bucket across the quorum during
+backward), the gradients are then averaged inside the group, and `OptimizerWrapper.step` steps the inner AdamW
+only if `should_commit`.
 torchft_diloco: `torchft.local_sgd.DiLoCo` around the same inner loop; its optimizer hooks start the quorum,
 allreduce one fragment's pseudo-gradient and apply the outer step; the loop sees a sync through the commit the
 `torchft_commits` logger reported (observe.py `TorchftLogs.take_commit`).
@@ -87,6 +92,48 @@ def ddp_loop(r: Rank) -> None:
         r.on_sync(core.step, committed, digest(named[n] for n in sorted(named)))
 
 
+def ddp_module_loop(r: Rank) -> None:
+    """torchft_ddp through torchft.ddp.DistributedDataParallel and torchft.optim.OptimizerWrapper (torchft's
+    README): train.steps manager steps. The cross-group allreduce runs inside backward (the module's comm hook,
+    one `Manager.allreduce` per bucket), so the step's compute time includes it; the time in torchft is the
+    quorum (zero_grad) and the commit (step). With several ranks the hook averages each rank's gradients over
+    the quorum and LearnerCore's collective then averages those inside the group: both are means, so the result
+    is the mean over every rank of every participating group, as on the manager path. The inner optimizer's
+    clipping and lr schedule are applied before `OptimizerWrapper.step` (a step it discards wastes them)."""
+    from torchft.ddp import DistributedDataParallel
+    from torchft.optim import OptimizerWrapper
+
+    core, m = r.core, r.manager
+    named = core.named
+    r.global_params = lambda: {n: p.detach().clone() for n, p in named.items()}
+    model = DistributedDataParallel(m, core.model)
+    opt = OptimizerWrapper(m, core.optimizer.opt)
+    while m.current_step() < r.sc.train.steps:
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=False)  # start_quorum (healing, with use_async_quorum=False), then zeroes
+        step = m.current_step() + 1
+        t1 = time.perf_counter()
+        batch = core.task.train_batch(r.learner, r.rank, step)
+        loss_t = core.task.loss(model, batch)
+        loss_t.backward()  # the comm hook: Manager.allreduce of each gradient bucket across the quorum
+        loss = float(loss_t.detach())
+        core.allreduce_grads()  # inside the group (its ranks), when it has several
+        core.optimizer.prepare(step)
+        t2 = time.perf_counter()
+        before = m.current_step()
+        opt.step()  # should_commit; the inner AdamW steps only if it is True
+        committed = m.current_step() > before
+        t3 = time.perf_counter()
+        if committed:
+            core.step = m.current_step()
+        tokens = _tokens(r, batch)
+        r.tokens_per_sync = tokens
+        core.last_compute_s = t2 - t1
+        if committed:
+            r.on_step(core.step, loss, tokens, (t1 - t0) + (t3 - t2))
+        r.on_sync(core.step, committed, digest(named[n] for n in sorted(named)))
+
+
 def fragments(core: LearnerCore) -> list[nn.Module]:
     """The model's parameters in diloco.fragments modules, by the built-in partition of its tensors
     (diloco_chaos/trainers/fragments.py `partition_tensors`): the same Parameter objects, so torchft's outer step
@@ -140,3 +187,11 @@ def diloco_loop(r: Rank) -> None:
 
 LOOPS: dict[MergeUnit, Callable[[Rank], None]] = {"step": ddp_loop, "round": diloco_loop}
 """The loop of each torchft descriptor's merge unit."""
+
+
+def loop_of(sc: Scenario, unit: MergeUnit) -> Callable[[Rank], None]:
+    """The loop a trainer runs: its merge unit's, or torchft's DDP module for torchft.ddp_api = "ddp_module"
+    (validation allows that for torchft_ddp, merge unit "step", only)."""
+    if unit == "step" and sc.torchft.ddp_api == "ddp_module":
+        return ddp_module_loop
+    return LOOPS[unit]

@@ -8,7 +8,9 @@ quorum_timeout_s < timeouts.run_s, heartbeat_timeout_s + join_timeout_s < quorum
 both Lighthouse timeouts), min_replicas <= topology.learners, and for torchft_diloco one rank per replica group
 (topology.chips_per_learner = 1: the only layout of torchft's DiLoCo with a full model copy per rank) and
 Streaming DiLoCo's constraints (diloco.sync_every % diloco.fragments == 0 and diloco.overlap < sync_every /
-fragments, overlap being torchft's fragment_sync_delay).
+fragments, overlap being torchft's fragment_sync_delay). `ddp_api_rule` (torchft.ddp_api = 'ddp_module' only with
+algorithm = 'torchft_ddp') is called by diloco_chaos/harness/config/target_check.py for every scenario, since a
+builtin algorithm would otherwise ignore the key silently.
 
 Why here: the target brings its rules with its descriptor (diloco_chaos/harness/targets/torchft/__init__.py), so
 validation has no branch on a system's name; it imports nothing heavy (validation imports it).
@@ -25,6 +27,20 @@ from diloco_chaos.harness.targets import base as targets
 if TYPE_CHECKING:
     from diloco_chaos.harness.config.scenario import Scenario
     from diloco_chaos.harness.config.sections import Found
+
+
+DDP_MODULE_ALGORITHM = "torchft_ddp"
+"""The one algorithm torchft.ddp_api = 'ddp_module' applies to (its per-step gradient allreduce)."""
+
+
+def ddp_api_rule(sc: Scenario, found: Found) -> None:
+    """torchft.ddp_api = 'ddp_module' with another algorithm than torchft_ddp: refused, naming the key and why."""
+    if sc.torchft.ddp_api == "ddp_module" and sc.algorithm != DDP_MODULE_ALGORITHM and found.ok("torchft.ddp_api"):
+        found.add("torchft.ddp_api", f"torchft.ddp_api = 'ddp_module': only with algorithm = "
+                                     f"{DDP_MODULE_ALGORITHM!r}, not {sc.algorithm!r} (torchft's DDP module "
+                                     "replaces its per-step Manager.allreduce of the gradients; torchft_diloco "
+                                     "syncs through torchft's DiLoCo and the builtin algorithms run no torchft "
+                                     "Manager)")
 
 
 def rules(sc: Scenario, keys: list[str], found: Found) -> None:

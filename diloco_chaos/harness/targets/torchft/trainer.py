@@ -8,8 +8,9 @@ seed, so every group starts from the same weights; the batch of learner m's shar
 inner optimizer), joins its group's store (rank 0 hosts it) and, with several ranks, an intra-group Gloo group,
 then torchft's `ProcessGroupGloo` and `Manager` with every timeout from `[torchft]` (never a library default;
 the TORCHFT_* environment overrides are removed first), and runs the loop of its algorithm's merge unit
-(loops.py). It writes chip_start, step (rank 0), torchft_sync (every rank), torchft_quorum / torchft_commit
-(observe.py), learner_done (rank 0) or chip_error; rank 0 of group 0 also writes the initial eval (kind
+(loops.py; torchft's DDP module for torchft.ddp_api = "ddp_module"). It writes chip_start, step (rank 0),
+torchft_sync (every rank), torchft_quorum / torchft_commit (observe.py), learner_done (rank 0) or chip_error (the
+exception and where it was raised); rank 0 of group 0 also writes the initial eval (kind
 periodic, trigger start) and, at the end, global.pt (atomically), which the post-run phase evaluates.
 """
 
@@ -35,7 +36,7 @@ from diloco_chaos.harness.record.syncer import Eval
 from diloco_chaos.harness.record.torchft import TorchftSync
 from diloco_chaos.harness.run.procutil import become_run_process, cpu_seconds, print_error, stderr_to_file
 from diloco_chaos.harness.run.rundir import CHECKPOINT_FILE, atomic_torch_save
-from diloco_chaos.harness.targets.torchft.loops import LOOPS, Rank
+from diloco_chaos.harness.targets.torchft.loops import Rank, loop_of
 from diloco_chaos.harness.targets.torchft.observe import TorchftLogs
 from diloco_chaos.trainers.learner.core import CollectiveFailed, LearnerCore
 from diloco_chaos.trainers.task import evaluate
@@ -112,6 +113,21 @@ class GroupCollective:
         raise CollectiveFailed("a torchft replica group is not re-formed (it restarts as a whole)")
 
 
+def raised_at(e: BaseException) -> str:
+    """Where `e` was raised: its traceback's innermost frame, "file:line in function", the file relative to
+    site-packages for a library's (torchft/ddp.py:76 in _comm_hook), so that a chip_error whose message says
+    little (a bare AssertionError) still names the code that raised it."""
+    import traceback
+
+    frames = traceback.extract_tb(e.__traceback__)
+    if not frames:
+        return "unknown"
+    f = frames[-1]
+    path = f.filename.replace(os.sep, "/")
+    path = path.split("site-packages/", 1)[1] if "site-packages/" in path else path
+    return f"{path}:{f.lineno} in {f.name}"
+
+
 def _initial_eval(sc: Scenario, core: LearnerCore, events: EventLog) -> None:
     loss, _ = evaluate(core.task, core.model, core.task.eval_batches(sc.eval.batches))
     events.write(Eval(kind="periodic", version=0, tokens_merged=0.0, loss=loss, trigger="start"))
@@ -133,7 +149,7 @@ def trainer_main(spec: TrainerSpec) -> None:
         _train(spec, events)
     except Exception as e:
         print_error(e)
-        events.write(ChipError(learner=m, rank=r, error=f"{type(e).__name__}: {e}"))
+        events.write(ChipError(learner=m, rank=r, error=f"{type(e).__name__}: {e} (raised at {raised_at(e)})"))
         events.close()
         os._exit(1)  # torchft's threads (heartbeats, futures) would keep the interpreter from exiting
     events.close()
@@ -207,7 +223,7 @@ def _train(spec: TrainerSpec, events: EventLog) -> None:
     rank = Rank(sc, m, r, spec.size, core, manager, logs, on_step, on_sync)
     t0 = time.monotonic()
     try:
-        LOOPS[algorithms.get(sc.algorithm).merge_unit](rank)
+        loop_of(sc, algorithms.get(sc.algorithm).merge_unit)(rank)
         if m == 0 and r == 0:
             tokens = float(manager.batches_committed() * rank.tokens_per_sync)
             atomic_torch_save({"params": rank.global_params(), "merges": manager.current_step(),
