@@ -375,6 +375,10 @@ def reproduce(a: argparse.Namespace, res: Result, run: Run) -> None:
     steps = run.events(0, "step")
     res.group0_steps = max([e["after"] for e in steps], default=0)
     if crash:
+        try:  # its own exit (code 1) after writing the crash, before the cleanup's SIGKILL
+            run.procs["group0"].wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
         c = crash[0]
         at = _ddp_frame(c["frames"])
         inner = c["frames"][-1] if c["frames"] else None
