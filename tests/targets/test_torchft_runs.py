@@ -22,8 +22,9 @@ pytestmark = pytest.mark.torchft
 RUN_FILES = ("config.json", "events.jsonl", "report.json", "invariants.json", "processes.json", "global.pt")
 
 
-def _check(runs_dir: Path, algorithm: str, chips: int, steps: int, **extra: Any) -> None:
-    sc = tiny(algorithm, chips=chips, steps=steps, torchft={"min_replicas": 2}, **extra)
+def _check(runs_dir: Path, algorithm: str, chips: int, steps: int, torchft: dict[str, Any] | None = None,
+           **extra: Any) -> list[dict[str, Any]]:
+    sc = tiny(algorithm, chips=chips, steps=steps, torchft={"min_replicas": 2, **(torchft or {})}, **extra)
     res = run_scenario(sc, runs_dir)
     for name in RUN_FILES:
         assert (res.run_dir / name).is_file(), name
@@ -45,6 +46,7 @@ def _check(runs_dir: Path, algorithm: str, chips: int, steps: int, **extra: Any)
     assert all(d["tokens"] > 0 for d in report["per_learner"].values()), report["per_learner"]
     assert report["final_eval_loss"] < report["initial_eval_loss"]
     assert leftovers(res, events) == {"processes": [], "ports": []}
+    return events
 
 
 def test_torchft_ddp_two_groups_of_two(runs_dir: Path) -> None:
@@ -53,3 +55,15 @@ def test_torchft_ddp_two_groups_of_two(runs_dir: Path) -> None:
 
 def test_torchft_diloco_two_groups_of_one(runs_dir: Path) -> None:
     _check(runs_dir, "torchft_diloco", chips=1, steps=32, diloco={"fragments": 2, "sync_every": 4, "overlap": 1})
+
+
+def test_torchft_ddp_through_torchfts_ddp_module_two_groups_of_two(runs_dir: Path) -> None:
+    """torchft.ddp_api = "ddp_module": torchft.ddp.DistributedDataParallel's comm hook averages each rank's
+    gradients across the groups, LearnerCore's collective then inside the group; every rank of every group holds
+    the same weights after each committed step (one digest per step, all four processes)."""
+    events = _check(runs_dir, "torchft_ddp", chips=2, steps=24, torchft={"ddp_api": "ddp_module"})
+    digests: dict[int, set[str]] = {}
+    for e in events:
+        if e["ev"] == "torchft_sync" and e["committed"]:
+            digests.setdefault(e["step"], set()).add(e["digest"])
+    assert len(digests) == 24 and all(len(d) == 1 for d in digests.values()), digests
