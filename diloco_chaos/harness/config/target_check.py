@@ -2,10 +2,12 @@
 
 What: `target_rules` reports, each naming its key: a `target.system` the algorithm does not run on (a builtin
 algorithm on torchft or a torchft algorithm on builtin); a missing module the target needs; a fault kind the
-target cannot carry (naming target and kind, and the target's reason); then the target's own rules
-(`Target.rules`: torchft's are diloco_chaos/harness/targets/torchft/rules.py). Before those, for every scenario,
-torchft.ddp_api = 'ddp_module' with an algorithm other than torchft_ddp (torchft rules.py `ddp_api_rule`): a
-builtin algorithm never reaches the torchft rules and would ignore the key.
+target cannot carry (naming target and kind, and the target's reason); a trigger on a reaction the target's
+runs never show (`Target.reactions`: torchft's restarted Lighthouse restores no checkpoint, so no
+"syncer_restored"); then the target's own rules (`Target.rules`: torchft's are
+diloco_chaos/harness/targets/torchft/rules.py). Before those, for every scenario, torchft.ddp_api = 'ddp_module'
+with an algorithm other than torchft_ddp (torchft rules.py `ddp_api_rule`): a builtin algorithm never reaches the
+torchft rules and would ignore the key.
 
 Why here: diloco_chaos/harness/config/check.py runs every cross-field rule; this module keeps the target's rules
 together beside the task's (task_check.py), reading the target's descriptor (diloco_chaos/harness/targets/base.py)
@@ -47,6 +49,14 @@ def target_rules(sc: Scenario, keys: list[str], found: Found) -> None:
                 why = f": {target.fault_refusal(f.action)}" if target.fault_refusal is not None else ""
                 found.add(key, f"{key}.action = {f.action!r}: target {system!r} cannot carry this fault kind{why} "
                                f"(it carries: {allowed}; docs/targets.md)")
+    if target.reactions is not None:
+        for key, f in zip(keys, sc.faults, strict=True):
+            for name, t in (("at", f.at), ("until", f.until)):
+                if t is not None and t.after is not None and t.after not in target.reactions:
+                    why = f": {target.reaction_refusal(t.after)}" if target.reaction_refusal is not None else ""
+                    found.add(key, f"{key}.{name}.after = {t.after!r}: target {system!r} never shows this reaction"
+                                   f"{why}, so the fault could never fire (it shows: "
+                                   f"{', '.join(sorted(target.reactions)) or 'none'})")
     if target.rules is not None:
         target.rules(sc, keys, found)
 

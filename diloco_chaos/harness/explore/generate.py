@@ -6,7 +6,8 @@ the syncer can take), and `draw(vocab, seed, i)` is schedule i of seed s: a `Tri
 scenario's validation accepts, each triggered by training progress (`at = { step, learner }`: the target
 learner's own step, the most advanced learner's for the syncer) or, with `reaction_share`, by the run's reaction
 to an earlier kill in the same schedule (`at = { after = "rejoin", learner }`, `after = "syncer_restored"`): the
-overlaps the issue asks for (a learner killed while the syncer restores, a partition during a rejoin).
+overlaps the issue asks for (a learner killed while the syncer restores, a partition during a rejoin), on the
+reactions the scenario's target shows (`Target.reactions`).
 Parameters are drawn inside explore's ranges (`PARAM_RANGES`), clipped to each kind's own bounds
 (diloco_chaos/chaos/faults/, `bounded`); durations (a kill's repair_s, an `until = { after_s }`) in
 [min_duration_s, max_duration_s].
@@ -25,11 +26,12 @@ from typing import Any
 
 from diloco_chaos.chaos import faults
 from diloco_chaos.chaos.faults.base import RepairParams
-from diloco_chaos.chaos.schedule import parse_fault
+from diloco_chaos.chaos.schedule import REACTIONS, parse_fault
 from diloco_chaos.harness.config.explore_check import TARGET, explored_steps, trigger_window
 from diloco_chaos.harness.config.scenario import Scenario
 from diloco_chaos.harness.config.sections import ScenarioError
 from diloco_chaos.harness.explore.records import Trial
+from diloco_chaos.harness.targets import base as target_registry
 
 PARAM_RANGES: dict[str, tuple[float, float]] = {
     "latency_ms": (10.0, 400.0), "bandwidth_kbps": (1000.0, 50_000.0), "period_s": (0.2, 2.0),
@@ -71,6 +73,9 @@ class Vocabulary:
     steps: int
     max_kills: int
     """Kills one learner (or the syncer) may take: recovery.max_restarts less the scenario's own."""
+    reactions: tuple[str, ...] = tuple(REACTIONS)
+    """The reactions a trigger may wait on: those the scenario's target shows (`Target.reactions`; torchft's
+    restarted Lighthouse restores nothing, so no "syncer_restored")."""
 
 
 def _is_kill(kind: str) -> bool:
@@ -127,9 +132,11 @@ def vocabulary(sc: Scenario) -> Vocabulary:
                             "(its recovery policy, link backend and target refuse every one)")
     own = max([sum(1 for f in sc.faults if _is_kill(f.action) and f.learner == m)
                for m in [*range(sc.topology.learners), None]], default=0)
+    shown = target_registry.get(target_registry.system_of(sc)).reactions
+    reactions = tuple(r for r in REACTIONS if shown is None or r in shown)
     return Vocabulary(at_steps, kinds, learners, syncer, first, last, ex.min_faults, ex.max_faults,
                       ex.min_duration_s, ex.max_duration_s, ex.reaction_share, steps,
-                      max(0, sc.recovery.max_restarts - own))
+                      max(0, sc.recovery.max_restarts - own), reactions)
 
 
 def _clip(f: dataclasses.Field, lo: float, hi: float) -> tuple[float, float]:
@@ -181,8 +188,9 @@ def _one(rng: random.Random, v: Vocabulary, drawn: list[dict[str, Any]], kills: 
     d = _duration(rng, v)
     table: dict[str, Any] = {"action": kind, **({} if target is None else {"learner": target})}
     table.update(_params(rng, kind, v.sc, d))
-    reactions = [({"after": "rejoin", "learner": f["learner"]} if f.get("learner") is not None
-                  else {"after": "syncer_restored"}) for f in drawn if _is_kill(f["action"])]
+    reactions = [r for r in ({"after": "rejoin", "learner": f["learner"]} if f.get("learner") is not None
+                             else {"after": "syncer_restored"} for f in drawn if _is_kill(f["action"]))
+                 if r["after"] in v.reactions]
     if reactions and rng.random() < v.reaction_share:
         table["at"] = {**rng.choice(reactions), "after_s": round(rng.uniform(0.0, 1.0), 1)}
     else:

@@ -98,6 +98,12 @@ class Target:
     """Whether `kill_syncer` hits the built-in syncer, so its rules apply (a restorable algorithm,
     recovery.syncer_checkpoint); False: the target's coordinator, checked by the target's own rules
     (diloco_chaos/harness/config/target_check.py)."""
+    reactions: frozenset[str] | None = None
+    """The trigger reactions (diloco_chaos/chaos/schedule.py REACTIONS: "rejoin", "syncer_restored") its runs
+    write the records of, None: every one. A trigger on another would never fire: validation refuses it, and
+    explore (diloco_chaos/harness/explore/generate.py) draws none."""
+    reaction_refusal: Callable[[str], str] | None = None
+    """reaction -> why its runs never show it (validation adds it to the error), None: no reason given."""
     rules: Rules | None = None
     """Its own validation rules (its launch modes, its settings' hierarchy), None: none beyond the common ones
     (the algorithm's system, needs_module, fault_kinds)."""

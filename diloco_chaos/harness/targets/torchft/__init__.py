@@ -50,6 +50,19 @@ LINKS_NEED = ("one network namespace per replica group with links.backend = 'ker
 """Why a link fault on torchft needs netns hosts and the kernel link backend (validation's reason)."""
 
 
+REACTIONS = frozenset({"rejoin"})
+"""The trigger reactions its runs show: a restarted group's first step (`learner_restart`, then its rank 0's
+`step`) is "rejoin"; its restarted Lighthouse keeps no state to restore, so there is no "syncer_restored"."""
+
+
+def reaction_refusal(reaction: str) -> str:
+    """Why a torchft run never shows `reaction`."""
+    if reaction == "syncer_restored":
+        return ("a restarted Lighthouse has no checkpoint to restore (it is started empty on its port: "
+                "`syncer_restart`, `lighthouse_ready`)")
+    return "its runs write no record of it"
+
+
 def refusal(kind: str) -> str:
     """Why the torchft target refuses fault kind `kind` (for a kind of LINK_KINDS: where it refuses it)."""
     from diloco_chaos.chaos import faults
@@ -65,4 +78,5 @@ def refusal(kind: str) -> str:
 TARGET = register(Target(
     name="torchft", summary="torchft 0.2.0: its Lighthouse and one replica group (Manager, ProcessGroupGloo) per "
                             "learner", run=run, fault_kinds=FAULT_KINDS, link_proxies=False, needs_module="torchft",
-    fault_refusal=refusal, supervisor=supervisor, builtin_syncer=False, rules=rules, findings=FINDINGS))
+    fault_refusal=refusal, supervisor=supervisor, builtin_syncer=False, reactions=REACTIONS,
+    reaction_refusal=reaction_refusal, rules=rules, findings=FINDINGS))

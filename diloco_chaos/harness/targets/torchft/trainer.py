@@ -10,8 +10,10 @@ then torchft's `ProcessGroupGloo` and `Manager` with every timeout from `[torchf
 the TORCHFT_* environment overrides are removed first), and runs the loop of its algorithm's merge unit
 (loops.py; torchft's DDP module for torchft.ddp_api = "ddp_module"). It writes chip_start, step (rank 0),
 torchft_sync (every rank), torchft_quorum / torchft_commit (observe.py), learner_done (rank 0) or chip_error (the
-exception and where it was raised); rank 0 of group 0 also writes the initial eval (kind
-periodic, trigger start) and, at the end, global.pt (atomically), which the post-run phase evaluates.
+exception and where it was raised); rank 0 of group 0 also writes the initial eval (kind periodic, trigger
+start); rank 0 of the first group to finish writes global.pt (`_save_first`), which the post-run phase evaluates:
+any group may be the one a fault ended for good (a kill whose repair came after the others finished is not
+restarted), and the replica groups' committed global weights agree (replicas_agree).
 """
 
 from __future__ import annotations
@@ -133,6 +135,19 @@ def _initial_eval(sc: Scenario, core: LearnerCore, events: EventLog) -> None:
     events.write(Eval(kind="periodic", version=0, tokens_merged=0.0, loss=loss, trigger="start"))
 
 
+def _save_first(state: dict[str, object], run_dir: str, m: int) -> None:
+    """global.pt from group m, unless a group that finished earlier wrote it: saved whole under the group's own
+    name, then hard-linked into place (atomic, and refused when the file exists), then the group's name removed."""
+    own = os.path.join(run_dir, f"global.learner{m}.pt")
+    atomic_torch_save(state, own)
+    try:
+        os.link(own, os.path.join(run_dir, CHECKPOINT_FILE))
+    except FileExistsError:
+        pass
+    finally:
+        os.unlink(own)
+
+
 def trainer_main(spec: TrainerSpec) -> None:
     if spec.netns:  # before any thread or socket exists: everything the rank and torchft open lives there
         enter_group_host(spec.netns, spec.address)
@@ -224,11 +239,10 @@ def _train(spec: TrainerSpec, events: EventLog) -> None:
     t0 = time.monotonic()
     try:
         loop_of(sc, algorithms.get(sc.algorithm).merge_unit)(rank)
-        if m == 0 and r == 0:
+        if r == 0:
             tokens = float(manager.batches_committed() * rank.tokens_per_sync)
-            atomic_torch_save({"params": rank.global_params(), "merges": manager.current_step(),
-                               "algorithm": sc.algorithm, "tokens_merged": tokens},
-                              os.path.join(spec.run_dir, CHECKPOINT_FILE))
+            _save_first({"params": rank.global_params(), "merges": manager.current_step(),
+                         "algorithm": sc.algorithm, "tokens_merged": tokens}, spec.run_dir, m)
     finally:
         manager.shutdown(wait=False)
     if r == 0:
