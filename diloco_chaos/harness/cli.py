@@ -317,10 +317,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_scenarios(args: argparse.Namespace) -> int:
     """One line per built-in scenario (`run --builtin NAME`): its name, algorithm, topology, steps and faults."""
-    for name in scenario_mod.builtin_names():
-        sc = scenario_mod.builtin(name)
+    names = scenario_mod.builtin_names()
+    width = max(12, *(len(n) for n in names))
+    for name in names:
+        try:
+            sc = scenario_mod.builtin(name)
+        except ScenarioError as e:  # a torchft built-in where torchft is not installed
+            print(f"{name:<{width}} not runnable here: {e.problems[0]}")
+            continue
         faults = ", ".join(f.action for f in sc.faults) or "none"
-        print(f"{name:<12} {sc.algorithm:<10} {sc.topology.learners}x{sc.topology.chips_per_learner}  "
+        print(f"{name:<{width}} {sc.algorithm:<14} {sc.topology.learners}x{sc.topology.chips_per_learner}  "
               f"{sc.train.steps} steps  faults: {faults}")
     return 0
 

@@ -320,6 +320,23 @@ def test_rejoined(tmp_path: Path) -> None:
     violated(rejoined(write_run(tmp_path, complete(again), name="f"), within_s=2.0), "inf s > bound 2 s")
 
 
+def test_rejoined_does_not_wait_for_a_learner_whose_repair_was_skipped(tmp_path: Path) -> None:
+    """The torchft supervisor does not restart a group whose repair comes when no other group is left to heal it
+    (`chip_repair_skipped`): that failure is not expected back; a skipped repair of another failure still is."""
+    down = [ev("run_start", 0.0, "supervisor"),
+            ev("learner_down", 2.0, "supervisor", learner=1, exitcodes={"learner1.chip0": -9}, step=1, repair_s=1.0),
+            ev("chip_repair_skipped", 3.0, "supervisor", learner=1, chip=0, step=1, reason="no live peer")]
+    res = holds(rejoined(write_run(tmp_path, complete(down), name="a"), within_s=2.0))
+    assert "each repair skipped" in res.detail
+    both = outage(3.5) + down[1:]  # learner 1 back at 3.5 s after its first failure; its second one skipped
+    both[-2]["t"], both[-1]["t"] = 4.0, 5.0
+    res = holds(rejoined(write_run(tmp_path, complete(both), name="b"), within_s=2.0))
+    assert res.figure == pytest.approx(0.5) and "1 not restarted: chip_repair_skipped" in res.detail
+    skipped_elsewhere = outage(None) + [ev("chip_repair_skipped", 3.5, "supervisor", learner=0, chip=0, step=1,
+                                           reason="no live peer")]
+    violated(rejoined(write_run(tmp_path, complete(skipped_elsewhere), name="c"), within_s=2.0), "never back")
+
+
 # -- updates_accounted ----------------------------------------------------------------------------------------
 
 def push(t: float, m: int, p: int, a: int, b: int, outcome: str = "accepted", round_id: int | None = 9,
