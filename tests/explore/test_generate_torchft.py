@@ -70,10 +70,14 @@ def test_kill_syncer_is_drawn_only_where_the_target_rules_take_it() -> None:
                                         ["torchft.quorum_retries=0", 'explore.kinds=["kill_syncer"]']))
 
 
-def test_netns_hosts_with_the_kernel_backend_add_the_target_s_link_kinds() -> None:
+def test_netns_hosts_with_the_kernel_backend_add_the_target_s_link_kinds_with_the_parameters_it_takes() -> None:
     v = vocabulary(scenario_mod.builtin("torchft-diloco-explore", ["launch.hosts=netns", "links.backend=kernel"]))
     assert set(v.kinds) == carried()
     assert {k for k in v.kinds if faults.get(k).target == "link"} == {"partition", "degrade", "flap", "loss"}
+    degrades = [f for i in range(80) if (t := draw(v, 0, i)) is not None for f in t.faults if f.action == "degrade"]
+    assert degrades, "degrade is drawn"
+    for f in degrades:  # the kernel backend carries bandwidth, not latency (no netem): only what it takes is set
+        assert f.params().get("bandwidth_kbps") and not f.params().get("latency_ms"), f.params()
 
 
 def test_a_kind_the_target_does_not_carry_is_refused_with_its_reason() -> None:

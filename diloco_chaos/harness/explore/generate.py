@@ -20,6 +20,7 @@ scenario's validation refuses is drawn again with the next attempt (the same eve
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -46,7 +47,9 @@ DRAWN: dict[str, tuple[str, ...]] = {
     "slice": ("average_size", "delay_us"), "limit_data": ("bytes",), "slow": ("speed",),
     "corrupt": ("probability",), "loss": ("percent",),
 }
-"""The parameters explore sets per kind (besides chip, shard, repair_s); a kind not listed gets its required ones."""
+"""The parameters explore sets per kind (besides chip, shard, repair_s); a kind not listed gets its required ones.
+Where the scenario's validation refuses some of them (a link backend that cannot carry one), explore sets the
+largest part it takes (`drawn_params`)."""
 
 ATTEMPTS = 50
 """Draws tried for one schedule before explore gives up on it (the vocabulary cannot make a valid one)."""
@@ -76,17 +79,20 @@ class Vocabulary:
     reactions: tuple[str, ...] = tuple(REACTIONS)
     """The reactions a trigger may wait on: those the scenario's target shows (`Target.reactions`; torchft's
     restarted Lighthouse restores nothing, so no "syncer_restored")."""
+    params: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """(kind, the parameters explore sets for it: `drawn_params`), for each kind; a kind not listed: DRAWN's."""
 
 
 def _is_kill(kind: str) -> bool:
     return issubclass(faults.get(kind).params, RepairParams)
 
 
-def _sample(kind: str, sc: Scenario, first: int) -> dict[str, Any]:
-    """One fault of `kind` at `first`, for asking the scenario's validation whether it takes the kind at all."""
+def _sample(kind: str, sc: Scenario, first: int, names: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """One fault of `kind` at `first` setting `names` (default: DRAWN's), for asking the scenario's validation
+    whether it takes the kind at all."""
     k = faults.get(kind)
     rng = random.Random(0)
-    table = _params(rng, kind, sc, 1.0)
+    table = _params(rng, kind, sc, 1.0, names)
     table["action"] = kind
     if k.target == "syncer":
         table["at"] = {"step": first}
@@ -98,13 +104,29 @@ def _sample(kind: str, sc: Scenario, first: int) -> dict[str, Any]:
     return table
 
 
-def supported(sc: Scenario, kind: str, first: int) -> str | None:
-    """Why the scenario's validation refuses a fault of `kind` (None: it takes it)."""
+def _refusal(sc: Scenario, kind: str, first: int, names: tuple[str, ...] | None = None) -> str | None:
     try:
-        sc.replace(faults=[*sc.faults, _sample(kind, sc, first)])
+        sc.replace(faults=[*sc.faults, _sample(kind, sc, first, names)])
     except ScenarioError as e:
         return str(e).split("\n")[0]
     return None
+
+
+def drawn_params(sc: Scenario, kind: str, first: int) -> tuple[str, ...] | None:
+    """The parameters explore sets for `kind` on this scenario: DRAWN's, else the largest part of them the
+    scenario's validation takes (the kernel link backend carries degrade's bandwidth_kbps, not its latency_ms);
+    None when it takes none of them."""
+    names = DRAWN.get(kind, faults.get(kind).required)
+    for size in range(len(names), 0, -1):
+        for part in itertools.combinations(names, size):
+            if _refusal(sc, kind, first, part) is None:
+                return part
+    return None if names else (() if _refusal(sc, kind, first, ()) is None else None)
+
+
+def supported(sc: Scenario, kind: str, first: int) -> str | None:
+    """Why the scenario's validation refuses a fault of `kind` (None: it takes it, with some of its parameters)."""
+    return None if drawn_params(sc, kind, first) is not None else _refusal(sc, kind, first)
 
 
 def vocabulary(sc: Scenario) -> Vocabulary:
@@ -134,9 +156,10 @@ def vocabulary(sc: Scenario) -> Vocabulary:
                for m in [*range(sc.topology.learners), None]], default=0)
     shown = target_registry.get(target_registry.system_of(sc)).reactions
     reactions = tuple(r for r in REACTIONS if shown is None or r in shown)
+    params = tuple((k, p) for k in kinds if (p := drawn_params(at_steps, k, first)) is not None)
     return Vocabulary(at_steps, kinds, learners, syncer, first, last, ex.min_faults, ex.max_faults,
                       ex.min_duration_s, ex.max_duration_s, ex.reaction_share, steps,
-                      max(0, sc.recovery.max_restarts - own), reactions)
+                      max(0, sc.recovery.max_restarts - own), reactions, params)
 
 
 def _clip(f: dataclasses.Field, lo: float, hi: float) -> tuple[float, float]:
@@ -144,12 +167,14 @@ def _clip(f: dataclasses.Field, lo: float, hi: float) -> tuple[float, float]:
     return max(lo, flo), min(hi, fhi)
 
 
-def _params(rng: random.Random, kind: str, sc: Scenario, duration: float) -> dict[str, Any]:
-    """The kind's parameters for one fault (`duration`: a kill's repair_s)."""
+def _params(rng: random.Random, kind: str, sc: Scenario, duration: float, names: tuple[str, ...] | None = None
+            ) -> dict[str, Any]:
+    """The kind's parameters for one fault (`duration`: a kill's repair_s; `names`: those to set, default
+    DRAWN's)."""
     k = faults.get(kind)
     fields = {f.name: f for f in dataclasses.fields(k.params)}
     out: dict[str, Any] = {}
-    for name in DRAWN.get(kind, k.required):
+    for name in (DRAWN.get(kind, k.required) if names is None else names):
         f = fields[name]
         if "choices" in f.metadata:
             out[name] = rng.choice([c for c in f.metadata["choices"] if c is not None])
@@ -187,7 +212,7 @@ def _one(rng: random.Random, v: Vocabulary, drawn: list[dict[str, Any]], kills: 
     target = rng.choice(who)
     d = _duration(rng, v)
     table: dict[str, Any] = {"action": kind, **({} if target is None else {"learner": target})}
-    table.update(_params(rng, kind, v.sc, d))
+    table.update(_params(rng, kind, v.sc, d, dict(v.params).get(kind)))
     reactions = [r for r in ({"after": "rejoin", "learner": f["learner"]} if f.get("learner") is not None
                              else {"after": "syncer_restored"} for f in drawn if _is_kill(f["action"]))
                  if r["after"] in v.reactions]
