@@ -67,7 +67,10 @@ def test_a_stale_group_alone_retrains_committed_steps_under_min_replicas_1(run_s
     # that allreduce (Gloo timeout, not committed) and committed the step alone from other weights (1 CI run)
     ours = {e["step"]: e["digest"] for e in committed(res.events, 0)}
     held_forked = [e for e in held if ours.get(e["step"]) not in (None, e["digest"])]
-    assert agree.figure == len(retrained) + len(held_forked) >= steps - 12, (agree.figure, len(retrained), held)
+    # every step from where it resumed to the last was retrained alone (how far the victim got before SIGSTOP
+    # landed depends on the load: it resumed at step 11-14 in the runs measured)
+    assert len(retrained) == steps - first["step"] + 1, (first["step"], retrained)
+    assert agree.figure == len(retrained) + len(held_forked), (agree.figure, len(retrained), held)
     assert f"step {first['step']}:" in agree.detail, agree.detail
     res.check("quorum_floor")  # torchft kept its own rule: every quorum had min_replicas = 1 member
 

@@ -14,7 +14,7 @@ Why: `diloco-chaos explore` on torchft (docs/targets/torchft.md "Explore against
 kill_syncer schedule either fail quorum_ids_monotonic or end with one group exiting 1 that no fault had hit;
 this shows the second outcome without the harness.
 
-Usage: ``python bench/torchft_lighthouse_restart.py OUTDIR [--runs N]``
+Usage: ``python examples/torchft-findings/lighthouse_restart_strands_group.py OUTDIR [--runs N]``
 """
 
 from __future__ import annotations
