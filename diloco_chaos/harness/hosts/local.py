@@ -18,6 +18,7 @@ from diloco_chaos.harness.config.task_check import fragment_bytes
 from diloco_chaos.harness.hosts.base import Links, Proc, Routes, Spawner
 from diloco_chaos.harness.learner.chip import ChipSpec, chip_main
 from diloco_chaos.harness.record.events import EventLog
+from diloco_chaos.harness.run.procutil import running
 
 
 class LocalHosts:
@@ -57,7 +58,7 @@ class LocalHosts:
         return proc
 
     def chip_pids(self, learner: int, chips: list[Proc]) -> list[int]:
-        return [p.pid for p in chips if p.exitcode is None and p.pid is not None]
+        return [p.pid for p in chips if p.pid is not None and running(p)]  # any thread may ask (procutil.running)
 
     def send(self, learner: int, pids: list[int], sig: signal.Signals, children: bool) -> list[int]:
         return local_signaller(learner, pids, sig, children)

@@ -196,5 +196,21 @@ def wait_any(procs: list[Any], timeout: float) -> None:
     wait(list({p.sentinel for p in procs}), timeout=timeout)  # a torchrun stands for each of its chips
 
 
+def running(p: Any) -> bool:
+    """Whether `p` has not ended, for a thread other than the one that watches it (a fault's thread looking up
+    the pids to signal). It reads nothing: it only asks whether `p.sentinel` is readable. `exitcode` and
+    `is_alive` would call multiprocessing's Popen.poll, which is not thread-safe: when two threads both find an
+    ended forkserver child's sentinel readable, one reads its exit code and the other reads EOF, which
+    multiprocessing records as exit code 255 (popen_forkserver.py), so a learner that finished cleanly was
+    reported failed with 255 (seen once, under a slow fault whose thread looked up the learner's pids as it
+    ended)."""
+    from multiprocessing.connection import wait
+
+    sentinel = getattr(p, "sentinel", None)
+    if sentinel is None:
+        return bool(p.exitcode is None)
+    return not wait([sentinel], timeout=0)
+
+
 def main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()

@@ -51,7 +51,7 @@ from diloco_chaos.harness.record.events import EVENTS_FILE, EventTail
 from diloco_chaos.harness.record.run import ChipRepairSkipped, LearnerRestart, SyncerRestart
 from diloco_chaos.harness.record.torchft import LighthouseReady
 from diloco_chaos.harness.run.fault_runner import FaultRunner
-from diloco_chaos.harness.run.procutil import wait_any
+from diloco_chaos.harness.run.procutil import running, wait_any
 from diloco_chaos.harness.run.supervisor import FAULT_POLL_S, POLL_S, RunFailed, Supervisor
 from diloco_chaos.harness.targets.torchft.lighthouse import PROC, Lighthouse, LighthouseFailed, free_port
 from diloco_chaos.harness.targets.torchft.trainer import TrainerSpec, trainer_main
@@ -173,7 +173,7 @@ class TorchftRun(Supervisor):
         """Live ranks of group m by rank (what a process fault on learner m hits); none while it is down."""
         if self.learner_state.get(m) != "up":
             return []
-        return [p.pid for p in self._ranks(m) if p.exitcode is None]
+        return [p.pid for p in self._ranks(m) if running(p)]  # a fault's thread asks (procutil.running)
 
     def _lighthouse_pids(self) -> dict[int, int]:
         """The Lighthouse as syncer shard 0, while it runs (what kill_syncer hits)."""
