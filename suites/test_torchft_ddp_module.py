@@ -24,8 +24,8 @@ commit a step at the same moment, and the supervisor reacts some milliseconds la
   invariants. (This branch was exercised by running the two tests with torchft.ddp_api = "manager", where the
   survivor survives either way.)
 Each test accepts exactly those two outcomes, asserts everything each implies, and prints which one it saw
-(`outcome` in its figures). Measured on this machine (2 shared cores): the kill crashed the survivor in 2 of 3
-runs, the freeze in 3 of 3 (docs/targets/torchft.md). The standalone reproduction
+(`outcome` in its figures). Measured on this machine (2 shared cores): the kill crashed the survivor in 2 of 4
+runs, the freeze in 4 of 4 (docs/targets/torchft.md). The standalone reproduction
 (examples/torchft-findings/ddp_comm_hook_assert.py) holds the victim at a known point and is deterministic: the
 last test runs it once and asserts the crash and that none of its processes is left.
 """
