@@ -23,13 +23,20 @@ import signal
 import sys
 from typing import Any
 
-from reprolib import Cluster, free_port, main
+from reprolib import Child, Cluster, free_port, main
 from trainers import Group, Spec, ddp, first, launch, syncs
 
 FINDING = "min_replicas_one_fork"
 FREEZE = 4  # the stale group is frozen before the quorum of this manager step
 STEPS = 16
 QUORUM_TIMEOUT_S = 4.0  # the control's stale group waits this long for a quorum that cannot come
+
+
+def finish(c: Cluster, proc: Child, timeout_s: float) -> int:
+    """Wait for the trainer's `done` record or its exit, then for its exit code."""
+    c.wait(lambda: first(c.records(), proc.label, "done") or proc.poll() is not None, timeout_s,
+           f"{proc.label} to finish or fail")
+    return c.wait_exit(proc, 20)
 
 
 def body(min_replicas: int, c: Cluster, facts: dict[str, Any]) -> bool:
@@ -50,14 +57,10 @@ def body(min_replicas: int, c: Cluster, facts: dict[str, Any]) -> bool:
     c.touch(f"go-{stale}-{FREEZE}")  # seen only once it runs again
     up_to_date = [s.label for s in specs if s.label != stale]
     for label in up_to_date:
-        c.wait(lambda label=label: first(c.records(), label, "done") or procs[label].poll() is not None, 60,
-               f"{label}'s last step")
-        facts[f"{label}_exit"] = c.wait_exit(procs[label], 20)
+        facts[f"{label}_exit"] = finish(c, procs[label], 60)
     facts["others_last_step"] = {label: syncs(c.records(), label)[-1]["step"] for label in up_to_date}
     c.signal(procs[stale], signal.SIGCONT)
-    c.wait(lambda: first(c.records(), stale, "done") or procs[stale].poll() is not None, QUORUM_TIMEOUT_S + 60,
-           f"{stale} to finish or fail")
-    facts["stale_exit"] = c.wait_exit(procs[stale], 20)
+    facts["stale_exit"] = finish(c, procs[stale], QUORUM_TIMEOUT_S + 60)
     recs = c.records()
     mine = {r["step"]: r for r in syncs(recs, stale) if r["committed"]}
     theirs = {r["step"]: r for r in syncs(recs, "g0") if r["committed"]}
