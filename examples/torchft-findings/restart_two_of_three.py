@@ -67,7 +67,7 @@ def body(c: Cluster, facts: dict[str, Any]) -> bool:
     facts["committed_without_g0"] = sorted(r["step"] for r in syncs(recs, "g1")
                                            if r["committed"] and r["participants"] == 2)
     facts["last_steps"] = {s.label: (syncs(recs, s.label) or [{"step": None}])[-1]["step"] for s in specs}
-    digests = {r["step"]: set() for r in syncs(recs, "g0")}
+    digests: dict[int, set[str]] = {r["step"]: set() for r in syncs(recs, "g0")}
     for s in specs:
         for r in syncs(recs, s.label):
             if r["committed"] and r["step"] in digests:
