@@ -23,7 +23,7 @@ import sys
 from typing import Any
 
 from reprolib import Child, Cluster, free_port, main
-from trainers import Group, Spec, diloco, first, launch, syncs
+from trainers import Group, Spec, diloco, finish, first, launch, syncs
 
 FINDING = "heal_round_robin"
 GROUPS, RANKS = 3, 2
@@ -40,11 +40,6 @@ def spec(c: Cluster, label: str, group: int, rank: int, gates: tuple[int, ...]) 
     return Spec(c.dir, label, group, rank=rank, world=RANKS, steps=STEPS, min_replicas=2, quorum_retries=0,
                 timeout_s=10, quorum_timeout_s=30, connect_timeout_s=5, gates=gates, sync_every=4)
 
-
-def finish(c: Cluster, proc: Child, timeout_s: float) -> int:
-    c.wait(lambda: first(c.records(), proc.label, "done") or proc.poll() is not None, timeout_s,
-           f"{proc.label} to finish or fail")
-    return c.wait_exit(proc, 20)
 
 
 def body(c: Cluster, facts: dict[str, Any]) -> bool:

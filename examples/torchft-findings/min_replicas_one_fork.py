@@ -23,20 +23,14 @@ import signal
 import sys
 from typing import Any
 
-from reprolib import Child, Cluster, free_port, main
-from trainers import Group, Spec, ddp, first, launch, syncs
+from reprolib import Cluster, free_port, main
+from trainers import Group, Spec, ddp, finish, first, launch, syncs
 
 FINDING = "min_replicas_one_fork"
 FREEZE = 4  # the stale group is frozen before the quorum of this manager step
 STEPS = 16
 QUORUM_TIMEOUT_S = 4.0  # the control's stale group waits this long for a quorum that cannot come
 
-
-def finish(c: Cluster, proc: Child, timeout_s: float) -> int:
-    """Wait for the trainer's `done` record or its exit, then for its exit code."""
-    c.wait(lambda: first(c.records(), proc.label, "done") or proc.poll() is not None, timeout_s,
-           f"{proc.label} to finish or fail")
-    return c.wait_exit(proc, 20)
 
 
 def body(min_replicas: int, c: Cluster, facts: dict[str, Any]) -> bool:

@@ -17,8 +17,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from reprolib import Child, Cluster, free_port, main
-from trainers import Group, Spec, ddp, first, launch, syncs
+from reprolib import Cluster, free_port, main
+from trainers import Group, Spec, ddp, finish, first, launch, syncs
 
 FINDING = "restart_two_of_three"
 HOLD = 4
@@ -26,11 +26,6 @@ REJOIN = HOLD + 3  # groups 1 and 2 hold here until group 0 has asked the new Li
 STEPS = 12
 LH = {"min_replicas": 2, "join_ms": 2000, "heartbeat_ms": 1000, "tick_ms": 100}
 
-
-def finish(c: Cluster, proc: Child, timeout_s: float) -> int:
-    c.wait(lambda: first(c.records(), proc.label, "done") or proc.poll() is not None, timeout_s,
-           f"{proc.label} to finish or fail")
-    return c.wait_exit(proc, 20)
 
 
 def body(c: Cluster, facts: dict[str, Any]) -> bool:

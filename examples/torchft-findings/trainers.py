@@ -20,7 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from reprolib import Recorder, free_port, wait_file
+from reprolib import Child, Cluster, Recorder, free_port, wait_file
 
 TEACHER_SEED = 7
 _KEEP: list[Any] = []
@@ -218,3 +218,10 @@ def first(records: list[dict[str, Any]], label: str, ev: str, **match: Any) -> d
         if r["label"] == label and r["ev"] == ev and all(r.get(k) == v for k, v in match.items()):
             return r
     return None
+
+
+def finish(c: Cluster, proc: Child, timeout_s: float) -> int:
+    """Wait for the trainer's `done` record or its exit, then for its exit code."""
+    c.wait(lambda: first(c.records(), proc.label, "done") or proc.poll() is not None, timeout_s,
+           f"{proc.label} to finish or fail")
+    return c.wait_exit(proc, 20)
