@@ -59,6 +59,19 @@ def _tokens(r: Rank, batch: tuple[torch.Tensor, torch.Tensor]) -> int:
     return r.core.task.batch_tokens(batch) * r.size
 
 
+
+def _record_step(r: Rank, batch: tuple[torch.Tensor, torch.Tensor], loss: float, committed: bool,
+                 t: tuple[float, float, float, float]) -> None:
+    """One torchft_ddp step's records, on either path: its tokens, its compute time (t1..t2), the step (if
+    committed; its time in torchft is the quorum t0..t1 and the commit t2..t3) and the sync with its digest."""
+    core, named = r.core, r.core.named
+    tokens = _tokens(r, batch)
+    r.tokens_per_sync = tokens
+    core.last_compute_s = t[2] - t[1]
+    if committed:
+        r.on_step(core.step, loss, tokens, (t[1] - t[0]) + (t[3] - t[2]))
+    r.on_sync(core.step, committed, digest(named[n] for n in sorted(named)))
+
 def ddp_loop(r: Rank) -> None:
     """torchft_ddp: train.steps manager steps, one quorum and one cross-group allreduce each."""
     core, m = r.core, r.manager
@@ -84,12 +97,7 @@ def ddp_loop(r: Rank) -> None:
             core.step = m.current_step()
         else:
             core.optimizer.opt.zero_grad(set_to_none=False)
-        tokens = _tokens(r, batch)
-        r.tokens_per_sync = tokens
-        core.last_compute_s = t2 - t1
-        if committed:
-            r.on_step(core.step, loss, tokens, (t1 - t0) + (t3 - t2))
-        r.on_sync(core.step, committed, digest(named[n] for n in sorted(named)))
+        _record_step(r, batch, loss, committed, (t0, t1, t2, t3))
 
 
 def ddp_module_loop(r: Rank) -> None:
@@ -126,12 +134,7 @@ def ddp_module_loop(r: Rank) -> None:
         t3 = time.perf_counter()
         if committed:
             core.step = m.current_step()
-        tokens = _tokens(r, batch)
-        r.tokens_per_sync = tokens
-        core.last_compute_s = t2 - t1
-        if committed:
-            r.on_step(core.step, loss, tokens, (t1 - t0) + (t3 - t2))
-        r.on_sync(core.step, committed, digest(named[n] for n in sorted(named)))
+        _record_step(r, batch, loss, committed, (t0, t1, t2, t3))
 
 
 def fragments(core: LearnerCore) -> list[nn.Module]:
