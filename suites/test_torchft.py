@@ -155,7 +155,10 @@ def test_lighthouse_killed_with_quorum_retries_is_survived(run_scenario):
     assert all(after.values()), "every group committed again under the new Lighthouse"
     before = {e["quorum_id"] for m in range(3) for e in committed(res.events, m) if e["t"] < start["t"]}
     assert before == {1}, f"one quorum of all three before the kill: {before}"
-    first_id = min(after.values(), key=lambda es: es[0]["t"])[0]["quorum_id"]
+    # every sync under the new Lighthouse, committed or not: its quorum 1 is the first; a group whose old quorum
+    # id was 1 too may fail that step (below) and commit first in quorum 2 (measured: 1 run in 2 on a loaded CI)
+    synced = [e for e in res.events if e["ev"] == "torchft_sync" and e["t"] > restart["t"]]
+    first_id = min(synced, key=lambda e: e["t"])["quorum_id"]
     assert first_id == 1, f"the new Lighthouse numbers its quorums from 1 again (measured): {first_id}"
     first = min(e["t"] for es in after.values() for e in es)
     stall = longest_stall(res.events, [0, 1, 2], start["t"], first)

@@ -173,8 +173,10 @@ def test_nothing_of_a_torchrun_run_outlives_a_sigkilled_supervisor(tmp_path):
 
 
 def test_a_slow_learner_through_its_host_agent_keeps_to_its_speed(run_scenario):
-    fault = {"action": "slow", "learner": 1, "speed": 0.5, "at": {"step": 10, "learner": 0},
-             "until": {"step": 70, "learner": 0}}
+    # started by the slowed learner's own progress: torchrun starts the learners' workers one after the other, and
+    # a learner 1 still starting when learner 0 reached step 10 was behind its target without a stop (cycles 0)
+    fault = {"action": "slow", "learner": 1, "speed": 0.5, "at": {"step": 10, "learner": 1},
+             "until": {"step": 75, "learner": 0}}
     res = run_scenario(from_dict(table("torchrun", 90, learners=2, faults=[fault])))
     (p,) = res.report["speed_profiles"]
     (off,) = res.of("process_fault_off")
