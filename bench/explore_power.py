@@ -71,7 +71,7 @@ class Power:
 def explore(mutation: str, a: argparse.Namespace, out: Path) -> Power:
     """Explore with the mutation, then rerun the minimal incident of the catching invariant `a.reruns` times."""
     env = dict(os.environ, **{ENV_VAR: mutation})
-    cmd = [sys.executable, "-m", "diloco_chaos.harness.cli", "explore", a.scenario, "--budget-s", str(a.budget_s),
+    cmd = [sys.executable, "-m", "diloco_chaos.harness.entry", "explore", a.scenario, "--budget-s", str(a.budget_s),
            "--until-found",
            "--seed", str(a.seed), "--out", str(out), *(x for s in a.set for x in ("--set", s))]
     t0 = time.monotonic()

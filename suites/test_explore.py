@@ -67,7 +67,7 @@ shrink_runs = 2
 confirm_runs = 1
 confirm_must_fail = 1
 """
-CLI = [sys.executable, "-m", "diloco_chaos.harness.cli"]
+CLI = [sys.executable, "-m", "diloco_chaos.harness.entry"]
 
 
 def test_explore_finds_shrinks_and_reproduces_a_planted_bug(tmp_path: Path) -> None:

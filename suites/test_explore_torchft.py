@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.torchft, pytest.mark.timeout(600)]
 SETS = ['explore.kinds=["kill_learner"]', "explore.max_faults=1", "explore.steps=100", "explore.last_step=20",
         "explore.min_duration_s=0.5", "explore.max_duration_s=0.5", "explore.within_s=0.01", "explore.tries=1",
         "explore.must_fail=1", "explore.shrink_runs=1", "explore.confirm_runs=1", "explore.confirm_must_fail=1"]
-CLI = [sys.executable, "-m", "diloco_chaos.harness.cli"]
+CLI = [sys.executable, "-m", "diloco_chaos.harness.entry"]
 JUDGED = ("replicas_agree", "commits_monotonic", "quorum_ids_monotonic", "quorum_floor", "rejoined", "converged")
 
 

@@ -430,7 +430,7 @@ def test_syncer_crash_failure_work_kept_catches_final_pushes_dropped_on_rejoin(t
     runs = tmp_path / "runs"
     env = dict(os.environ, **{ENV_VAR: "final_before_rejoin"})
     scenario = _finish_in_outage(tmp_path, degrade_at=60)
-    out = subprocess.run([sys.executable, "-m", "diloco_chaos.harness.cli", "run", str(scenario), "--runs-dir",
+    out = subprocess.run([sys.executable, "-m", "diloco_chaos.harness.entry", "run", str(scenario), "--runs-dir",
                           str(runs)], env=env, capture_output=True, text=True, timeout=300)
     (run_dir,) = [d for d in runs.iterdir() if d.is_dir()]
     result = spec("work_kept")(run_dir)

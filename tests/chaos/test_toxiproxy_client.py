@@ -394,7 +394,7 @@ def test_two_clients_do_not_cross(echo: str) -> None:
 
 def test_cli_toxiproxy_server_runs_and_stops_on_sigterm(echo: str) -> None:
     port = free_port()
-    cmd = [sys.executable, "-m", "diloco_chaos.harness.cli", "toxiproxy-server", "--port", str(port), "--seed", "3",
+    cmd = [sys.executable, "-m", "diloco_chaos.harness.entry", "toxiproxy-server", "--port", str(port), "--seed", "3",
            "--log-level", "warning"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)

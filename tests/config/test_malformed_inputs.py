@@ -43,7 +43,7 @@ def test_a_malformed_file_exits_2_naming_its_key(path: Path, capsys: pytest.Capt
 
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "diloco_chaos.harness.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "diloco_chaos.harness.entry", *args], capture_output=True, text=True,
                           timeout=120, cwd=cwd)
 
 

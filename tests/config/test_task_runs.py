@@ -49,7 +49,7 @@ def test_children_import_a_task_module_the_forkserver_never_saw(run_scenario: An
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """The forkserver is already running (its sys.path fixed) when the task's module first appears, in a
     directory that is only the working directory: the run's processes import it from the recorded task.path."""
-    from diloco_chaos.harness.run.supervisor import context
+    from diloco_chaos.harness.run.forkserver import context
 
     p = context().Process(target=time.sleep, args=(0,))  # starts the forkserver now, if it was not yet
     p.start()

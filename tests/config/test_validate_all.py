@@ -144,7 +144,7 @@ def test_the_number_of_errors_reported_is_capped() -> None:
 def test_run_refuses_with_every_error_before_any_process_starts(tmp_path: Path) -> None:
     path = tmp_path / "several.toml"
     path.write_text(SEVERAL)
-    res = subprocess.run([sys.executable, "-m", "diloco_chaos.harness.cli", "run", str(path), "--quiet",
+    res = subprocess.run([sys.executable, "-m", "diloco_chaos.harness.entry", "run", str(path), "--quiet",
                           "--runs-dir", str(tmp_path / "runs")], capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert len([x for x in res.stderr.splitlines() if x.startswith("diloco-chaos: invalid scenario: ")]) == 5

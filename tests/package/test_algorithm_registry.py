@@ -85,7 +85,7 @@ def early_forkserver() -> None:
     started it): its children do not see the variable, they learn of the plugin from their specs."""
     from multiprocessing import forkserver
 
-    from diloco_chaos.harness.run.supervisor import context
+    from diloco_chaos.harness.run.forkserver import context
 
     assert algorithms.PLUGINS_ENV not in os.environ
     context()
@@ -122,10 +122,10 @@ def test_a_toy_algorithm_validates_runs_compares_and_reports(early_forkserver: N
     doc = tmp_path / "toy.toml"
     doc.write_text(f'algorithm = "{TOY}"\n[topology]\nlearners = 2\nchips_per_learner = 1\n[train]\nsteps = 20\n')
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PACKAGE.parent), os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run([sys.executable, "-m", "diloco_chaos.harness.cli", "validate", str(doc)], env=env,
+    out = subprocess.run([sys.executable, "-m", "diloco_chaos.harness.entry", "validate", str(doc)], env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and f"{TOY}" in out.stdout, out.stdout + out.stderr
-    bad = subprocess.run([sys.executable, "-m", "diloco_chaos.harness.cli", "validate", str(doc)], timeout=120,
+    bad = subprocess.run([sys.executable, "-m", "diloco_chaos.harness.entry", "validate", str(doc)], timeout=120,
                          env={k: v for k, v in env.items() if k != algorithms.PLUGINS_ENV},
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "must be one of decoupled, diloco, ddp, elastic_ddp" in bad.stdout + bad.stderr

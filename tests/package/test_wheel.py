@@ -46,5 +46,5 @@ def test_wheel_installs_only_diloco_chaos(tmp_path: Path) -> None:
     assert (scenarios / "default.toml").is_file(), "the built-in scenarios are package data"
     assert (scenarios / "fault-free.toml").is_file(), "the quiet twin of the default ships too"
     entry = (site / next(a for a in added if a.endswith(".dist-info")) / "entry_points.txt").read_text()
-    assert "diloco-chaos = diloco_chaos.harness.cli:main" in entry
+    assert "diloco-chaos = diloco_chaos.harness.entry:main" in entry
     assert "diloco_chaos = diloco_chaos.harness.testing.pytest_plugin" in entry

@@ -35,8 +35,9 @@ def test_replay_reproduces_the_fault_timeline(runs_dir):
     sc = tiny("decoupled", learners=2, chips=1, steps=60).replace(faults=FAULTS)
     first = run_scenario(sc, runs_dir)
     assert recorded_scenario(first.run_dir) == sc
-    out = subprocess.run([sys.executable, "-m", "diloco_chaos.harness.cli", "replay", str(first.run_dir), "--runs-dir",
-                          str(runs_dir / "replays"), "--quiet"], capture_output=True, text=True, timeout=240)
+    out = subprocess.run([sys.executable, "-m", "diloco_chaos.harness.entry", "replay", str(first.run_dir),
+                          "--runs-dir", str(runs_dir / "replays"), "--quiet"],
+                         capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr
     assert "verdicts: the same in both runs" in out.stdout, out.stdout
     (replay_dir,) = (runs_dir / "replays").iterdir()
@@ -82,8 +83,9 @@ def test_replay_with_a_mutation_exits_1_naming_the_verdict_that_differs(runs_dir
     recorded = recorded_invariants(first.run_dir)
     assert recorded is not None and all(f.ok for f in recorded), recorded
     env = {**os.environ, "DILOCO_CHAOS_MUTATION": "drop_pushes"}
-    out = subprocess.run([sys.executable, "-m", "diloco_chaos.harness.cli", "replay", str(first.run_dir), "--runs-dir",
-                          str(runs_dir / "replays"), "--quiet"], capture_output=True, text=True, timeout=240,
+    out = subprocess.run([sys.executable, "-m", "diloco_chaos.harness.entry", "replay", str(first.run_dir),
+                          "--runs-dir", str(runs_dir / "replays"), "--quiet"],
+                         capture_output=True, text=True, timeout=240,
                          env=env)
     assert out.returncode == 1, out.stdout + out.stderr
     (row,) = [ln for ln in out.stdout.splitlines() if ln.startswith("invariant pushes_received ")]

@@ -167,7 +167,7 @@ def test_a_mutated_run_is_warned_about_and_recorded(tmp_path: Path) -> None:
                         '[train]\nsteps = 20\nwarmup_steps = 10\n[diloco]\nfragments = 4\nsync_every = 4\n'
                         'overlap = 1\n[eval]\nbatches = 2\n')
     env = {**os.environ, mutations.ENV_VAR: name, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-m", "diloco_chaos.harness.cli", "run", str(scenario), "--quiet",
+    out = subprocess.run([sys.executable, "-m", "diloco_chaos.harness.entry", "run", str(scenario), "--quiet",
                           "--runs-dir", str(tmp_path / "runs")], env=env, capture_output=True, text=True,
                          timeout=240, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]

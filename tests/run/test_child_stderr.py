@@ -38,7 +38,7 @@ until = { after_s = 8.0 }
 """)
     # a fresh interpreter, as a person runs it: its forkserver's stderr is this terminal's (the pipe read here)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-m", "diloco_chaos.harness.cli", "run", str(path), "--runs-dir",
+    done = subprocess.run([sys.executable, "-m", "diloco_chaos.harness.entry", "run", str(path), "--runs-dir",
                            str(tmp_path / "runs")],
                           capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     terminal = done.stdout + done.stderr

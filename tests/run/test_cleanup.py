@@ -13,7 +13,7 @@ import pytest
 
 from diloco_chaos.harness.testing.pytest_plugin import wait_for
 
-CLI = [sys.executable, "-m", "diloco_chaos.harness.cli"]
+CLI = [sys.executable, "-m", "diloco_chaos.harness.entry"]
 TRACED_CLI = [sys.executable, "-c", "import faulthandler, signal, sys; faulthandler.register(signal.SIGUSR1, "
               "all_threads=True); from diloco_chaos.harness.cli import main; sys.exit(main())"]
 """The command line with a stack dump of every thread on SIGUSR1: what a supervisor that does not stop after a

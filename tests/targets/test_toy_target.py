@@ -71,7 +71,7 @@ def test_the_toy_validates_and_refuses_by_its_descriptor(toy: targets.Target, tm
     doc.write_text('algorithm = "toy_avg"\n[topology]\nlearners = 2\nchips_per_learner = 1\n[train]\nsteps = 20\n'
                    '[target]\nsystem = "toy"\n')
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    cli = [sys.executable, "-m", "diloco_chaos.harness.cli", "validate", str(doc)]
+    cli = [sys.executable, "-m", "diloco_chaos.harness.entry", "validate", str(doc)]
     out = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "toy_avg" in out.stdout, out.stdout + out.stderr
     bad = subprocess.run(cli, env={k: v for k, v in env.items() if k != algorithms.PLUGINS_ENV},

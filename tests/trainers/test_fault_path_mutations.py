@@ -45,7 +45,7 @@ PLANTED = {
 def cli_run(tmp_path: Path, mutation: str, incident: Path | None) -> Path:
     """Run the planted scenario (with `incident` on top) through the CLI under `mutation`; its run directory."""
     runs = tmp_path / ("faulty" if incident is not None else "fault-free")
-    cmd = [sys.executable, "-m", "diloco_chaos.harness.cli", "run", str(SCENARIO), "--runs-dir", str(runs)]
+    cmd = [sys.executable, "-m", "diloco_chaos.harness.entry", "run", str(SCENARIO), "--runs-dir", str(runs)]
     if incident is not None:
         cmd += ["--incident", str(incident)]
     env = {**os.environ, ENV_VAR: mutation, "PYTHONPATH": str(ROOT)}

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 import torch
+from torch.overrides import TorchFunctionMode
 
 from diloco_chaos.harness.algorithms import base as algorithms
 from diloco_chaos.harness.config.sections import Found, ScenarioError
@@ -72,11 +73,30 @@ def scenario_task(sc: Scenario) -> Task:
     return task
 
 
+_RANDOM_FILLS = frozenset({"normal_", "uniform_", "random_", "bernoulli_", "exponential_", "log_normal_",
+                           "cauchy_", "geometric_", "erfinv_"})
+
+
+class _SkipMetaInit(TorchFunctionMode):
+    """Leaves a meta tensor's random initialization undone: a meta tensor holds no values to fill, and torch
+    runs `normal_` on meta through its Python reference, whose first call imports torch._dynamo (about 2 s of
+    CPU that every `diloco-chaos run` would pay before its first process starts)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") in _RANDOM_FILLS:
+            t = args[0] if args else kwargs.get("tensor", kwargs.get("self"))
+            if isinstance(t, torch.Tensor) and t.is_meta:
+                return t
+        return func(*args, **kwargs)
+
+
 def shape_model(task: Task) -> torch.nn.Module:
-    """The task's model built on the meta device (shapes, no storage), so a model too large for this machine
-    can be counted; built for real when its code cannot run on meta."""
+    """The task's model built on the meta device (shapes, no storage, no initial values), so a model too large
+    for this machine can be counted; built for real when its code cannot run on meta."""
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), _SkipMetaInit():
             return task.build_model(0)
     except Exception:  # noqa: BLE001 - e.g. a factory that reads values back; the real build reports its errors
         return task.build_model(0)

@@ -1,7 +1,7 @@
 """Running one schedule for real, and judging it.
 
 What: `run_trial` writes the schedule as an incident file in its own folder and runs
-`python -m diloco_chaos.harness.cli run SCENARIO --set ... --incident FILE --runs-dir FOLDER --quiet` as a child
+`python -m diloco_chaos.harness.entry run SCENARIO --set ... --incident FILE --runs-dir FOLDER --quiet` as a child
 process: exactly what a user's `diloco-chaos run` does (the same validation, the same run directory), with this
 process's environment, so a DILOCO_CHAOS_MUTATION reaches every process of the run. Its verdicts are read from
 the run directory (invariants.json, through diloco_chaos/harness/report/results.py `invariant_figures`), plus the
@@ -75,7 +75,7 @@ def run_trial(base: Base, trial: Trial, default_learners: int, folder: Path, ex:
     """Run `trial` once in `folder` (created; it gets incident.toml and the run directory) and judge it."""
     folder.mkdir(parents=True, exist_ok=True)
     incident = write_incident(folder / "incident.toml", trial.tables(), f"explore {phase} run {index}")
-    cmd = [sys.executable, "-m", "diloco_chaos.harness.cli", "run", *base.run_args(trial, default_learners),
+    cmd = [sys.executable, "-m", "diloco_chaos.harness.entry", "run", *base.run_args(trial, default_learners),
            "--incident", str(incident), "--runs-dir", str(folder), "--quiet"]
     t0 = time.monotonic()
     common = dict(index=index, phase=phase, seed=seed, faults=tuple(trial.tables()), steps=trial.steps,

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import multiprocessing as mp
 import os
 import signal
 import sys
@@ -55,6 +54,7 @@ from diloco_chaos.harness.record.run import (
 )
 from diloco_chaos.harness.run.fault_runner import FaultRunner
 from diloco_chaos.harness.run.finish import finish_run
+from diloco_chaos.harness.run.forkserver import context
 from diloco_chaos.harness.run.procutil import main_thread, signal_proc, wait_any
 from diloco_chaos.harness.run.rundir import (
     CONFIG_FILE,
@@ -81,22 +81,6 @@ FAULT_POLL_S = 0.05
 SLOW_POLL_S = 0.02
 """The same while a `slow` fault holds a learner to a speed: its controller (diloco_chaos/chaos/processes.py) sees the
 learners' steps this late at most, so a learner overshoots its step budget by about this much time."""
-PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "diloco_chaos.harness.learner.chip",
-           "diloco_chaos.harness.syncer.service"]
-"""Imported once in the forkserver. torch._dynamo is what the first AdamW construction imports (1.6 s of CPU
-per chip process on this machine, measured with -X importtime); preloaded, a chip is ready in ~0.1 s."""
-_ctx: Any = None
-
-
-def context() -> Any:
-    """The forkserver context, with the heavy imports preloaded once per supervisor process."""
-    global _ctx
-    if _ctx is None:
-        _ctx = mp.get_context("forkserver")
-        _ctx.set_forkserver_preload(PRELOAD)
-    return _ctx
-
-
 class RunFailed(RuntimeError):
     """The run did not complete; the message says which process or bound failed."""
 
