@@ -96,29 +96,26 @@ def test_every_field_of_every_record_is_documented() -> None:
 
 def _emitted() -> dict[str, list[tuple[str, set[str]]]]:
     """kind -> (where, keywords) of every `on_event("kind", ...)` (the chaos layer's, written by `EventLog.named`) /
-    `*.write(Record(...))` call in the code (a record imported under another name, `Push as PushEvent`, counted as
-    its own)."""
+    `Record(...)` construction in the code (written by `*.write(Record(...))` or in a list by `write_all`; a record
+    imported under another name, `Push as PushEvent`, counted as its own)."""
     out: dict[str, list[tuple[str, set[str]]]] = {}
     by_class = {cls.__name__: kind for kind, cls in REGISTRY.items()}
     for pkg in ("harness", "trainers", "chaos"):
         for path in sorted((ROOT / "diloco_chaos" / pkg).rglob("*.py")):
             tree = ast.parse(path.read_text())
-            kinds = dict(by_class)
-            kinds.update({a.asname: by_class[a.name] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
-                          and (n.module or "").startswith("diloco_chaos.harness.record")
-                          for a in n.names if a.asname and a.name in by_class})
+            kinds = {a.asname or a.name: by_class[a.name] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                     and (n.module or "").startswith("diloco_chaos.harness.record")
+                     for a in n.names if a.name in by_class}  # records this module imports, by the name it uses
             for n in ast.walk(tree):
                 if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
                         and n.func.attr in ("named", "on_event") and n.args and isinstance(n.args[0], ast.Constant)
                         and isinstance(n.args[0].value, str)):
                     where = f"{path.relative_to(ROOT)}:{n.lineno}"
                     out.setdefault(n.args[0].value, []).append((where, {k.arg for k in n.keywords if k.arg}))
-                elif (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)  # events.write(Record(...))
-                        and n.func.attr in ("write", "write_line") and n.args and isinstance(n.args[0], ast.Call)
-                        and isinstance(n.args[0].func, ast.Name) and n.args[0].func.id in kinds):
-                    rec = n.args[0]
+                elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in kinds:
+                    # Record(...): built to be written, by events.write(Record(...)) or in a list for write_all
                     where = f"{path.relative_to(ROOT)}:{n.lineno}"
-                    out.setdefault(kinds[rec.func.id], []).append((where, {k.arg for k in rec.keywords if k.arg}))
+                    out.setdefault(kinds[n.func.id], []).append((where, {k.arg for k in n.keywords if k.arg}))
     return out
 
 

@@ -71,3 +71,22 @@ def test_named_refuses_a_misspelled_field_naming_it(tmp_path: Path, strict: bool
     flap, fault = read_records(tmp_path / EVENTS_FILE)  # nothing refused reached the file
     assert isinstance(flap, LinkFlap) and (flap.learner, flap.down, flap.proc) == (1, True, "supervisor")
     assert isinstance(fault, ProcessFault) and fault.pids == [7] and fault.speed is None
+
+
+def test_write_all_puts_its_records_in_one_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A push and the reason it was superseded go out together (diloco_chaos/harness/syncer/decoupled.py): one
+    os.write, so a syncer SIGKILLed between them cannot leave the push without its reason (updates_accounted
+    then reported it lost: a CI run of tests/trainers/test_fault_path_mutations.py, 2026-12-07)."""
+    import os
+
+    writes: list[bytes] = []
+    real = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: writes.append(bytes(data)) or real(fd, data))
+    log = EventLog(tmp_path / EVENTS_FILE, "syncer", strict=True)
+    try:
+        log.write_all([LinkFlap(learner=0, down=True), LinkFlap(learner=0, down=False)])
+        log.write(LinkFlap(learner=1, down=True))
+    finally:
+        log.close()
+    assert len(writes) == 2 and writes[0].count(b"\n") == 2, writes
+    assert [(r.learner, r.down) for r in read_records(tmp_path / EVENTS_FILE)] == [(0, True), (0, False), (1, True)]

@@ -56,6 +56,11 @@ class EventLog:
         holds in it. The way every event is written: a field the record lacks is a type error at the call site."""
         self._append(rec.EV, _body(rec))
 
+    def write_all(self, recs: list[Event]) -> None:
+        """Append several typed records with one os.write: a process killed while writing them leaves all of them
+        or none, never a record without the one that completes it (a push and the reason it was superseded)."""
+        self._append_many([(rec.EV, _body(rec)) for rec in recs])
+
     def write_line(self, rec: Event) -> str:
         """`write`, returning the line written (JSON, without its newline) as a reader of the file will read it: the
         post-run phase keeps what it wrote without reading the file again (diloco_chaos/harness/run/finish.py)."""
@@ -72,16 +77,23 @@ class EventLog:
     def _append(self, kind: str, fields: dict[str, Any]) -> str:
         """Encode one event and write it with a single os.write on the O_APPEND descriptor (lines from concurrent
         processes never interleave); in strict mode parse it into its record first."""
-        rec = {"t": time.monotonic(), "wall": time.time(), "pid": os.getpid(), "proc": self.proc, "ev": kind}
-        rec.update(fields)
-        text = json.dumps(rec, separators=(",", ":"), default=_jsonable)
-        if self._check is not None:
-            self._check(json.loads(text))
-        line = (text + "\n").encode()
+        return self._append_many([(kind, fields)])[0]
+
+    def _append_many(self, events: list[tuple[str, dict[str, Any]]]) -> list[str]:
+        """Encode the events in order and write them with a single os.write (see `_append`); their lines."""
+        texts = []
+        for kind, fields in events:
+            rec = {"t": time.monotonic(), "wall": time.time(), "pid": os.getpid(), "proc": self.proc, "ev": kind}
+            rec.update(fields)
+            text = json.dumps(rec, separators=(",", ":"), default=_jsonable)
+            if self._check is not None:
+                self._check(json.loads(text))
+            texts.append(text)
+        data = "".join(text + "\n" for text in texts).encode()
         with self._lock:
             if self._fd >= 0:
-                os.write(self._fd, line)
-        return text
+                os.write(self._fd, data)
+        return texts
 
     def close(self) -> None:
         with self._lock:

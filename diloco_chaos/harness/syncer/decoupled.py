@@ -15,6 +15,7 @@ import time
 
 from diloco_chaos.harness.config.scenario import Scenario
 from diloco_chaos.harness.config.task_check import scenario_task
+from diloco_chaos.harness.record.base import Event
 from diloco_chaos.harness.record.events import EventLog
 from diloco_chaos.harness.record.syncer import (
     BudgetReached,
@@ -154,10 +155,12 @@ class DecoupledHandler:
         if outcome in (PushOutcome.ACCEPTED, PushOutcome.CARRIED):
             rnd = self.core.rounds[push.fragment]
             into_round = rnd.round_id if rnd is not None else None
-        self.events.write(PushEvent(learner=learner, fragment=push.fragment, round=round_id, c_steps=push.c_steps,
-                                    c_tokens=push.c_tokens, first_step=push.first_step, last_step=push.last_step,
-                                    base_version=push.base_version, outcome=outcome, final=push.final,
-                                    joined=into_round))
+        # the push and what became of it in one write: a syncer killed here leaves both records or neither
+        records: list[Event] = [PushEvent(
+            learner=learner, fragment=push.fragment, round=round_id, c_steps=push.c_steps, c_tokens=push.c_tokens,
+            first_step=push.first_step, last_step=push.last_step, base_version=push.base_version, outcome=outcome,
+            final=push.final, joined=into_round)]
+        resend = False
         if outcome in (PushOutcome.STALE, PushOutcome.UNANCHORED, PushOutcome.BEFORE_REJOIN, PushOutcome.LAGGING,
                        PushOutcome.OVERWRITTEN):
             if outcome is PushOutcome.STALE:
@@ -177,21 +180,23 @@ class DecoupledHandler:
             else:
                 reason = (f"stale: based on version {push.base_version}, older than the "
                           f"{self.sc.diloco.anchor_history} versions held to anchor it")
-            self.events.write(PushSuperseded(learner=learner, fragment=push.fragment, reason=reason,
-                                             cause=SupersededCause.of(outcome), first_step=push.first_step,
-                                             last_step=push.last_step, base_version=push.base_version))
+            records.append(PushSuperseded(learner=learner, fragment=push.fragment, reason=reason,
+                                          cause=SupersededCause.of(outcome), first_step=push.first_step,
+                                          last_step=push.last_step, base_version=push.base_version))
             # it stepped on without the merge, or is too far behind: send it the fragment's current value
             # (an overwritten push's learner was just sent the merge it was not in)
-            if outcome is not PushOutcome.OVERWRITTEN and (
-                    outcome in (PushOutcome.UNANCHORED, PushOutcome.LAGGING) or self.core.missed_broadcast(push)):
-                self._resend_current(learner, push.fragment, reason=outcome.value)
+            resend = outcome is not PushOutcome.OVERWRITTEN and (
+                outcome in (PushOutcome.UNANCHORED, PushOutcome.LAGGING) or self.core.missed_broadcast(push))
         elif outcome not in (PushOutcome.ACCEPTED, PushOutcome.CARRIED):
-            self.events.write(PushRejected(learner=learner, fragment=push.fragment, reason=outcome.value,
-                                           first_step=push.first_step, last_step=push.last_step))
+            records.append(PushRejected(learner=learner, fragment=push.fragment, reason=outcome.value,
+                                        first_step=push.first_step, last_step=push.last_step))
         if superseded is not None:
-            self.events.write(PushSuperseded(learner=learner, fragment=push.fragment, round=into_round,
-                                             reason="newer push in the same round", cause=SupersededCause.NEWER,
-                                             first_step=superseded.first_step, last_step=superseded.last_step))
+            records.append(PushSuperseded(learner=learner, fragment=push.fragment, round=into_round,
+                                          reason="newer push in the same round", cause=SupersededCause.NEWER,
+                                          first_step=superseded.first_step, last_step=superseded.last_step))
+        self.events.write_all(records)
+        if resend:
+            self._resend_current(learner, push.fragment, reason=outcome.value)
 
     def _send_pull(self, pull: Pull) -> None:
         msg = Message(MsgType.PULL, {"fragment": pull.fragment, "round": pull.round_id})
