@@ -59,9 +59,14 @@ def test_torchft_rows_follow_the_builtin_ones_and_are_not_judged(tmp_path: Path)
     sc = scenario_mod.builtin("fault-free")
     asked: list[Scenario] = []
     rows = compare(sc, runner=fake_runner(tmp_path, asked))
-    assert [r.algorithm for r in rows] == ["ddp", *compared(), *beside()]
+    # torchft_diloco runs one rank per group: its `converged` is judged against a fault-free ddp on that topology
+    assert [r.algorithm for r in rows] == ["ddp", *compared(), "torchft_ddp", "ddp", "torchft_diloco"]
+    assert [s.topology.chips_per_learner for s in asked] == [2] * (2 + len(compared())) + [1, 1]
+    assert rows[-2].label == "ddp, fault-free (4 x 1)" and not asked[-2].faults
+    assert rows[-1].note is not None and rows[-1].note.endswith("converged judged against ddp, fault-free (4 x 1)")
+    assert "converged judged" not in (rows[-3].note or "")
     assert all(r.ran for r in rows)
-    by = {r.algorithm: r for r in rows[1:]}
+    by = {r.algorithm: r for r in rows[1:] if r.label.endswith("with faults")}
     assert by["torchft_ddp"].goodput == 0.95 and by["torchft_ddp"].vs_fault_free_ddp == 0.0
     claims = [c.claim for c in verdict(rows)]
     assert claims and not any("torchft" in c for c in claims), claims

@@ -128,7 +128,11 @@ def compare(sc: Scenario, runs_dir: str | os.PathLike[str] | None = None,
     `baseline`, fault-free ddp first); returns one row per run, each with `vs_fault_free_ddp` (its final eval loss
     minus the reference's) when there is a reference. An algorithm of another system runs `registry.switch(sc,
     alg)` (its row's `note` says what changed); one whose target refuses the scenario gets a row that was not
-    run (`ran` false, `note` the refusal) instead of stopping the comparison.
+    run (`ran` false, `note` the refusal) instead of stopping the comparison. A row whose scenario got another
+    topology (torchft_diloco: one rank per replica group) is judged `converged` against a fault-free reference
+    run on that topology, a row of its own before it: half the chips train on half the tokens, so the compared
+    topology's reference would charge the topology to the fault. `vs_fault_free_ddp` stays against the compared
+    scenario's reference, for every row.
 
     `runner(scenario)` makes each run and returns something with `report` and `run_dir` (default:
     diloco_chaos.harness.run.supervisor.run_scenario into `runs_dir`; a suite passes the pytest plugin's `run_scenario`
@@ -139,12 +143,24 @@ def compare(sc: Scenario, runs_dir: str | os.PathLike[str] | None = None,
         runner = lambda s: run_scenario(s, runs_dir)  # noqa: E731
     rows: list[RunRow] = []
     ref: float | None = None
+    ref_alg = quality_reference()
+    refs: dict[Any, float | None] = {}  # topology -> the fault-free reference's final eval on it
+
+    def reference(topology: Any) -> float | None:
+        """The fault-free reference's final eval on `topology`: its row is run once, the first time it is needed
+        (the compared scenario's own topology first; another for a row whose scenario compare adapted)."""
+        if topology not in refs:
+            label = f"{ref_alg}, fault-free" + ("" if topology == sc.topology else
+                                                f" ({topology.learners} x {topology.chips_per_learner})")
+            ref_sc = registry.switch(sc.replace(faults=(), topology=topology), ref_alg)[0]
+            rows.append(row(label, runner(ref_sc)))
+            refs[topology] = rows[-1].final_eval_loss
+            if on_run is not None:
+                on_run(rows[-1])
+        return refs[topology]
+
     if baseline:
-        ref_alg = quality_reference()
-        rows.append(row(f"{ref_alg}, fault-free", runner(registry.switch(sc.replace(faults=()), ref_alg)[0])))
-        ref = rows[-1].final_eval_loss
-        if on_run is not None:
-            on_run(rows[-1])
+        ref = reference(sc.topology)
     for alg in (*compared(), *beside()) if algorithms is None else algorithms:
         label = f"{alg}, with faults"
         try:
@@ -153,7 +169,13 @@ def compare(sc: Scenario, runs_dir: str | os.PathLike[str] | None = None,
             rows.append(not_run(label, sc, alg, f"the {registry.get(alg).system} target refuses the scenario: "
                                                 f"{' '.join(str(e).split())}"))
         else:
-            rows.append(explain(row(label, runner(alg_sc), ref, sc.train.steps), alg_sc))
+            own_ref = ref
+            if baseline and alg_sc.topology != sc.topology:  # judged against the reference on its own topology
+                own_ref = reference(alg_sc.topology)
+                t = alg_sc.topology
+                note = (f"{note}; " if note else "") + (f"converged judged against {ref_alg}, fault-free "
+                                                         f"({t.learners} x {t.chips_per_learner})")
+            rows.append(explain(row(label, runner(alg_sc), own_ref, sc.train.steps), alg_sc))
             if note is not None:
                 rows[-1] = dataclasses.replace(rows[-1], note=note)
         if on_run is not None:
