@@ -174,6 +174,8 @@ class SyncerService:
             # a learner that closed first would lose what its (or its proxy's) send buffer still held. Its own
             # BYE first: a learner whose connection ends without it sends its final pushes again
             # (diloco_chaos/harness/learner/syncer_link.py)
+            # (not behind fragment values it will never apply: on a slow link those held it past the syncer's end)
+            self.transport.drop_fragments(conn)
             self.transport.send(conn, Message(MsgType.BYE, {}))
             self.transport.close_after_sent(conn, "learner said BYE")
         elif not self.handler.on_message(learner, msg):

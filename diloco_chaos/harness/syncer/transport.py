@@ -75,6 +75,8 @@ class Conn:
     data_rx_s: float = 0.0
     opened_at: float = field(default_factory=time.monotonic)
     stats_logged: bool = False
+    closing: bool = False
+    """A close is queued behind what was sent before it (`close_after_sent`: the answer to a learner's BYE)."""
     auth: FrameAuth | None = None
     """The connection's frame keys once the handshake has passed: every frame after it is signed."""
     codec: WireCodec = field(default_factory=lambda: WireCodec("fp32"))
@@ -313,15 +315,29 @@ class Transport:
         self.log_link_stats(conn)
 
     def shutdown(self) -> None:
-        """Stop accepting and close every connection (each logs its link stats once)."""
+        """Stop accepting and close every connection (each logs its link stats once). A connection whose close
+        is queued (the answer to a learner's BYE, `close_after_sent`) gets up to 2 x socket_op_s first (the frame
+        its writer is sending, then the answer): without the answer the learner's link cannot tell a finished
+        syncer from a crashed one, and sends its final pushes again until timeouts.final_flush_s."""
         self.stop.set()
         self.listener.close()
         with self.lock:
             conns = list(self.conns.values())
+        deadline = time.monotonic() + 2 * self.t.socket_op_s
+        for conn in conns:
+            if conn.closing:
+                conn.closed.wait(max(0.0, deadline - time.monotonic()))
         for conn in conns:
             self.close(conn, "syncer finished")
 
     # -- sending (main loop) ---------------------------------------------------------------------
+    def drop_fragments(self, conn: Conn) -> None:
+        """Forget the fragment values still waiting to go to this connection (its learner said BYE: it applies
+        nothing more), so what is queued after them (the answer to its BYE) is not held behind them on a slow
+        link; their markers in `outq` find nothing and are skipped."""
+        with conn.latest_lock:
+            conn.latest.clear()
+
     def send_fragment(self, conn: Conn, p: int, msg: Message) -> None:
         """Queue fragment p's newest merged value: replaces an older one still waiting on this connection."""
         with conn.latest_lock:
@@ -337,6 +353,7 @@ class Transport:
         """Close the connection once its writer has sent everything queued before this call."""
         if conn.closed.is_set():
             return
+        conn.closing = True
         try:
             conn.outq.put(("close", reason), timeout=self.t.socket_op_s)
         except queue.Full:  # a stalled writer: close now
