@@ -100,12 +100,16 @@ def test_default_shape_converges_under_torchrun_with_a_local_runs_events(run_sce
 def test_a_kill_chip_and_a_freeze_through_the_host_agents(run_scenario):
     """kill_chip restarts the learner as a new torchrun; freeze stops a learner's workers and its link process
     (the agent's child-process expansion) and the agent lets them go on."""
-    faults = [{"action": "kill_chip", "learner": 1, "chip": 1, "at": {"step": 15, "learner": 0}},
+    # the kill by learner 1's own progress: at learner 0's step 15 learner 1's torchrun may still be starting its
+    # workers (tests/hosts/test_remote_hosts.py's twin failed so in CI: "learner 1 has no live chip process to hit")
+    faults = [{"action": "kill_chip", "learner": 1, "chip": 1, "at": {"step": 15, "learner": 1}},
               {"action": "freeze", "learner": 0, "at": {"step": 30, "learner": 0}, "until": {"after_s": FREEZE_S}}]
     res = run_scenario(from_dict(table("torchrun", 60, learners=2, faults=faults,
                                        recovery={"policy": "restart", "repair_s": REPAIR_S, "max_restarts": 2})))
     evs = res.events
-    hit, frozen = res.of("process_fault")
+    done = res.of("process_fault")
+    assert sorted(e["kind"] for e in done) == ["freeze", "kill_chip"], done  # in either order
+    hit, frozen = (next(e for e in done if e["kind"] == kind) for kind in ("kill_chip", "freeze"))
     (thawed,) = res.of("process_fault_off")
     learner0 = {e["pid"] for e in evs if e["proc"].startswith("learner0.") and e["ev"] in ("chip_start",
                                                                                             "link_process_start")}
