@@ -157,8 +157,9 @@ def _first(events: list[dict[str, Any]], ev: str, **match: Any) -> dict[str, Any
 
 
 def test_a_fault_after_the_syncer_restored_fires_after_its_restore(tmp_path: Path) -> None:
-    """decoupled 2x1: kill_syncer at step 15; a degrade waits for the restore, then 0.3 s."""
-    table = tiny_table("decoupled", learners=2, chips=1, steps=60,
+    """decoupled 2x1: kill_syncer at step 15; a degrade waits for the restore, then 0.3 s. 200 steps: the learners
+    train on while the syncer is down, and with 60 a CI run had them finish before the restore + 0.3 s."""
+    table = tiny_table("decoupled", learners=2, chips=1, steps=200,
                        recovery={"syncer_policy": "restart", "syncer_repair_s": 0.3})
     table["faults"] = [{"action": "kill_syncer", "at": {"step": 15}},
                        {"action": "degrade", "learner": 1, "latency_ms": 20,
