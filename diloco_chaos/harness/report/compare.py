@@ -146,12 +146,16 @@ def compare(sc: Scenario, runs_dir: str | os.PathLike[str] | None = None,
     ref_alg = quality_reference()
     refs: dict[Any, float | None] = {}  # topology -> the fault-free reference's final eval on it
 
+    def ref_label(topology: Any) -> str:
+        """The reference row's label: the compared topology's plain, another's with its shape."""
+        return f"{ref_alg}, fault-free" + ("" if topology == sc.topology else
+                                           f" ({topology.learners} x {topology.chips_per_learner})")
+
     def reference(topology: Any) -> float | None:
         """The fault-free reference's final eval on `topology`: its row is run once, the first time it is needed
         (the compared scenario's own topology first; another for a row whose scenario compare adapted)."""
         if topology not in refs:
-            label = f"{ref_alg}, fault-free" + ("" if topology == sc.topology else
-                                                f" ({topology.learners} x {topology.chips_per_learner})")
+            label = ref_label(topology)
             ref_sc = registry.switch(sc.replace(faults=(), topology=topology), ref_alg)[0]
             rows.append(row(label, runner(ref_sc)))
             refs[topology] = rows[-1].final_eval_loss
@@ -172,9 +176,7 @@ def compare(sc: Scenario, runs_dir: str | os.PathLike[str] | None = None,
             own_ref = ref
             if baseline and alg_sc.topology != sc.topology:  # judged against the reference on its own topology
                 own_ref = reference(alg_sc.topology)
-                t = alg_sc.topology
-                note = (f"{note}; " if note else "") + (f"converged judged against {ref_alg}, fault-free "
-                                                         f"({t.learners} x {t.chips_per_learner})")
+                note = (f"{note}; " if note else "") + f"converged judged against {ref_label(alg_sc.topology)}"
             rows.append(explain(row(label, runner(alg_sc), own_ref, sc.train.steps), alg_sc))
             if note is not None:
                 rows[-1] = dataclasses.replace(rows[-1], note=note)
